@@ -1,0 +1,8 @@
+//! Gives the library, its tests and examples a run path to the MLX they were linked against, so a
+//! C program linked with liblatent_cache.so runs without LD_LIBRARY_PATH. (Link arguments do not
+//! propagate from dependencies, so mlx-sys cannot do this for us.)
+fn main() {
+    if let Ok(libdir) = std::env::var("DEP_MLX_LIBDIR") {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");
+    }
+}

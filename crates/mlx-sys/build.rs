@@ -1,0 +1,176 @@
+//! Builds mlx-c against a prebuilt MLX and generates its bindings.
+//!
+//! Inputs (environment):
+//! - `MLX_PREFIX`: a folder holding `mlx/include` and `mlx/lib` (a `pip install --target` of PyPI's
+//!   `mlx-cpu` on Linux, `mlx` on macOS). Defaults to `<repo>/.deps/py`, where the Makefile puts it.
+//! - `MLX_C_SRC`: an mlx-c source tree to use instead of the one inside crates.io's mlx-sys 0.7.0.
+//! - `LIBCLANG_PATH`: for bindgen; defaults to PyPI libclang's folder under `MLX_PREFIX`.
+//!
+//! Outputs: a static `mlxc`, `dylib=mlx`, and `cargo:libdir` (read by dependents as
+//! `DEP_MLX_LIBDIR`, for a run path).
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The crates.io package whose mlx-c sources (a pinned mlx-c release) we compile.
+const UPSTREAM: &str = "mlx-sys";
+const UPSTREAM_VERSION: &str = "0.7.0";
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    for var in ["MLX_PREFIX", "MLX_C_SRC", "LIBCLANG_PATH"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    println!("cargo:rerun-if-changed=compat");
+
+    let prefix = env::var_os("MLX_PREFIX")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| manifest.join("../../.deps/py"));
+    let mlx_include = prefix.join("mlx/include");
+    let mlx_lib = prefix.join("mlx/lib");
+    if !mlx_include.join("mlx/mlx.h").exists() {
+        panic!(
+            "MLX headers not found under {}: run `make deps` (or set MLX_PREFIX to a pip --target \
+             install of mlx-cpu==0.32.2)",
+            prefix.display()
+        );
+    }
+    let mlx_c = env::var_os("MLX_C_SRC")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| upstream_mlx_c(&out));
+    let prelude = manifest.join("compat/prelude.h");
+
+    compile_mlx_c(&mlx_c, &mlx_include, &prelude, &manifest.join("compat"));
+    println!("cargo:rustc-link-search=native={}", mlx_lib.display());
+    println!("cargo:rustc-link-lib=dylib=mlx");
+    println!("cargo:libdir={}", mlx_lib.display());
+
+    if env::var_os("LIBCLANG_PATH").is_none() {
+        let bundled = prefix.join("clang/native");
+        if bundled.exists() {
+            env::set_var("LIBCLANG_PATH", bundled);
+        }
+    }
+    generate_bindings(&mlx_c, &prelude, &out);
+}
+
+/// Finds the mlx-c tree inside crates.io's mlx-sys package: a throwaway manifest that depends on
+/// it, resolved by `cargo metadata`, which downloads the package into cargo's registry cache.
+fn upstream_mlx_c(out: &Path) -> PathBuf {
+    let dir = out.join("upstream-source");
+    fs::create_dir_all(dir.join("src")).unwrap();
+    fs::write(dir.join("src/lib.rs"), "").unwrap();
+    fs::write(
+        dir.join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"mlx-c-source\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\
+             [dependencies]\n{UPSTREAM} = {{ version = \"={UPSTREAM_VERSION}\", default-features = false }}\n\
+             [workspace]\n"
+        ),
+    )
+    .unwrap();
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--manifest-path"])
+        .arg(dir.join("Cargo.toml"))
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("running cargo metadata to locate mlx-c");
+    if !output.status.success() {
+        panic!(
+            "cargo metadata failed while locating {UPSTREAM} {UPSTREAM_VERSION}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let json = String::from_utf8(output.stdout).unwrap();
+    let suffix = format!("{UPSTREAM}-{UPSTREAM_VERSION}/Cargo.toml");
+    let manifest = json
+        .split("\"manifest_path\":\"")
+        .skip(1)
+        .map(|rest| &rest[..rest.find('"').unwrap_or(0)])
+        .find(|path| path.replace('\\', "/").ends_with(&suffix))
+        .unwrap_or_else(|| panic!("{UPSTREAM} {UPSTREAM_VERSION} not in cargo metadata output"));
+    let root = Path::new(manifest).parent().unwrap().join("src/mlx-c");
+    assert!(root.join("mlx/c/mlx.h").exists(), "no mlx-c under {}", root.display());
+    root
+}
+
+fn compile_mlx_c(mlx_c: &Path, mlx_include: &Path, prelude: &Path, compat: &Path) {
+    let mut sources: Vec<PathBuf> = fs::read_dir(mlx_c.join("mlx/c"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "cpp"))
+        .collect();
+    sources.sort();
+
+    let mut build = cc::Build::new();
+    build
+        .cpp(true)
+        .std("c++20")
+        .opt_level(2)
+        .debug(false)
+        .warnings(false)
+        .pic(true)
+        .include(mlx_c)
+        .include(mlx_include)
+        .flag("-include")
+        .flag(prelude.to_str().unwrap())
+        .files(&sources);
+    if !has_std_format(&build) {
+        build.include(compat);
+    }
+    build.compile("mlxc");
+}
+
+/// Whether the C++ compiler's standard library provides <format>.
+fn has_std_format(build: &cc::Build) -> bool {
+    let compiler = build.get_compiler();
+    let probe = PathBuf::from(env::var("OUT_DIR").unwrap()).join("format_probe.cpp");
+    fs::write(&probe, "#include <format>\nint main() { return (int)std::format(\"{}\", 1).size(); }\n")
+        .unwrap();
+    compiler
+        .to_command()
+        .args(["-std=c++20", "-fsyntax-only"])
+        .arg(&probe)
+        .output()
+        .map(|output| output.status.success())
+        .unwrap_or(false)
+}
+
+/// Same bindgen settings as crates.io's mlx-sys 0.7.0, plus the prelude and the C compiler's
+/// builtin headers (PyPI's libclang ships none).
+fn generate_bindings(mlx_c: &Path, prelude: &Path, out: &Path) {
+    let mut headers: Vec<PathBuf> = fs::read_dir(mlx_c.join("mlx/c"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "h"))
+        .collect();
+    headers.sort();
+    let mut builder = bindgen::Builder::default()
+        .rust_target("1.73.0".parse().expect("rust-version"))
+        .clang_arg(format!("-I{}", mlx_c.display()))
+        .clang_arg("-include")
+        .clang_arg(prelude.display().to_string())
+        .blocklist_function("malloc")
+        .blocklist_function("realloc");
+    if let Some(builtin) = c_builtin_include() {
+        builder = builder.clang_arg("-idirafter").clang_arg(builtin);
+    }
+    for header in &headers {
+        builder = builder.header(header.to_string_lossy());
+    }
+    builder
+        .generate()
+        .expect("generating mlx-c bindings")
+        .write_to_file(out.join("bindings.rs"))
+        .expect("writing mlx-c bindings");
+}
+
+fn c_builtin_include() -> Option<String> {
+    let compiler = cc::Build::new().get_compiler();
+    let output = compiler.to_command().arg("-print-file-name=include").output().ok()?;
+    let path = String::from_utf8(output.stdout).ok()?.trim().to_string();
+    Path::new(&path).is_dir().then_some(path)
+}

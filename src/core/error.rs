@@ -1,0 +1,60 @@
+//! The core's error type: a kind the FFI maps to a status code, and a message for the user.
+use std::fmt;
+
+/// What went wrong, coarse enough to map one-to-one onto the C status codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// An argument is outside what the call accepts (a zero count, an unknown option).
+    InvalidArgument,
+    /// An array has the wrong rank, width, batch or token count.
+    Shape,
+    /// An array is not float32.
+    Dtype,
+    /// A row, count or position beyond what the cache holds.
+    OutOfRange,
+    /// The call is not allowed in the cache's current state (round misuse, empty cache).
+    State,
+    /// The append would exceed `max_tokens`.
+    Capacity,
+    /// MLX itself failed.
+    Backend,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl CacheError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        CacheError { kind, message: message.into() }
+    }
+}
+
+impl fmt::Display for CacheError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CacheError {}
+
+impl From<mlx_rs::error::Exception> for CacheError {
+    fn from(err: mlx_rs::error::Exception) -> Self {
+        CacheError::new(ErrorKind::Backend, format!("MLX: {err}"))
+    }
+}
+
+pub type Result<T> = std::result::Result<T, CacheError>;
+
+/// Builds an `Err` of the given kind with a formatted message.
+macro_rules! fail {
+    ($kind:ident, $($arg:tt)*) => {
+        Err($crate::core::error::CacheError::new(
+            $crate::core::error::ErrorKind::$kind,
+            format!($($arg)*),
+        ))
+    };
+}
+pub(crate) use fail;

@@ -1,0 +1,90 @@
+//! A layer's geometry: the widths of its state families and its position limit, plus the numbers
+//! derived from them (bytes per token, signature).
+use super::error::{fail, Result};
+
+/// The three state families an MLA layer stores per position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// The compressed KV latent, `kv_lora_rank` wide.
+    Latent,
+    /// The decoupled RoPE key, `rope_head_dim` wide.
+    Rope,
+    /// The DSA index key, `index_head_dim` wide; only on sparse-attention layers.
+    IndexKeys,
+}
+
+impl Family {
+    pub const ALL: [Family; 3] = [Family::Latent, Family::Rope, Family::IndexKeys];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Latent => "latent",
+            Family::Rope => "rope",
+            Family::IndexKeys => "index_keys",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub kv_lora_rank: usize,
+    pub rope_head_dim: usize,
+    /// 0 for a layer without DSA index keys.
+    pub index_head_dim: usize,
+    /// 0 for unbounded.
+    pub max_tokens: usize,
+}
+
+/// Widths beyond this cannot be expressed as MLX's int32 shapes.
+const MAX_WIDTH: usize = i32::MAX as usize;
+
+impl Geometry {
+    pub fn validate(&self) -> Result<()> {
+        if self.kv_lora_rank == 0 || self.rope_head_dim == 0 {
+            return fail!(
+                InvalidArgument,
+                "kv_lora_rank ({}) and rope_head_dim ({}) must be at least 1",
+                self.kv_lora_rank,
+                self.rope_head_dim
+            );
+        }
+        for (name, width) in [
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("rope_head_dim", self.rope_head_dim),
+            ("index_head_dim", self.index_head_dim),
+            ("max_tokens", self.max_tokens),
+        ] {
+            if width > MAX_WIDTH {
+                return fail!(InvalidArgument, "{name} ({width}) exceeds {MAX_WIDTH}");
+            }
+        }
+        Ok(())
+    }
+
+    pub fn has_index_keys(&self) -> bool {
+        self.index_head_dim > 0
+    }
+
+    /// The width of a family, or `None` for index keys on a layer without DSA.
+    pub fn width(&self, family: Family) -> Option<usize> {
+        match family {
+            Family::Latent => Some(self.kv_lora_rank),
+            Family::Rope => Some(self.rope_head_dim),
+            Family::IndexKeys => self.has_index_keys().then_some(self.index_head_dim),
+        }
+    }
+
+    /// Bytes one position of one row occupies in f32 storage.
+    pub fn bytes_per_token(&self) -> usize {
+        (self.kv_lora_rank + self.rope_head_dim + self.index_head_dim) * std::mem::size_of::<f32>()
+    }
+
+    /// Stable identity of the stored layout: two caches with equal signatures hold
+    /// interchangeable state. `max_tokens` is a limit, not a layout, so it is left out.
+    pub fn signature(&self) -> String {
+        format!(
+            "latent-cache/mla-v1;storage=f32;kv_lora_rank={};rope_head_dim={};index_head_dim={}",
+            self.kv_lora_rank, self.rope_head_dim, self.index_head_dim
+        )
+    }
+}

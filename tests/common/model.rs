@@ -1,0 +1,136 @@
+//! The reference model the tests compare against: plain vectors per row, no MLX. It encodes the
+//! documented row semantics directly (rows as growable lists, right-justified only on read), so
+//! it shares no logic with the library's layout code.
+#![allow(dead_code)]
+
+#[derive(Clone, Debug, Default)]
+pub struct Row {
+    /// One Vec per family (latent, rope, index keys), `len * width` floats each.
+    pub families: [Vec<f32>; 3],
+}
+
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub widths: [usize; 3],
+    pub rows: Vec<Row>,
+    /// Row lengths when the open round began.
+    pub round: Option<Vec<usize>>,
+}
+
+impl Model {
+    pub fn new(widths: [usize; 3]) -> Self {
+        Model { widths, rows: Vec::new(), round: None }
+    }
+
+    pub fn len(&self, row: usize) -> usize {
+        self.rows[row].families[0].len() / self.widths[0]
+    }
+
+    pub fn row_offsets(&self) -> Vec<usize> {
+        (0..self.rows.len()).map(|r| self.len(r)).collect()
+    }
+
+    pub fn offset(&self) -> usize {
+        self.row_offsets().into_iter().max().unwrap_or(0)
+    }
+
+    pub fn left_pad(&self) -> Vec<usize> {
+        let offset = self.offset();
+        self.row_offsets().into_iter().map(|len| offset - len).collect()
+    }
+
+    /// `data[f]` is `[batch, tokens, width_f]` row-major.
+    pub fn append(&mut self, batch: usize, tokens: usize, data: &[Vec<f32>; 3]) {
+        if self.rows.is_empty() {
+            self.rows = vec![Row::default(); batch];
+        }
+        for (b, row) in self.rows.iter_mut().enumerate() {
+            for f in 0..3 {
+                let w = self.widths[f];
+                row.families[f].extend_from_slice(&data[f][b * tokens * w..(b + 1) * tokens * w]);
+            }
+        }
+    }
+
+    pub fn truncate_row(&mut self, row: usize, len: usize) {
+        for f in 0..3 {
+            let w = self.widths[f];
+            self.rows[row].families[f].truncate(len * w);
+        }
+    }
+
+    pub fn trim(&mut self, n: usize) {
+        for r in 0..self.rows.len() {
+            let len = self.len(r);
+            self.truncate_row(r, len - n);
+        }
+        if let Some(start) = &mut self.round {
+            for (r, s) in start.iter_mut().enumerate() {
+                *s = (*s).min(self.rows[r].families[0].len() / self.widths[0]);
+            }
+        }
+    }
+
+    pub fn begin(&mut self) {
+        self.round = Some(self.row_offsets());
+    }
+
+    pub fn rollback(&mut self, keep: &[usize]) {
+        let start = self.round.take().unwrap();
+        for r in 0..self.rows.len() {
+            let begin = start.get(r).copied().unwrap_or(0);
+            self.truncate_row(r, begin + keep[r]);
+        }
+    }
+
+    /// Positions row `r` appended in the open round.
+    pub fn appended_in_round(&self, r: usize) -> usize {
+        let start = self.round.as_ref().unwrap();
+        self.len(r) - start.get(r).copied().unwrap_or(0)
+    }
+
+    pub fn filter(&mut self, keep: &[usize]) {
+        self.rows = keep.iter().map(|&r| self.rows[r].clone()).collect();
+    }
+
+    pub fn merge(sources: &[&Model]) -> Model {
+        let mut out = Model::new(sources[0].widths);
+        for source in sources {
+            if source.rows.is_empty() {
+                out.rows.push(Row::default());
+            }
+            out.rows.extend(source.rows.iter().cloned());
+        }
+        out
+    }
+
+    pub fn extract(&self, row: usize) -> Model {
+        Model { widths: self.widths, rows: vec![self.rows[row].clone()], round: None }
+    }
+}
+
+/// A small deterministic generator (xorshift64*), so failures reproduce from the seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `[lo, hi]`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+
+    /// Distinct values, so a misplaced position can never compare equal by accident.
+    pub fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| (self.next() >> 40) as f32 / 1024.0 - 8192.0).collect()
+    }
+}

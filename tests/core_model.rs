@@ -1,0 +1,149 @@
+//! Random operation sequences against the reference model, through the Rust API: after every
+//! step each row's values, row_offsets, left_pad, offset and batch_size equal the model exactly.
+mod common;
+
+use common::model::{Model, Rng};
+use latent_cache::{Family, Geometry, LatentCache};
+
+fn geometry(index_head_dim: usize) -> Geometry {
+    Geometry { kv_lora_rank: 8, rope_head_dim: 4, index_head_dim, max_tokens: 0 }
+}
+
+fn widths(g: &Geometry) -> [usize; 3] {
+    [g.kv_lora_rank, g.rope_head_dim, g.index_head_dim]
+}
+
+fn assert_matches(cache: &LatentCache, model: &Model, step: &str) {
+    assert_eq!(cache.batch_size(), model.rows.len(), "batch_size after {step}");
+    assert_eq!(cache.offset(), model.offset(), "offset after {step}");
+    assert_eq!(cache.row_offsets(), model.row_offsets(), "row_offsets after {step}");
+    assert_eq!(cache.left_pad(), model.left_pad().as_slice(), "left_pad after {step}");
+    for (f, family) in Family::ALL.into_iter().enumerate() {
+        if model.widths[f] == 0 {
+            continue;
+        }
+        for row in 0..model.rows.len() {
+            let got = cache.read_row(family, row).unwrap();
+            // Bit-for-bit: compare the representations, not float equality.
+            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+            let want: Vec<u32> = model.rows[row].families[f].iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{} row {row} after {step}", family.name());
+        }
+    }
+}
+
+fn random_append(rng: &mut Rng, cache: &mut LatentCache, model: &mut Model, batch: usize) -> String {
+    let tokens = if rng.range(0, 3) == 0 { rng.range(1, 40) } else { rng.range(1, 4) };
+    let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(batch * tokens * model.widths[f]));
+    let keys = (model.widths[2] > 0).then_some(data[2].as_slice());
+    cache.append_host(batch, tokens, &data[0], &data[1], keys).unwrap();
+    model.append(batch, tokens, &data);
+    format!("append {batch}x{tokens}")
+}
+
+fn run_sequence(seed: u64, index_head_dim: usize, steps: usize) {
+    let g = geometry(index_head_dim);
+    let mut rng = Rng::new(seed);
+    let batch = rng.range(1, 8);
+    let mut cache = LatentCache::new(g).unwrap();
+    let mut model = Model::new(widths(&g));
+    let mut batch_now = batch;
+    for i in 0..steps {
+        let step = match rng.range(0, 9) {
+            0..=3 => random_append(&mut rng, &mut cache, &mut model, batch_now),
+            4 => {
+                let shortest = model.row_offsets().into_iter().min().unwrap_or(0);
+                let n = rng.range(0, shortest);
+                let bypass = model.round.is_some();
+                cache.trim(n, bypass).unwrap();
+                model.trim(n);
+                format!("trim {n}")
+            }
+            5 if model.round.is_none() => {
+                cache.spec_round_begin().unwrap();
+                model.begin();
+                "begin".into()
+            }
+            5 | 6 if model.round.is_some() => {
+                if rng.range(0, 3) == 0 {
+                    cache.spec_round_commit().unwrap();
+                    model.round = None;
+                    "commit".into()
+                } else {
+                    let keep: Vec<usize> = if rng.range(0, 1) == 0 {
+                        let min = (0..model.rows.len()).map(|r| model.appended_in_round(r)).min().unwrap_or(0);
+                        vec![rng.range(0, min); model.rows.len()]
+                    } else {
+                        (0..model.rows.len()).map(|r| rng.range(0, model.appended_in_round(r))).collect()
+                    };
+                    cache.spec_round_rollback(&keep).unwrap();
+                    model.rollback(&keep);
+                    format!("rollback {keep:?}")
+                }
+            }
+            7 if model.round.is_none() && model.rows.len() > 1 => {
+                let mut keep: Vec<usize> = (0..model.rows.len()).filter(|_| rng.range(0, 2) > 0).collect();
+                if keep.is_empty() {
+                    keep.push(rng.range(0, model.rows.len() - 1));
+                }
+                if rng.range(0, 1) == 0 {
+                    keep.reverse();
+                }
+                cache.filter_rows(&keep).unwrap();
+                model.filter(&keep);
+                batch_now = keep.len();
+                format!("filter {keep:?}")
+            }
+            8 if model.round.is_none() && !model.rows.is_empty() && model.rows.len() < 8 => {
+                // A new request joins: prefill it alone, then merge it after the running rows.
+                let mut joiner = LatentCache::new(g).unwrap();
+                let mut joiner_model = Model::new(widths(&g));
+                random_append(&mut rng, &mut joiner, &mut joiner_model, 1);
+                let mut merged = LatentCache::new(g).unwrap();
+                merged.merge_rows(&[&cache, &joiner]).unwrap();
+                assert_matches(&joiner, &joiner_model, "joiner unchanged by merge");
+                model = Model::merge(&[&model, &joiner_model]);
+                cache = merged;
+                batch_now = model.rows.len();
+                "merge".into()
+            }
+            9 if !model.rows.is_empty() => {
+                let row = rng.range(0, model.rows.len() - 1);
+                let extracted = cache.extract_row(row).unwrap();
+                assert_matches(&extracted, &model.extract(row), "extract");
+                format!("extract {row}")
+            }
+            _ => random_append(&mut rng, &mut cache, &mut model, batch_now),
+        };
+        assert_matches(&cache, &model, &format!("step {i} ({step}), seed {seed}"));
+    }
+}
+
+#[test]
+fn random_sequences_match_the_model_on_dsa_layers() {
+    for seed in 1..=12 {
+        run_sequence(seed, 6, 60);
+    }
+}
+
+#[test]
+fn random_sequences_match_the_model_on_plain_layers() {
+    for seed in 100..=105 {
+        run_sequence(seed, 0, 60);
+    }
+}
+
+#[test]
+fn growth_past_many_capacity_steps_keeps_every_position() {
+    let g = geometry(2);
+    let mut cache = LatentCache::new(g).unwrap();
+    let mut model = Model::new(widths(&g));
+    let mut rng = Rng::new(7);
+    while model.offset() < 3000 {
+        let tokens = rng.range(100, 700);
+        let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(2 * tokens * model.widths[f]));
+        cache.append_host(2, tokens, &data[0], &data[1], Some(&data[2])).unwrap();
+        model.append(2, tokens, &data);
+    }
+    assert_matches(&cache, &model, "growth");
+}
