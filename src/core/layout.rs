@@ -76,6 +76,9 @@ impl RowLayout {
         if batch == 0 || tokens == 0 {
             return fail!(Shape, "an append needs at least one row and one position (got batch {batch}, tokens {tokens})");
         }
+        if batch > i32::MAX as usize || tokens > i32::MAX as usize {
+            return fail!(Shape, "batch {batch} x tokens {tokens} exceeds MLX's int32 shapes");
+        }
         if self.batch_size() != 0 && batch != self.batch_size() {
             return fail!(Shape, "append has batch {batch} but the cache holds {} rows", self.batch_size());
         }

@@ -11,7 +11,7 @@ use super::error::Result;
 use super::mlx_ops;
 
 /// Smallest capacity a buffer grows to: small appends should not reallocate every few tokens.
-pub const MIN_CAPACITY: usize = 256;
+pub(crate) const MIN_CAPACITY: usize = 256;
 
 #[derive(Debug)]
 pub struct FamilyBuffer {

@@ -1,1 +1,22 @@
-//! C ABI
+//! The C ABI: a thin layer over the core. It checks every pointer, locks the handle, calls the
+//! core, and turns the result into a status code and a per-thread message. One file per job:
+//! plumbing (`status`, `error`, `panic`, `args`, `handle`) and the exports grouped by purpose.
+#![allow(non_camel_case_types)]
+#![allow(clippy::missing_safety_doc)] // the safety contract of every export is in its C docs
+
+mod args;
+pub mod arrays;
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod handle;
+mod panic;
+pub mod query;
+pub mod rows;
+pub mod spec;
+pub mod status;
+pub mod version;
+
+pub use config::latent_cache_config;
+pub use handle::latent_cache;
+pub use status::latent_cache_status;

@@ -1,0 +1,85 @@
+# latent-cache: `make demo` runs the example engine; `make test` runs every test.
+# Every install step lives here: a fresh clone needs only Rust, a C/C++ compiler and Python with
+# pip. Third-party parts (MLX from PyPI, mlx-c from crates.io) are fetched into ignored folders.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+.PHONY: deps build header check-header test test-rust test-c demo examples clean
+
+UNAME := $(shell uname -s)
+DEPS := $(CURDIR)/.deps
+PY := $(DEPS)/py
+MLX_VERSION := 0.32.2
+# Linux uses PyPI's CPU build of MLX; macOS the regular wheel (Metal).
+ifeq ($(UNAME),Darwin)
+MLX_WHEEL := mlx==$(MLX_VERSION)
+SO := dylib
+else
+MLX_WHEEL := mlx-cpu==$(MLX_VERSION)
+SO := so
+endif
+PIP_STAMP := $(DEPS)/.pip-$(MLX_VERSION)
+export MLX_PREFIX := $(PY)
+export LIBCLANG_PATH := $(PY)/clang/native
+
+LIB := target/release/liblatent_cache.$(SO)
+OUT := target/c
+CC ?= cc
+CXX ?= c++
+CWARN := -Wall -Wextra -Werror
+SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+LINK := -Ltarget/release -llatent_cache -Wl,-rpath,$(CURDIR)/target/release
+# MLX's CPU backend keeps process-lifetime allocations (thread pools, caches) that LeakSanitizer
+# would report; leaks in our own code are checked by the soak test instead.
+export ASAN_OPTIONS := detect_leaks=0:abort_on_error=1
+export UBSAN_OPTIONS := print_stacktrace=1:halt_on_error=1
+
+$(PIP_STAMP):
+	@mkdir -p $(DEPS)
+	python3 -m pip install --quiet --disable-pip-version-check --target $(PY) \
+	  "$(MLX_WHEEL)" libclang==18.1.1
+	@touch $@
+
+deps: $(PIP_STAMP)
+
+build: deps
+	cargo build --release -p latent-cache
+
+# Regenerates the checked-in header with the pinned cbindgen.
+header:
+	cargo run --quiet --release -p gen-header -- . include/latent_cache.h
+
+# Fails when the checked-in header differs from a fresh generation by a byte.
+check-header:
+	@mkdir -p target/header
+	cargo run --quiet --release -p gen-header -- . target/header/latent_cache.h
+	@cmp include/latent_cache.h target/header/latent_cache.h || \
+	  { echo "include/latent_cache.h is stale: run 'make header' and commit it"; exit 1; }
+
+test: build check-header test-rust test-c
+
+test-rust: deps
+	cargo test --release -p latent-cache
+
+# C and C++ clients against the built library, under ASan/UBSan; the header must compile as
+# C11 and C++17, included twice.
+test-c: build
+	@mkdir -p $(OUT)
+	$(CC) -std=c11 $(CWARN) -Iinclude -fsyntax-only tests/c/header_twice.c
+	$(CXX) -std=c++17 $(CWARN) -Iinclude -x c++ -fsyntax-only tests/c/header_twice.c
+	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_api.c -o $(OUT)/test_api $(LINK)
+	$(CXX) -std=c++17 $(CWARN) $(SAN) -g -Iinclude tests/c/test_cpp.cpp -o $(OUT)/test_cpp $(LINK)
+	$(CC) -std=c11 $(CWARN) $(SAN) -g -O1 -Iinclude examples/engine.c -o $(OUT)/engine_asan $(LINK) -lm
+	$(OUT)/test_api
+	$(OUT)/test_cpp
+	$(OUT)/engine_asan --layers 6 --dsa 2 --prefill 600 --chunk 256 --decode 12
+
+examples: build
+	@mkdir -p $(OUT)
+	$(CC) -std=c11 $(CWARN) -O2 -Iinclude examples/engine.c -o $(OUT)/engine $(LINK) -lm
+
+demo: examples
+	$(OUT)/engine
+
+clean:
+	cargo clean

@@ -1,0 +1,65 @@
+//! Argument plumbing: every pointer is checked here before anything is read or changed, and
+//! outputs are written only through these helpers, after the call has succeeded.
+use super::error::{Failure, FfiResult};
+use super::status::latent_cache_status;
+
+/// A borrowed input slice. `(NULL, 0)` is the empty slice; `NULL` with a length is an error.
+pub(crate) unsafe fn in_slice<'a, T>(ptr: *const T, len: usize, name: &str) -> FfiResult<&'a [T]> {
+    if ptr.is_null() {
+        return match len {
+            0 => Ok(&[]),
+            _ => Err(Failure::null(name)),
+        };
+    }
+    // SAFETY: the caller promises `len` readable elements at `ptr`.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// An optional input slice: `NULL` with length 0 is "absent".
+pub(crate) unsafe fn optional_slice<'a, T>(ptr: *const T, len: usize, name: &str) -> FfiResult<Option<&'a [T]>> {
+    match (ptr.is_null(), len) {
+        (true, 0) => Ok(None),
+        _ => unsafe { in_slice(ptr, len, name) }.map(Some),
+    }
+}
+
+/// Checks an output pointer is not NULL; returns it for a later `write`.
+pub(crate) fn out_ptr<T>(ptr: *mut T, name: &str) -> FfiResult<*mut T> {
+    if ptr.is_null() {
+        return Err(Failure::null(name));
+    }
+    Ok(ptr)
+}
+
+/// Checks a caller's output buffer: non-NULL unless `needed` is 0, and at least `needed` long.
+pub(crate) fn out_buffer<T>(ptr: *mut T, len: usize, needed: usize, name: &str) -> FfiResult<()> {
+    if ptr.is_null() && len > 0 {
+        return Err(Failure::null(name));
+    }
+    if len < needed {
+        return Err(Failure::new(
+            latent_cache_status::BufferTooSmall,
+            format!("{name} holds {len} elements; {needed} are needed"),
+        ));
+    }
+    if ptr.is_null() && needed > 0 {
+        return Err(Failure::null(name));
+    }
+    Ok(())
+}
+
+/// Copies `values` into a buffer checked by `out_buffer` and stores the count in `written`.
+pub(crate) unsafe fn write_buffer<T: Copy>(ptr: *mut T, values: &[T], written: *mut usize) {
+    if !values.is_empty() {
+        // SAFETY: out_buffer checked the pointer and that the buffer holds `values.len()`.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), ptr, values.len()) };
+    }
+    // SAFETY: checked by out_ptr.
+    unsafe { *written = values.len() };
+}
+
+/// Stores one output value (checked by `out_ptr`).
+pub(crate) unsafe fn write<T>(ptr: *mut T, value: T) {
+    // SAFETY: checked by out_ptr; the caller owns the pointee.
+    unsafe { ptr.write(value) };
+}

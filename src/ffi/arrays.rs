@@ -1,0 +1,178 @@
+//! The MLX-native path: appends and reads over mlx-c `mlx_array` handles, for engines that run
+//! on the same MLX runtime (one libmlx per process), plus the few array helpers an engine
+//! without mlx-c needs (make an array from host floats, free one, evaluate under the library's
+//! evaluation lock).
+use std::mem::ManuallyDrop;
+
+use mlx_rs::Array;
+use mlx_sys::mlx_array;
+
+use super::args::{in_slice, out_ptr, write};
+use super::error::{Failure, FfiResult};
+use super::handle::with_cache;
+use super::handle::latent_cache;
+use super::panic::{guard, run};
+use super::status::latent_cache_status;
+use crate::core::{mlx_ops, LatentState};
+
+/// Borrows a caller's array for the call without taking ownership.
+unsafe fn borrow(array: mlx_array, name: &str) -> FfiResult<ManuallyDrop<Array>> {
+    if array.ctx.is_null() {
+        return Err(Failure::null(name));
+    }
+    // SAFETY: a non-NULL mlx_array from the caller; ManuallyDrop keeps it the caller's.
+    Ok(ManuallyDrop::new(unsafe { Array::from_ptr(array) }))
+}
+
+/// Hands an array to the caller, who frees it.
+fn give(array: Array) -> mlx_array {
+    let handle = array.as_ptr();
+    std::mem::forget(array);
+    handle
+}
+
+fn empty() -> mlx_array {
+    mlx_array { ctx: std::ptr::null_mut() }
+}
+
+/// Writes the views of `state` to the non-NULL outputs; the others are dropped.
+unsafe fn hand_out(state: LatentState, latent: *mut mlx_array, rope: *mut mlx_array, index_keys: *mut mlx_array) {
+    unsafe {
+        if !latent.is_null() {
+            write(latent, give(state.latent));
+        }
+        if !rope.is_null() {
+            write(rope, give(state.rope));
+        }
+        if !index_keys.is_null() {
+            write(index_keys, state.index_keys.map_or_else(empty, give));
+        }
+    }
+}
+
+/// Appends the positions in `latent` `[B, N, kv_lora_rank]`, `rope` `[B, N, rope_head_dim]`
+/// and, on a DSA layer, `index_keys` `[B, N, index_head_dim]` (all float32) to every row, and
+/// returns views of everything stored: `[B, T, width]` per family.
+///
+/// - Inputs are borrowed for the call (the library keeps its own reference until evaluation);
+///   pass `index_keys` with `ctx == NULL` on a layer without DSA.
+/// - Each non-NULL output receives a new array owned by the caller (free it with
+///   `mlx_array_free` or `latent_cache_array_free`); NULL outputs are skipped. On a layer
+///   without DSA, `*out_index_keys` receives an array with `ctx == NULL`. Written only on
+///   success.
+/// - Nothing is evaluated: evaluate once per step, after all layers. Release the returned views
+///   before the next append to this cache, or that append copies the stored history instead of
+///   writing in place.
+///
+/// Returns `OK`; `NULL_ARGUMENT` (cache, latent or rope missing); `DTYPE`; `SHAPE`;
+/// `INVALID_ARGUMENT` (index keys missing on a DSA layer, given on another); `CAPACITY`;
+/// `BACKEND`. On failure nothing changed.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_append_latent(
+    cache: *mut latent_cache,
+    latent: mlx_array,
+    rope: mlx_array,
+    index_keys: mlx_array,
+    out_latent: *mut mlx_array,
+    out_rope: *mut mlx_array,
+    out_index_keys: *mut mlx_array,
+) -> latent_cache_status {
+    run(|| unsafe {
+        let latent = borrow(latent, "latent")?;
+        let rope = borrow(rope, "rope")?;
+        let index_keys = match index_keys.ctx.is_null() {
+            true => None,
+            false => Some(borrow(index_keys, "index_keys")?),
+        };
+        let state = with_cache(cache, |cache| Ok(cache.append_latent(&latent, &rope, index_keys.as_deref())?))?;
+        hand_out(state, out_latent, out_rope, out_index_keys);
+        Ok(())
+    })
+}
+
+/// `*out` receives the index keys stored before the coming append, `[B, T, index_head_dim]`
+/// (`[0, 0, index_head_dim]` before the first append): a view owned by the caller, to be freed
+/// and released before the next append. Written only on success.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a layer without DSA index keys), `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_stored_index_keys(cache: *const latent_cache, out: *mut mlx_array) -> latent_cache_status {
+    run(|| unsafe {
+        let out = out_ptr(out, "out")?;
+        let keys = with_cache(cache, |cache| Ok(cache.stored_index_keys()?))?;
+        write(out, give(keys));
+        Ok(())
+    })
+}
+
+/// Views of every stored family (`[B, T, width]`; `[0, 0, width]` before the first append),
+/// with the same output rules as `latent_cache_append_latent`.
+/// Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_state(
+    cache: *const latent_cache,
+    out_latent: *mut mlx_array,
+    out_rope: *mut mlx_array,
+    out_index_keys: *mut mlx_array,
+) -> latent_cache_status {
+    run(|| unsafe {
+        let state = with_cache(cache, |cache| Ok(cache.state()?))?;
+        hand_out(state, out_latent, out_rope, out_index_keys);
+        Ok(())
+    })
+}
+
+/// Makes a float32 array `[batch, tokens, width]` holding a copy of `data` (`data_len` floats,
+/// which must equal the product). `*out` receives it, owned by the caller. For engines without
+/// mlx-c of their own. Returns `OK`, `NULL_ARGUMENT`, `SHAPE`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_array_from_host(
+    data: *const f32,
+    data_len: usize,
+    batch: usize,
+    tokens: usize,
+    width: usize,
+    out: *mut mlx_array,
+) -> latent_cache_status {
+    run(|| unsafe {
+        let data = in_slice(data, data_len, "data")?;
+        let out = out_ptr(out, "out")?;
+        let expected = batch.checked_mul(tokens).and_then(|n| n.checked_mul(width));
+        let fits = [batch, tokens, width].iter().all(|&d| d <= i32::MAX as usize);
+        if expected != Some(data.len()) || !fits {
+            return Err(Failure::new(
+                latent_cache_status::Shape,
+                format!("data has {} floats; [{batch}, {tokens}, {width}] needs their product", data.len()),
+            ));
+        }
+        write(out, give(Array::from_slice(data, &[batch as i32, tokens as i32, width as i32])));
+        Ok(())
+    })
+}
+
+/// Frees an array returned by this library (same as mlx-c's `mlx_array_free`). An array with
+/// `ctx == NULL` is accepted and ignored. Never free an array twice.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_array_free(array: mlx_array) {
+    guard((), || {
+        if !array.ctx.is_null() {
+            // SAFETY: the caller hands over an array it owns.
+            drop(unsafe { Array::from_ptr(array) });
+        }
+    })
+}
+
+/// Evaluates `arrays` (borrowed, `len` entries, none with `ctx == NULL`) in one MLX evaluation,
+/// under the process-wide evaluation lock the library itself uses. Engines that evaluate from
+/// several threads should evaluate through this call (or never concurrently with the library).
+/// Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_eval(arrays: *const mlx_array, len: usize) -> latent_cache_status {
+    run(|| unsafe {
+        let handles = in_slice(arrays, len, "arrays")?;
+        let mut borrowed = Vec::with_capacity(handles.len());
+        for (i, &handle) in handles.iter().enumerate() {
+            borrowed.push(borrow(handle, &format!("arrays[{i}]"))?);
+        }
+        Ok(mlx_ops::eval(borrowed.iter().map(|a| &**a))?)
+    })
+}

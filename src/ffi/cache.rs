@@ -1,0 +1,210 @@
+//! The `latent_cache` handle's lifecycle, host-buffer appends and reads, trim and reset.
+use std::ffi::c_char;
+
+use super::args::{in_slice, optional_slice, out_buffer, out_ptr, write, write_buffer};
+use super::config::latent_cache_config;
+use super::error::{Failure, FfiResult};
+use super::handle::{latent_cache, with_cache};
+use super::panic::{guard, run};
+use super::status::latent_cache_status;
+use crate::core::{Family, LatentCache};
+
+/// Converts a `latent_cache_family` value received as an integer (an out-of-range C enum value
+/// must not become a Rust enum).
+pub(crate) fn family(value: u32) -> FfiResult<Family> {
+    match value {
+        v if v == latent_cache_family::Latent as u32 => Ok(Family::Latent),
+        v if v == latent_cache_family::Rope as u32 => Ok(Family::Rope),
+        v if v == latent_cache_family::IndexKeys as u32 => Ok(Family::IndexKeys),
+        _ => Err(Failure::new(latent_cache_status::InvalidArgument, format!("family {value} is not a latent_cache_family"))),
+    }
+}
+
+/// Creates an empty cache with the geometry in `*config`.
+///
+/// - `config`: borrowed for the call; `reserved` fields must be zero.
+/// - `out`: receives the new handle, owned by the caller; release it with `latent_cache_free`.
+///   Written only on success.
+///
+/// Returns `OK`, `NULL_ARGUMENT` (config or out is NULL), `INVALID_ARGUMENT` (a zero
+/// kv_lora_rank or rope_head_dim, a width over INT32_MAX, non-zero reserved fields).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_new(config: *const latent_cache_config, out: *mut *mut latent_cache) -> latent_cache_status {
+    run(|| {
+        if config.is_null() {
+            return Err(Failure::null("config"));
+        }
+        let out = out_ptr(out, "out")?;
+        // SAFETY: checked non-NULL; the caller's config is borrowed for the call.
+        let geometry = unsafe { &*config }.geometry()?;
+        let cache = LatentCache::new(geometry)?;
+        unsafe { write(out, latent_cache::into_raw(cache)) };
+        Ok(())
+    })
+}
+
+/// Releases a cache and every buffer it owns. `NULL` is accepted and does nothing; so is a
+/// pointer that is not a live handle (already freed), which also sets the last error message.
+/// Arrays previously returned to the caller stay valid: they are the caller's to free.
+/// No other call on this handle may be running or follow.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_free(cache: *mut latent_cache) {
+    guard((), || {
+        if !cache.is_null() && !unsafe { latent_cache::free(cache) } {
+            super::error::set_last_error("latent_cache_free: not a live latent_cache (double free?)");
+        }
+    })
+}
+
+/// Appends `tokens` positions to every one of `batch` rows, copying the caller's row-major float
+/// buffers: `latent` is `[batch, tokens, kv_lora_rank]`, `rope` `[batch, tokens, rope_head_dim]`,
+/// `index_keys` `[batch, tokens, index_head_dim]` on a DSA layer and `(NULL, 0)` otherwise. Each
+/// `*_len` is the buffer's length in floats and must equal the product of its shape.
+///
+/// The buffers are borrowed for the call and may be reused as soon as it returns (the append is
+/// evaluated before returning). `batch` must equal the cache's batch size once it has one.
+///
+/// Returns `OK`; `NULL_ARGUMENT` (cache NULL or not live, a NULL buffer with a non-zero
+/// length); `SHAPE` (batch or tokens 0, a length that disagrees with its shape or overflows,
+/// a batch mismatch); `INVALID_ARGUMENT` (index keys missing on a DSA layer or given on a
+/// layer without them); `CAPACITY` (beyond `max_tokens`); `BACKEND`. On failure nothing changed.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_append_host(
+    cache: *mut latent_cache,
+    batch: usize,
+    tokens: usize,
+    latent: *const f32,
+    latent_len: usize,
+    rope: *const f32,
+    rope_len: usize,
+    index_keys: *const f32,
+    index_keys_len: usize,
+) -> latent_cache_status {
+    run(|| unsafe {
+        let latent = in_slice(latent, latent_len, "latent")?;
+        let rope = in_slice(rope, rope_len, "rope")?;
+        let index_keys = optional_slice(index_keys, index_keys_len, "index_keys")?;
+        with_cache(cache, |cache| Ok(cache.append_host(batch, tokens, latent, rope, index_keys)?))
+    })
+}
+
+/// Copies row `row`'s valid positions of one family (`[row_offsets[row], width]`, row-major)
+/// into `out`. `family` is a `latent_cache_family` value. `out_len` is in floats and must be at
+/// least `row_offsets[row] * width`; `*written` receives the number of floats copied.
+/// Outputs are written only on success.
+///
+/// Returns `OK`; `NULL_ARGUMENT`; `INVALID_ARGUMENT` (unknown family, or index keys on a layer
+/// without them); `OUT_OF_RANGE` (row >= batch size); `BUFFER_TOO_SMALL`; `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_read_row_host(
+    cache: *const latent_cache,
+    family: u32,
+    row: usize,
+    out: *mut f32,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    run(|| unsafe {
+        let family = self::family(family)?;
+        let written = out_ptr(written, "written")?;
+        with_cache(cache, |cache| {
+            let values = cache.read_row(family, row)?;
+            out_buffer(out, out_len, values.len(), "out")?;
+            write_buffer(out, &values, written);
+            Ok(())
+        })
+    })
+}
+
+/// Copies one family's whole stored window `[batch_size, offset, width]` (row-major) into `out`.
+/// Positions before a row's `left_pad` are padding with unspecified values. `out_len` is in
+/// floats; `*written` receives the number copied. Same statuses as `latent_cache_read_row_host`
+/// (without `OUT_OF_RANGE`).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_read_host(
+    cache: *const latent_cache,
+    family: u32,
+    out: *mut f32,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    run(|| unsafe {
+        let family = self::family(family)?;
+        let written = out_ptr(written, "written")?;
+        with_cache(cache, |cache| {
+            let width = cache.geometry().width(family).unwrap_or(0);
+            out_buffer(out, out_len, cache.batch_size() * cache.offset() * width, "out")?;
+            let values = cache.read(family)?;
+            write_buffer(out, &values, written);
+            Ok(())
+        })
+    })
+}
+
+/// Drops the last `n` positions of every row. `n` must not exceed the shortest row. Inside a
+/// speculative round `bypass` must be true (prefer `latent_cache_spec_round_rollback`). Moves
+/// the offset; copies nothing; later appends overwrite the dropped positions.
+///
+/// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (n beyond the shortest row), `INVALID_STATE`
+/// (inside a round without bypass). On failure nothing changed.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_trim(cache: *mut latent_cache, n: usize, bypass: bool) -> latent_cache_status {
+    run(|| unsafe { with_cache(cache, |cache| cache.trim(n, bypass).map(drop).map_err(Into::into)) })
+}
+
+/// Empties the cache: no rows, no positions, no open round, buffers released. The geometry is
+/// kept. Returns `OK` or `NULL_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_reset(cache: *mut latent_cache) -> latent_cache_status {
+    run(|| unsafe {
+        with_cache(cache, |cache| {
+            cache.reset();
+            Ok(())
+        })
+    })
+}
+
+/// Makes room for `tokens` positions per row now, so that appends up to that length never
+/// reallocate (no growth copies, no latency spikes). Before the first append, the first
+/// allocation takes this size. Returns `OK`, `NULL_ARGUMENT`, `CAPACITY` (beyond `max_tokens`),
+/// `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_reserve(cache: *mut latent_cache, tokens: usize) -> latent_cache_status {
+    run(|| unsafe { with_cache(cache, |cache| Ok(cache.reserve(tokens)?)) })
+}
+
+/// Writes the cache's signature, a stable identity of its stored layout (equal signatures mean
+/// interchangeable state), as a NUL-terminated string into `out`. `out_len` counts bytes and
+/// must hold the string and its terminator; `*written` receives the length without the
+/// terminator. Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_signature(
+    cache: *const latent_cache,
+    out: *mut c_char,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    run(|| unsafe {
+        let written = out_ptr(written, "written")?;
+        with_cache(cache, |cache| {
+            let mut signature = cache.signature().into_bytes();
+            out_buffer(out, out_len, signature.len() + 1, "out")?;
+            signature.push(0);
+            write_buffer(out.cast::<u8>(), &signature, written);
+            *written -= 1;
+            Ok(())
+        })
+    })
+}
+
+/// The state families, for the `family` argument of the host reads (passed as `uint32_t`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub enum latent_cache_family {
+    /// The compressed KV latent, `kv_lora_rank` wide.
+    Latent = 0,
+    /// The decoupled RoPE key, `rope_head_dim` wide.
+    Rope = 1,
+    /// The DSA index key, `index_head_dim` wide (DSA layers only).
+    IndexKeys = 2,
+}

@@ -1,0 +1,54 @@
+//! `latent_cache_config`: a layer's geometry as C passes it to `latent_cache_new`.
+use super::error::{Failure, FfiResult};
+use super::panic::guard;
+use super::status::latent_cache_status;
+use crate::core::Geometry;
+
+/// Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
+/// you need, so that code written today keeps compiling and meaning the same when fields are
+/// added: new settings will take over `reserved` slots, where 0 keeps today's behaviour.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct latent_cache_config {
+    /// Width of the compressed KV latent per position (GLM-5.2: 512). Must be at least 1.
+    pub kv_lora_rank: usize,
+    /// Width of the decoupled RoPE key per position (GLM-5.2: 64). Must be at least 1.
+    pub rope_head_dim: usize,
+    /// Width of the DSA index key per position (GLM-5.2: 128 on sparse-attention layers);
+    /// 0 for a layer without index keys.
+    pub index_head_dim: usize,
+    /// Most positions a row may hold; 0 for unbounded.
+    pub max_tokens: usize,
+    /// Must be zero.
+    pub reserved: [usize; 4],
+}
+
+impl latent_cache_config {
+    pub(crate) fn geometry(&self) -> FfiResult<Geometry> {
+        if self.reserved.iter().any(|&v| v != 0) {
+            return Err(Failure::new(
+                latent_cache_status::InvalidArgument,
+                "config.reserved must be zero (start from latent_cache_config_default())",
+            ));
+        }
+        let geometry = Geometry {
+            kv_lora_rank: self.kv_lora_rank,
+            rope_head_dim: self.rope_head_dim,
+            index_head_dim: self.index_head_dim,
+            max_tokens: self.max_tokens,
+        };
+        geometry.validate()?;
+        Ok(geometry)
+    }
+}
+
+/// GLM-5.2's geometry for a sparse-attention (DSA) layer: kv_lora_rank 512, rope_head_dim 64,
+/// index_head_dim 128, unbounded. Set `index_head_dim = 0` for a layer without index keys.
+/// Never fails.
+#[no_mangle]
+pub extern "C" fn latent_cache_config_default() -> latent_cache_config {
+    guard(GLM_DSA_LAYER, || GLM_DSA_LAYER)
+}
+
+const GLM_DSA_LAYER: latent_cache_config =
+    latent_cache_config { kv_lora_rank: 512, rope_head_dim: 64, index_head_dim: 128, max_tokens: 0, reserved: [0; 4] };

@@ -1,0 +1,125 @@
+//! Read-only queries: the row layout and the numbers derived from the geometry. Each writes one
+//! output and returns `OK`, or `NULL_ARGUMENT` when the cache or the output pointer is NULL
+//! (the output is then untouched).
+use super::args::{out_buffer, out_ptr, write, write_buffer};
+use super::handle::{latent_cache, with_cache};
+use super::panic::run;
+use super::status::latent_cache_status;
+use crate::core::LatentCache;
+
+unsafe fn query<T>(cache: *const latent_cache, out: *mut T, f: impl FnOnce(&LatentCache) -> T) -> latent_cache_status {
+    run(|| unsafe {
+        let out = out_ptr(out, "out")?;
+        with_cache(cache, |cache| {
+            write(out, f(cache));
+            Ok(())
+        })
+    })
+}
+
+unsafe fn query_rows(
+    cache: *const latent_cache,
+    out: *mut usize,
+    out_len: usize,
+    written: *mut usize,
+    f: impl FnOnce(&LatentCache) -> Vec<usize>,
+) -> latent_cache_status {
+    run(|| unsafe {
+        let written = out_ptr(written, "written")?;
+        with_cache(cache, |cache| {
+            let values = f(cache);
+            out_buffer(out, out_len, values.len(), "out")?;
+            write_buffer(out, &values, written);
+            Ok(())
+        })
+    })
+}
+
+/// `*out` = the physical width T of the stored window (the longest row's position count).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_offset(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
+    unsafe { query(cache, out, LatentCache::offset) }
+}
+
+/// `*out` = the number of rows; 0 before the first append and after a reset (trim never
+/// changes it).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_batch_size(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
+    unsafe { query(cache, out, LatentCache::batch_size) }
+}
+
+/// Copies `row_offsets` (each row's position count, `batch_size` values) into `out`; `*written`
+/// receives `batch_size`. `out_len` must be at least `batch_size` (`BUFFER_TOO_SMALL`
+/// otherwise); `(NULL, 0)` is fine while the batch is empty.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_row_offsets(
+    cache: *const latent_cache,
+    out: *mut usize,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    unsafe { query_rows(cache, out, out_len, written, LatentCache::row_offsets) }
+}
+
+/// Copies `left_pad` (where each row's valid positions start, `batch_size` values) into `out`;
+/// same buffer rules as `latent_cache_row_offsets`. Row b's positions are `[left_pad[b], T)`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_left_pad(
+    cache: *const latent_cache,
+    out: *mut usize,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    unsafe { query_rows(cache, out, out_len, written, |cache| cache.left_pad().to_vec()) }
+}
+
+/// `*out` = the configured kv_lora_rank.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_kv_lora_rank(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
+    unsafe { query(cache, out, |cache| cache.geometry().kv_lora_rank) }
+}
+
+/// `*out` = the configured rope_head_dim.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_rope_head_dim(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
+    unsafe { query(cache, out, |cache| cache.geometry().rope_head_dim) }
+}
+
+/// `*out` = the configured index_head_dim (0 on a layer without DSA index keys).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_index_head_dim(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
+    unsafe { query(cache, out, |cache| cache.geometry().index_head_dim) }
+}
+
+/// `*out` = bytes one more position costs one row: (kv_lora_rank + rope_head_dim +
+/// index_head_dim) x 4 for float32 storage.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_bytes_per_token(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
+    unsafe { query(cache, out, LatentCache::bytes_per_token) }
+}
+
+/// `*out` = positions an append may still add: `SIZE_MAX` when `max_tokens` is 0, else
+/// `max_tokens` minus the longest row.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_max_append_tokens(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
+    unsafe { query(cache, out, LatentCache::max_append_tokens) }
+}
+
+/// `*out` = the earliest offset whose stored state can resume generation; reuse policies must
+/// not trim below it. 0 for float32 storage (every prefix is exact).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_minimum_reusable_offset(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
+    unsafe { query(cache, out, LatentCache::minimum_reusable_offset) }
+}
+
+/// `*out` = whether `latent_cache_trim` can drop positions (always true: trim moves the offset).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_is_trimmable(cache: *const latent_cache, out: *mut bool) -> latent_cache_status {
+    unsafe { query(cache, out, LatentCache::is_trimmable) }
+}
+
+/// `*out` = whether a speculative round is open.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_in_spec_round(cache: *const latent_cache, out: *mut bool) -> latent_cache_status {
+    unsafe { query(cache, out, LatentCache::in_spec_round) }
+}

@@ -1,0 +1,91 @@
+//! Batch row operations for continuous batching: merge sources into an empty cache, extract one
+//! row as its own cache, filter rows.
+use super::args::{in_slice, out_ptr, write};
+use super::error::Failure;
+use super::handle::{latent_cache, with_cache};
+use super::panic::run;
+use super::status::latent_cache_status;
+
+/// Fills the empty `destination` with every row of every source, in order: a batch source
+/// gives all its rows, an empty source that never had rows gives one empty row. Rows are
+/// right-justified to the longest. Sources are borrowed and not changed; a source may appear
+/// more than once but may not be the destination. All must have the destination's geometry.
+///
+/// Returns `OK`; `NULL_ARGUMENT` (a NULL or dead handle, `sources` NULL); `INVALID_ARGUMENT`
+/// (zero sources, a geometry mismatch, the destination among the sources); `INVALID_STATE`
+/// (the destination is not empty or is in a round); `CAPACITY`; `BACKEND`. On failure nothing
+/// changed.
+///
+/// Locks every handle involved (in address order, so concurrent merges cannot deadlock).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_merge_rows(
+    destination: *mut latent_cache,
+    sources: *const *const latent_cache,
+    sources_len: usize,
+) -> latent_cache_status {
+    run(|| unsafe {
+        latent_cache::from_ptr(destination, "destination")?;
+        let sources = in_slice(sources, sources_len, "sources")?;
+        if sources.is_empty() {
+            return Err(Failure::new(latent_cache_status::InvalidArgument, "merge needs at least one source"));
+        }
+        let mut handles = vec![destination.cast_const()];
+        for (i, &source) in sources.iter().enumerate() {
+            latent_cache::from_ptr(source, &format!("sources[{i}]"))?;
+            if source == destination.cast_const() {
+                return Err(Failure::new(latent_cache_status::InvalidArgument, format!("sources[{i}] is the destination")));
+            }
+            handles.push(source);
+        }
+        handles.sort();
+        handles.dedup();
+        let mut guards = Vec::with_capacity(handles.len());
+        for &handle in &handles {
+            guards.push((handle, (*handle).lock()?));
+        }
+        let at = guards.iter().position(|(h, _)| *h == destination.cast_const()).expect("locked");
+        let (_, mut destination_cache) = guards.remove(at);
+        let source_caches: Vec<&crate::core::LatentCache> = sources
+            .iter()
+            .map(|s| &*guards.iter().find(|(h, _)| h == s).expect("locked").1)
+            .collect();
+        Ok(destination_cache.merge_rows(&source_caches)?)
+    })
+}
+
+/// Creates a new, independent single-row cache holding exactly row `row`'s valid positions (no
+/// padding). `*out` receives it, owned by the caller (free with `latent_cache_free`); written
+/// only on success. The source is not changed.
+///
+/// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size), `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_extract_row(
+    cache: *const latent_cache,
+    row: usize,
+    out: *mut *mut latent_cache,
+) -> latent_cache_status {
+    run(|| unsafe {
+        let out = out_ptr(out, "out")?;
+        let extracted = with_cache(cache, |cache| Ok(cache.extract_row(row)?))?;
+        write(out, latent_cache::into_raw(extracted));
+        Ok(())
+    })
+}
+
+/// Keeps the rows listed in `keep` (borrowed, `keep_len` entries), in that order, and drops the
+/// left padding no kept row needs.
+///
+/// Returns `OK`; `NULL_ARGUMENT`; `INVALID_ARGUMENT` (empty list, a row listed twice);
+/// `OUT_OF_RANGE` (a row >= batch size); `INVALID_STATE` (inside a round); `BACKEND`. On
+/// failure nothing changed.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_filter_rows(
+    cache: *mut latent_cache,
+    keep: *const usize,
+    keep_len: usize,
+) -> latent_cache_status {
+    run(|| unsafe {
+        let keep = in_slice(keep, keep_len, "keep")?;
+        with_cache(cache, |cache| Ok(cache.filter_rows(keep)?))
+    })
+}

@@ -1,0 +1,437 @@
+/* C client test of the latent-cache ABI, run under ASan/UBSan by `make test`: values read back
+ * equal what was written, the row layout follows the documented semantics, and every rejected
+ * call returns a status and a message and leaves the cache exactly as it was. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "latent_cache.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      failures++;                                                          \
+    }                                                                      \
+  } while (0)
+
+#define OK(call)                                                                   \
+  do {                                                                             \
+    latent_cache_status s_ = (call);                                               \
+    if (s_ != LATENT_CACHE_STATUS_OK) {                                            \
+      char m_[512];                                                                \
+      latent_cache_last_error(m_, sizeof m_);                                      \
+      fprintf(stderr, "%s:%d: %s returned %d: %s\n", __FILE__, __LINE__, #call, (int)s_, m_); \
+      failures++;                                                                  \
+    }                                                                              \
+  } while (0)
+
+/* A failing call: the expected status, and a non-empty message. */
+#define FAILS(expected, call)                                                      \
+  do {                                                                             \
+    latent_cache_last_error(NULL, 0);                                              \
+    latent_cache_status s_ = (call);                                               \
+    if (s_ != (expected)) {                                                        \
+      fprintf(stderr, "%s:%d: %s returned %d, expected %d\n", __FILE__, __LINE__, #call, (int)s_, (int)(expected)); \
+      failures++;                                                                  \
+    }                                                                              \
+    CHECK(latent_cache_last_error(NULL, 0) > 0);                                   \
+  } while (0)
+
+enum { RANK = 8, ROPE = 4, INDEX = 6 };
+
+/* The value written at (row, position, family, channel): distinct per slot, so any misplaced
+ * position shows up. Positions are counted per row from its first append. */
+static float value_at(size_t row, size_t pos, int family, size_t ch) {
+  return (float)(row * 100000 + pos * 100 + (size_t)family * 20 + ch) * 0.5f;
+}
+
+static size_t width_of(int family, int dsa) {
+  return family == 0 ? RANK : family == 1 ? ROPE : (dsa ? INDEX : 0);
+}
+
+/* Appends `tokens` positions to `batch` rows; row b's new positions start at start[b]. */
+static latent_cache_status append(latent_cache *c, size_t batch, size_t tokens, const size_t *start, int dsa) {
+  float *bufs[3];
+  size_t lens[3];
+  for (int f = 0; f < 3; f++) {
+    size_t w = width_of(f, dsa);
+    lens[f] = batch * tokens * w;
+    bufs[f] = lens[f] ? malloc(lens[f] * sizeof(float)) : NULL;
+    for (size_t b = 0; b < batch; b++)
+      for (size_t t = 0; t < tokens; t++)
+        for (size_t ch = 0; ch < w; ch++)
+          bufs[f][(b * tokens + t) * w + ch] = value_at(b, start[b] + t, f, ch);
+  }
+  latent_cache_status s = latent_cache_append_host(c, batch, tokens, bufs[0], lens[0], bufs[1], lens[1], bufs[2], lens[2]);
+  for (int f = 0; f < 3; f++) free(bufs[f]);
+  return s;
+}
+
+/* Row `row` must hold positions [first, first + len) of the value pattern for logical row `src`. */
+static void expect_row(const latent_cache *c, size_t row, size_t src, size_t first, size_t len, int dsa) {
+  for (int f = 0; f < (dsa ? 3 : 2); f++) {
+    size_t w = width_of(f, dsa), written = 0;
+    float *out = malloc((len * w + 1) * sizeof(float));
+    OK(latent_cache_read_row_host(c, (uint32_t)f, row, out, len * w + 1, &written));
+    CHECK(written == len * w);
+    for (size_t t = 0; t < len && written == len * w; t++)
+      for (size_t ch = 0; ch < w; ch++)
+        if (out[t * w + ch] != value_at(src, first + t, f, ch)) {
+          fprintf(stderr, "row %zu family %d pos %zu ch %zu: got %g want %g\n", row, f, t, ch, out[t * w + ch],
+                  value_at(src, first + t, f, ch));
+          failures++;
+          t = len;
+          break;
+        }
+    free(out);
+  }
+}
+
+static void expect_layout(const latent_cache *c, size_t batch, const size_t *row_offsets) {
+  size_t got_batch = 99, offset = 0, rows[16], pads[16], written = 0, longest = 0;
+  OK(latent_cache_batch_size(c, &got_batch));
+  CHECK(got_batch == batch);
+  OK(latent_cache_offset(c, &offset));
+  OK(latent_cache_row_offsets(c, rows, 16, &written));
+  CHECK(written == batch);
+  OK(latent_cache_left_pad(c, pads, 16, &written));
+  CHECK(written == batch);
+  for (size_t b = 0; b < batch; b++) longest = row_offsets[b] > longest ? row_offsets[b] : longest;
+  CHECK(offset == longest);
+  for (size_t b = 0; b < batch && b < 16; b++) {
+    CHECK(rows[b] == row_offsets[b]);
+    CHECK(pads[b] == offset - row_offsets[b]);
+  }
+}
+
+/* Everything observable about a cache, to prove a rejected call changed nothing. */
+typedef struct {
+  size_t batch, offset, rows[16], pads[16];
+  float *data[3];
+  size_t len[3];
+  int in_round;
+} snapshot;
+
+static snapshot take(const latent_cache *c, int dsa) {
+  snapshot s;
+  memset(&s, 0, sizeof s);
+  size_t written;
+  bool round = false;
+  OK(latent_cache_batch_size(c, &s.batch));
+  OK(latent_cache_offset(c, &s.offset));
+  OK(latent_cache_row_offsets(c, s.rows, 16, &written));
+  OK(latent_cache_left_pad(c, s.pads, 16, &written));
+  OK(latent_cache_in_spec_round(c, &round));
+  s.in_round = round;
+  for (int f = 0; f < (dsa ? 3 : 2); f++) {
+    size_t n = s.batch * s.offset * width_of(f, dsa);
+    s.data[f] = malloc((n + 1) * sizeof(float));
+    OK(latent_cache_read_host(c, (uint32_t)f, s.data[f], n + 1, &s.len[f]));
+  }
+  return s;
+}
+
+static void expect_unchanged(const latent_cache *c, snapshot *before, int dsa, int line) {
+  snapshot now = take(c, dsa);
+  int same = now.batch == before->batch && now.offset == before->offset && now.in_round == before->in_round &&
+             memcmp(now.rows, before->rows, sizeof now.rows) == 0 && memcmp(now.pads, before->pads, sizeof now.pads) == 0;
+  for (int f = 0; f < (dsa ? 3 : 2); f++) {
+    same = same && now.len[f] == before->len[f];
+    /* Padding positions are unspecified, so compare valid positions only. */
+    size_t w = width_of(f, dsa);
+    for (size_t b = 0; same && b < now.batch; b++)
+      same = memcmp(now.data[f] + (b * now.offset + now.pads[b]) * w, before->data[f] + (b * now.offset + now.pads[b]) * w,
+                    (now.offset - now.pads[b]) * w * sizeof(float)) == 0;
+    free(now.data[f]);
+  }
+  if (!same) {
+    fprintf(stderr, "line %d: a rejected call changed the cache\n", line);
+    failures++;
+  }
+}
+
+static latent_cache *make(int dsa, size_t max_tokens) {
+  latent_cache_config cfg = latent_cache_config_default();
+  cfg.kv_lora_rank = RANK;
+  cfg.rope_head_dim = ROPE;
+  cfg.index_head_dim = dsa ? INDEX : 0;
+  cfg.max_tokens = max_tokens;
+  latent_cache *c = NULL;
+  OK(latent_cache_new(&cfg, &c));
+  return c;
+}
+
+static void test_config(void) {
+  latent_cache_config cfg = latent_cache_config_default();
+  CHECK(cfg.kv_lora_rank == 512 && cfg.rope_head_dim == 64 && cfg.index_head_dim == 128 && cfg.max_tokens == 0);
+  latent_cache *c = (latent_cache *)0x1;
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_new(NULL, &c));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_new(&cfg, NULL));
+  cfg.kv_lora_rank = 0;
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
+  cfg = latent_cache_config_default();
+  cfg.reserved[2] = 1;
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
+  CHECK(c == (latent_cache *)0x1); /* outputs untouched on failure */
+  CHECK(strcmp(latent_cache_version(), LATENT_CACHE_VERSION) == 0);
+  latent_cache_free(NULL);
+}
+
+static void test_append_read_trim(void) {
+  latent_cache *c = make(1, 0);
+  size_t zero[2] = {0, 0}, batch = 99, bpt = 0, max_append = 0, n = 0;
+  bool trimmable = false;
+  OK(latent_cache_batch_size(c, &batch));
+  CHECK(batch == 0);
+  OK(latent_cache_bytes_per_token(c, &bpt));
+  CHECK(bpt == (RANK + ROPE + INDEX) * 4);
+  OK(latent_cache_max_append_tokens(c, &max_append));
+  CHECK(max_append == SIZE_MAX);
+  OK(latent_cache_is_trimmable(c, &trimmable));
+  CHECK(trimmable);
+  OK(latent_cache_minimum_reusable_offset(c, &n));
+  CHECK(n == 0);
+
+  OK(append(c, 2, 5, zero, 1));
+  size_t five[2] = {5, 5};
+  OK(append(c, 2, 1, five, 1));
+  size_t six[2] = {6, 6};
+  expect_layout(c, 2, six);
+  expect_row(c, 0, 0, 0, 6, 1);
+  expect_row(c, 1, 1, 0, 6, 1);
+
+  OK(latent_cache_trim(c, 2, false));
+  size_t four[2] = {4, 4};
+  expect_layout(c, 2, four);
+  expect_row(c, 1, 1, 0, 4, 1);
+  OK(append(c, 2, 3, four, 1)); /* overwrites the trimmed positions */
+  size_t seven[2] = {7, 7};
+  expect_layout(c, 2, seven);
+  expect_row(c, 0, 0, 0, 7, 1);
+
+  char sig[256];
+  size_t len = 0;
+  OK(latent_cache_signature(c, sig, sizeof sig, &len));
+  CHECK(len == strlen(sig) && len > 0);
+  latent_cache *plain = make(0, 0);
+  char other[256];
+  OK(latent_cache_signature(plain, other, sizeof other, &len));
+  CHECK(strcmp(sig, other) != 0);
+
+  OK(latent_cache_reset(c));
+  OK(latent_cache_batch_size(c, &batch));
+  CHECK(batch == 0);
+  OK(append(c, 1, 2, zero, 1)); /* a reset cache takes a new batch size */
+  expect_row(c, 0, 0, 0, 2, 1);
+  latent_cache_free(c);
+  latent_cache_free(plain);
+}
+
+static void test_rejections(void) {
+  latent_cache *c = make(1, 12);
+  latent_cache *plain = make(0, 0);
+  size_t zero[2] = {0, 0};
+  OK(append(c, 2, 4, zero, 1));
+  OK(append(plain, 1, 3, zero, 0));
+  float buf[2 * 16 * RANK];
+  memset(buf, 0, sizeof buf);
+  size_t written = 0, rows[4];
+  snapshot before = take(c, 1);
+  snapshot before_plain = take(plain, 0);
+
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_append_host(NULL, 2, 1, buf, 2 * RANK, buf, 2 * ROPE, buf, 2 * INDEX));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_append_host(c, 2, 1, NULL, 2 * RANK, buf, 2 * ROPE, buf, 2 * INDEX));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_append_host(c, 2, 1, buf, 2 * RANK, NULL, 2 * ROPE, buf, 2 * INDEX));
+  FAILS(LATENT_CACHE_STATUS_SHAPE, latent_cache_append_host(c, 2, 1, buf, 0, buf, 2 * ROPE, buf, 2 * INDEX));
+  FAILS(LATENT_CACHE_STATUS_SHAPE, latent_cache_append_host(c, 2, 1, buf, 2 * RANK - 1, buf, 2 * ROPE, buf, 2 * INDEX));
+  FAILS(LATENT_CACHE_STATUS_SHAPE, latent_cache_append_host(c, 2, 1, buf, 2 * RANK, buf, 2 * ROPE, buf, 2 * INDEX + 1));
+  FAILS(LATENT_CACHE_STATUS_SHAPE, latent_cache_append_host(c, 0, 1, NULL, 0, NULL, 0, NULL, 0));
+  FAILS(LATENT_CACHE_STATUS_SHAPE, latent_cache_append_host(c, 2, 0, NULL, 0, NULL, 0, NULL, 0));
+  FAILS(LATENT_CACHE_STATUS_SHAPE, latent_cache_append_host(c, 1, 1, buf, RANK, buf, ROPE, buf, INDEX)); /* batch mismatch */
+  FAILS(LATENT_CACHE_STATUS_SHAPE, latent_cache_append_host(c, SIZE_MAX / 2, 3, buf, 8, buf, 8, buf, 8)); /* overflow */
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_append_host(c, 2, 1, buf, 2 * RANK, buf, 2 * ROPE, NULL, 0));
+  FAILS(LATENT_CACHE_STATUS_CAPACITY, latent_cache_append_host(c, 2, 9, buf, 18 * RANK, buf, 18 * ROPE, buf, 18 * INDEX));
+  FAILS(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_trim(c, 5, false));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_trim(NULL, 1, false));
+  FAILS(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_LATENT, 2, buf, sizeof buf / 4, &written));
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_read_row_host(c, 7, 0, buf, sizeof buf / 4, &written));
+  FAILS(LATENT_CACHE_STATUS_BUFFER_TOO_SMALL, latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_LATENT, 0, buf, 4 * RANK - 1, &written));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_LATENT, 0, NULL, 4 * RANK, &written));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_LATENT, 0, buf, 4 * RANK, NULL));
+  FAILS(LATENT_CACHE_STATUS_BUFFER_TOO_SMALL, latent_cache_read_host(c, LATENT_CACHE_FAMILY_ROPE, buf, 0, &written));
+  FAILS(LATENT_CACHE_STATUS_BUFFER_TOO_SMALL, latent_cache_row_offsets(c, rows, 1, &written));
+  FAILS(LATENT_CACHE_STATUS_BUFFER_TOO_SMALL, latent_cache_row_offsets(c, NULL, 0, &written));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_row_offsets(c, NULL, 4, &written));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_offset(c, NULL));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_offset(NULL, &written));
+  char small[4];
+  FAILS(LATENT_CACHE_STATUS_BUFFER_TOO_SMALL, latent_cache_signature(c, small, sizeof small, &written));
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_spec_round_commit(c));
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_spec_round_rollback(c, 0));
+  mlx_array none = {NULL};
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_append_latent(c, none, none, none, NULL, NULL, NULL));
+  expect_unchanged(c, &before, 1, __LINE__);
+
+  /* Wrong family on a layer without DSA. */
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_append_host(plain, 1, 1, buf, RANK, buf, ROPE, buf, INDEX));
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_read_row_host(plain, LATENT_CACHE_FAMILY_INDEX_KEYS, 0, buf, 64, &written));
+  mlx_array keys;
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_stored_index_keys(plain, &keys));
+  expect_unchanged(plain, &before_plain, 0, __LINE__);
+
+  /* The next valid call works. */
+  size_t four[2] = {4, 4};
+  OK(append(c, 2, 1, four, 1));
+  expect_row(c, 1, 1, 0, 5, 1);
+  for (int f = 0; f < 3; f++) {
+    free(before.data[f]);
+    free(before_plain.data[f]);
+  }
+  latent_cache_free(c);
+  latent_cache_free(plain);
+  /* A freed handle is detected, not dereferenced. */
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_offset(c, &written));
+  latent_cache_free(c);
+}
+
+/* Two rows verify 3 draft tokens each and accept different counts. */
+static void test_speculative_rows(void) {
+  latent_cache *c = make(1, 0);
+  size_t start[2] = {0, 0};
+  OK(append(c, 2, 5, start, 1));
+  size_t lens[2] = {5, 5};
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_spec_round_commit(c));
+  OK(latent_cache_spec_round_begin(c));
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_spec_round_begin(c));
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_trim(c, 1, false));
+  OK(append(c, 2, 3, lens, 1)); /* the verify forward appends the 3 drafts */
+  size_t keep[2] = {3, 1};       /* row 0 accepts all, row 1 only the first */
+  size_t too_many[2] = {4, 0}, short_list[1] = {1};
+  snapshot before = take(c, 1);
+  FAILS(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_spec_round_rollback_rows(c, too_many, 2));
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_spec_round_rollback_rows(c, short_list, 1));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_spec_round_rollback_rows(c, NULL, 2));
+  expect_unchanged(c, &before, 1, __LINE__);
+  for (int f = 0; f < 3; f++) free(before.data[f]);
+  OK(latent_cache_spec_round_rollback_rows(c, keep, 2));
+  size_t after[2] = {8, 6};
+  expect_layout(c, 2, after);
+  expect_row(c, 0, 0, 0, 8, 1);
+  expect_row(c, 1, 1, 0, 6, 1);
+  /* The next step appends to both rows at their own positions. */
+  OK(append(c, 2, 1, after, 1));
+  size_t next[2] = {9, 7};
+  expect_layout(c, 2, next);
+  expect_row(c, 1, 1, 0, 7, 1);
+  /* A uniform rollback is a trim. */
+  OK(latent_cache_spec_round_begin(c));
+  OK(append(c, 2, 3, next, 1));
+  OK(latent_cache_spec_round_rollback(c, 2));
+  size_t uniform[2] = {11, 9};
+  expect_layout(c, 2, uniform);
+  expect_row(c, 0, 0, 0, 11, 1);
+  OK(latent_cache_spec_round_begin(c));
+  OK(latent_cache_spec_round_commit(c));
+  latent_cache_free(c);
+}
+
+/* A request joins a running batch and another finishes. */
+static void test_join_and_leave(void) {
+  latent_cache *running = make(1, 0), *joiner = make(1, 0), *merged = make(1, 0), *other = make(0, 0);
+  size_t zero[2] = {0, 0};
+  OK(append(running, 2, 6, zero, 1));
+  OK(append(joiner, 1, 2, zero, 1));
+  const latent_cache *sources[2] = {running, joiner};
+  snapshot before = take(merged, 1);
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_merge_rows(merged, sources, 0));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_merge_rows(merged, NULL, 2));
+  const latent_cache *mismatched[2] = {running, other};
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_merge_rows(merged, mismatched, 2));
+  const latent_cache *self[1] = {merged};
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_merge_rows(merged, self, 1));
+  expect_unchanged(merged, &before, 1, __LINE__);
+  for (int f = 0; f < 3; f++) free(before.data[f]);
+  OK(latent_cache_merge_rows(merged, sources, 2));
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_merge_rows(merged, sources, 2)); /* not empty now */
+  size_t lens[3] = {6, 6, 2};
+  expect_layout(merged, 3, lens);
+  expect_row(merged, 2, 0, 0, 2, 1); /* the joiner's row 0 */
+  expect_row(merged, 1, 1, 0, 6, 1);
+  expect_row(running, 1, 1, 0, 6, 1); /* sources unchanged */
+
+  /* Row 0 finishes: keep rows 1 and 2. */
+  size_t keep[2] = {1, 2}, dup[2] = {1, 1}, out_of_range[1] = {3};
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_filter_rows(merged, dup, 2));
+  FAILS(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_filter_rows(merged, out_of_range, 1));
+  OK(latent_cache_filter_rows(merged, keep, 2));
+  size_t left[2] = {6, 2};
+  expect_layout(merged, 2, left);
+  expect_row(merged, 0, 1, 0, 6, 1);
+  expect_row(merged, 1, 0, 0, 2, 1);
+
+  latent_cache *single = NULL;
+  FAILS(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_extract_row(merged, 2, &single));
+  CHECK(single == NULL);
+  OK(latent_cache_extract_row(merged, 1, &single));
+  size_t one[1] = {2};
+  expect_layout(single, 1, one);
+  expect_row(single, 0, 0, 0, 2, 1);
+  latent_cache_free(single);
+  latent_cache_free(running);
+  latent_cache_free(joiner);
+  latent_cache_free(merged);
+  latent_cache_free(other);
+}
+
+/* The MLX-native path: arrays in, views out, one evaluation. */
+static void test_mlx_arrays(void) {
+  latent_cache *c = make(1, 0);
+  mlx_array keys = {NULL};
+  OK(latent_cache_stored_index_keys(c, &keys));
+  CHECK(keys.ctx != NULL);
+  latent_cache_array_free(keys);
+  float lat[3 * RANK], rope[3 * ROPE], idx[3 * INDEX];
+  for (size_t t = 0; t < 3; t++) {
+    for (size_t ch = 0; ch < RANK; ch++) lat[t * RANK + ch] = value_at(0, t, 0, ch);
+    for (size_t ch = 0; ch < ROPE; ch++) rope[t * ROPE + ch] = value_at(0, t, 1, ch);
+    for (size_t ch = 0; ch < INDEX; ch++) idx[t * INDEX + ch] = value_at(0, t, 2, ch);
+  }
+  mlx_array in[3], out[3] = {{NULL}, {NULL}, {NULL}};
+  OK(latent_cache_array_from_host(lat, 3 * RANK, 1, 3, RANK, &in[0]));
+  OK(latent_cache_array_from_host(rope, 3 * ROPE, 1, 3, ROPE, &in[1]));
+  OK(latent_cache_array_from_host(idx, 3 * INDEX, 1, 3, INDEX, &in[2]));
+  FAILS(LATENT_CACHE_STATUS_SHAPE, latent_cache_array_from_host(lat, 3 * RANK, 1, 3, RANK + 1, &keys));
+  /* Wrong width for rope: rejected, nothing appended. */
+  FAILS(LATENT_CACHE_STATUS_SHAPE, latent_cache_append_latent(c, in[0], in[0], in[2], &out[0], &out[1], &out[2]));
+  CHECK(out[0].ctx == NULL);
+  OK(latent_cache_append_latent(c, in[0], in[1], in[2], &out[0], &out[1], &out[2]));
+  OK(latent_cache_eval(out, 3));
+  for (int i = 0; i < 3; i++) {
+    latent_cache_array_free(in[i]);
+    latent_cache_array_free(out[i]);
+  }
+  expect_row(c, 0, 0, 0, 3, 1);
+  OK(latent_cache_state(c, &out[0], NULL, &out[2]));
+  OK(latent_cache_eval(out + 2, 1));
+  latent_cache_array_free(out[0]);
+  latent_cache_array_free(out[2]);
+  latent_cache_free(c);
+}
+
+int main(void) {
+  test_config();
+  test_append_read_trim();
+  test_rejections();
+  test_speculative_rows();
+  test_join_and_leave();
+  test_mlx_arrays();
+  if (failures) {
+    fprintf(stderr, "test_api: %d failure(s)\n", failures);
+    return 1;
+  }
+  printf("test_api: all checks passed\n");
+  return 0;
+}
