@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-.PHONY: deps build header check-header test test-rust test-c demo examples clean
+.PHONY: deps build header check-header test test-rust test-c demo examples bench bench-quick bench-deps clean
 
 UNAME := $(shell uname -s)
 DEPS := $(CURDIR)/.deps
@@ -80,6 +80,29 @@ examples: build
 
 demo: examples
 	$(OUT)/engine
+
+# Benchmarks (docs/benchmarks.md): this library, the seed's strategy and mlx-lm's caches side by
+# side in one run. mlx-lm runs on PyPI's mlx of the same MLX version, in its own folder.
+BENCH_PY := $(DEPS)/bench-py
+BENCH_STAMP := $(DEPS)/.bench-$(MLX_VERSION)
+BENCH_OUT := target/bench
+
+$(BENCH_STAMP):
+	python3 -m pip install --quiet --disable-pip-version-check --target $(BENCH_PY) \
+	  "mlx==$(MLX_VERSION)" "mlx-cpu==$(MLX_VERSION)" "matplotlib==3.10.*"
+	python3 -m pip install --quiet --disable-pip-version-check --no-deps --target $(BENCH_PY) "mlx-lm==0.32.2"
+	@touch $@
+
+bench-deps: deps $(BENCH_STAMP)
+
+bench bench-quick: bench-deps
+	cargo build --release -p latent-cache-bench
+	@mkdir -p $(BENCH_OUT)
+	target/release/latent-cache-bench $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/rust.json
+	PYTHONPATH=$(BENCH_PY) python3 bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
+	PYTHONPATH=$(BENCH_PY) python3 bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/mlx_lm.json \
+	  --title "decode step time, GLM-5.2 shape, $$(nproc)-core CPU, MLX $(MLX_VERSION)"
+	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png"
 
 clean:
 	cargo clean

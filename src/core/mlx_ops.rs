@@ -75,6 +75,14 @@ pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
     Ok(mlx_rs::transforms::eval(arrays)?)
 }
 
+/// Whether `a` has been evaluated (its data is available).
+pub fn is_evaluated(a: &Array) -> bool {
+    let mut available = false;
+    // SAFETY: a valid array handle; the call only reads its status.
+    let rc = unsafe { mlx_sys::_mlx_array_is_available(&mut available, a.as_ptr()) };
+    rc == 0 && available
+}
+
 /// Copies an evaluated-on-demand array's elements to the host, in row-major order.
 /// The array must be row-contiguous once evaluated (a slice of whole trailing rows is).
 pub fn to_host(a: &Array) -> Result<Vec<f32>> {

@@ -13,6 +13,11 @@ use super::mlx_ops;
 /// Smallest capacity a buffer grows to: small appends should not reallocate every few tokens.
 pub(crate) const MIN_CAPACITY: usize = 256;
 
+/// Most writes left unevaluated in a row before an append evaluates the buffer itself. Writes are
+/// lazy; an engine that never evaluates a family (say, a DSA layer whose index keys it never
+/// reads) would otherwise grow an unbounded graph.
+const MAX_LAZY_WRITES: usize = 64;
+
 #[derive(Debug)]
 pub struct FamilyBuffer {
     width: usize,
@@ -20,6 +25,8 @@ pub struct FamilyBuffer {
     capacity: usize,
     /// `None` until the first write.
     data: Option<Array>,
+    /// Writes since `data` was last seen evaluated.
+    lazy_writes: usize,
 }
 
 /// A prepared new state of a buffer.
@@ -27,6 +34,7 @@ pub struct Pending {
     rows: usize,
     capacity: usize,
     data: Array,
+    lazy_writes: usize,
 }
 
 /// One row's valid range copied from some buffer into a new one: `source[row, lo..hi]` lands at
@@ -42,7 +50,7 @@ pub struct Piece<'a> {
 
 impl FamilyBuffer {
     pub fn new(width: usize) -> Self {
-        FamilyBuffer { width, rows: 0, capacity: 0, data: None }
+        FamilyBuffer { width, rows: 0, capacity: 0, data: None, lazy_writes: 0 }
     }
 
     pub fn width(&self) -> usize {
@@ -76,6 +84,17 @@ impl FamilyBuffer {
     ) -> Result<Pending> {
         let end = offset + tokens;
         let (start, stop) = ([0, offset, 0], [rows, end, self.width]);
+        let lazy_writes = match &self.data {
+            Some(data) if !mlx_ops::is_evaluated(data) => {
+                if self.lazy_writes >= MAX_LAZY_WRITES {
+                    mlx_ops::eval([data])?;
+                    0
+                } else {
+                    self.lazy_writes + 1
+                }
+            }
+            _ => 0,
+        };
         let (capacity, data) = match &self.data {
             Some(data) if end <= self.capacity => (self.capacity, mlx_ops::slice_update(data, update, &start, &stop)?),
             _ => {
@@ -84,7 +103,7 @@ impl FamilyBuffer {
                 (capacity, mlx_ops::slice_update(&base, update, &start, &stop)?)
             }
         };
-        Ok(Pending { rows, capacity, data })
+        Ok(Pending { rows, capacity, data, lazy_writes })
     }
 
     /// Makes room for `capacity` positions per row, keeping the first `offset` (a no-op when the
@@ -94,7 +113,7 @@ impl FamilyBuffer {
             return Ok(None);
         }
         let data = self.regrow(rows, capacity, offset)?;
-        Ok(Some(Pending { rows, capacity, data }))
+        Ok(Some(Pending { rows, capacity, data, lazy_writes: 0 }))
     }
 
     /// A fresh buffer of `capacity` positions holding this buffer's first `offset` positions.
@@ -120,13 +139,14 @@ impl FamilyBuffer {
             let dest_hi = piece.dest_lo + (piece.hi - piece.lo);
             data = mlx_ops::slice_update(&data, &part, &[piece.dest_row, piece.dest_lo, 0], &[piece.dest_row + 1, dest_hi, width])?;
         }
-        Ok(Pending { rows, capacity: capacity.max(1), data })
+        Ok(Pending { rows, capacity: capacity.max(1), data, lazy_writes: 0 })
     }
 
     pub fn commit(&mut self, pending: Pending) {
         self.rows = pending.rows;
         self.capacity = pending.capacity;
         self.data = Some(pending.data);
+        self.lazy_writes = pending.lazy_writes;
     }
 
     /// A view of the stored window `[rows, offset, width]`; an empty `[0, 0, width]` array

@@ -1,0 +1,171 @@
+//! `latent-cache-bench [--quick] [--out FILE]`: decode steps, speculative rounds and chunked
+//! prefill for this library (Rust API, C ABI) and the seed's concatenate strategy, on a
+//! GLM-5.2-shaped model, in one process. Writes one JSON record per (system, scenario, batch,
+//! context) to FILE (default target/bench/rust.json).
+mod systems;
+
+use std::time::Instant;
+
+use systems::{model_bytes_per_token, Concat, Inputs, OursC, OursRust, Step, System};
+
+/// Positions a single fill append writes (bounded so fill inputs stay small).
+const FILL_CHUNK: usize = 4096;
+/// The seed strategy holds two copies of everything during an append; beyond this many stored
+/// positions (batch x context) it would not fit a 24 GiB machine next to the process itself.
+const CONCAT_LIMIT: usize = 16 * 1024;
+
+struct Config {
+    quick: bool,
+    out: String,
+    /// (batch, context) points for the decode and speculative scenarios.
+    points: Vec<(usize, usize)>,
+    steps: usize,
+    prefill_to: usize,
+    concat_limit: usize,
+}
+
+fn config() -> Config {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let out = args.iter().position(|a| a == "--out").map(|i| args[i + 1].clone()).unwrap_or_else(|| "target/bench/rust.json".into());
+    let gpu = args.iter().any(|a| a == "--gpu");
+    let mut points: Vec<(usize, usize)> = if quick {
+        vec![(1, 1024), (1, 4096), (8, 1024)]
+    } else {
+        vec![(1, 1024), (1, 4096), (1, 16384), (1, 65536), (8, 1024), (8, 4096), (8, 8192)]
+    };
+    if gpu && !quick {
+        points.insert(4, (1, 131072));
+    }
+    let concat_limit = if gpu { 4 * CONCAT_LIMIT } else { CONCAT_LIMIT };
+    Config { quick, out, points, steps: if quick { 20 } else { 60 }, prefill_to: if quick { 4096 } else { 32768 }, concat_limit }
+}
+
+struct Stats {
+    median: f64,
+    p10: f64,
+    p90: f64,
+}
+
+fn stats(mut us: Vec<f64>) -> Stats {
+    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];
+    Stats { median: at(0.5), p10: at(0.1), p90: at(0.9) }
+}
+
+fn record(out: &mut Vec<String>, system: &str, scenario: &str, batch: usize, context: usize, s: &Stats, samples: usize, held: Option<f64>) {
+    let held = held.map_or("null".to_string(), |h| format!("{h:.1}"));
+    let line = format!(
+        "{{\"system\": \"{system}\", \"scenario\": \"{scenario}\", \"batch\": {batch}, \"context\": {context}, \
+         \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"samples\": {samples}, \
+         \"bytes_per_token\": {}, \"bytes_held_per_token\": {held}}}",
+        s.median, s.p10, s.p90, model_bytes_per_token()
+    );
+    eprintln!("{line}");
+    out.push(line);
+}
+
+fn active_memory() -> f64 {
+    mlx_rs::memory::active_memory().unwrap() as f64
+}
+
+/// Fills every layer of `system` to `context` positions per row.
+fn fill(system: &mut dyn System, batch: usize, context: usize) {
+    let mut done = 0;
+    while done < context {
+        let n = FILL_CHUNK.min(context - done);
+        let inputs = Inputs::new(batch, n, done as f32);
+        system.forward(&inputs, Step::Fill);
+        done += n;
+    }
+}
+
+fn timed(mut f: impl FnMut()) -> f64 {
+    let start = Instant::now();
+    f();
+    start.elapsed().as_secs_f64() * 1e6
+}
+
+/// Decode and speculative rounds at one (batch, context) point, for one system.
+fn measure(out: &mut Vec<String>, system: &mut dyn System, cfg: &Config, batch: usize, context: usize, base_memory: f64) {
+    let warmup = 3;
+    // Room for the decode steps and the speculative steps (net +2 each) that follow the fill.
+    system.reserve(context + (cfg.steps + warmup) * 3 + 8);
+    fill(system, batch, context);
+    let held = (active_memory() - base_memory) / (batch * context) as f64;
+    let one = Inputs::new(batch, 1, 0.5);
+    for (scenario, step) in [("decode", Step::Decode), ("decode_all_views", Step::DecodeAllViews)] {
+        let mut samples = Vec::new();
+        for i in 0..cfg.steps + warmup {
+            let us = timed(|| system.forward(&one, step));
+            if i >= warmup {
+                samples.push(us);
+            }
+        }
+        record(out, system.name(), scenario, batch, context, &stats(samples), cfg.steps, Some(held));
+    }
+
+    let four = Inputs::new(batch, 4, 0.75);
+    let mut samples = Vec::new();
+    for i in 0..cfg.steps + warmup {
+        let us = timed(|| {
+            system.spec_begin();
+            system.forward(&four, Step::Decode);
+            system.spec_rollback(2);
+        });
+        if i >= warmup {
+            samples.push(us);
+        }
+    }
+    record(out, system.name(), "spec_round", batch, context, &stats(samples), cfg.steps, None);
+}
+
+/// Append-only cost per position during a chunked prefill (chunks of 512), batch 1, no
+/// reservation: the growth copies are part of the cost.
+fn prefill(out: &mut Vec<String>, system: &mut dyn System, cfg: &Config) {
+    const CHUNK: usize = 512;
+    let inputs = Inputs::new(1, CHUNK, 0.25);
+    let checkpoints = [1024, 4096, 16384, 32768];
+    let mut window = Vec::new();
+    let mut done = 0;
+    while done < cfg.prefill_to {
+        window.push(timed(|| system.forward(&inputs, Step::Fill)) / CHUNK as f64);
+        done += CHUNK;
+        if checkpoints.contains(&done) {
+            let n = window.len();
+            record(out, system.name(), "prefill_per_position", 1, done, &stats(std::mem::take(&mut window)), n, None);
+        }
+    }
+}
+
+fn main() {
+    let cfg = config();
+    let mut out = Vec::new();
+    eprintln!("bench: {} mode, MLX device {:?}", if cfg.quick { "quick" } else { "full" }, mlx_rs::Device::default());
+    type Make = fn() -> Box<dyn System>;
+    let makers: [(Make, bool); 3] = [
+        (|| Box::new(OursRust::new()), false),
+        (|| Box::new(OursC::new()), false),
+        (|| Box::new(Concat::new()), true),
+    ];
+    for &(batch, context) in &cfg.points {
+        for (make, limited) in makers {
+            if limited && batch * context > cfg.concat_limit {
+                continue;
+            }
+            mlx_rs::memory::clear_cache().unwrap();
+            let base = active_memory();
+            let mut system = make();
+            measure(&mut out, system.as_mut(), &cfg, batch, context, base);
+        }
+    }
+    for (make, _) in makers {
+        mlx_rs::memory::clear_cache().unwrap();
+        let mut system = make();
+        prefill(&mut out, system.as_mut(), &cfg);
+    }
+    if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
+}

@@ -1,0 +1,271 @@
+//! The systems under test, behind one trait so every scenario drives them identically:
+//! this library through its Rust API and through its C ABI (the mlx_array path), and the seed's
+//! reference strategy (concatenate every family on every append, copy on every trim).
+use latent_cache::core::mlx_ops;
+use latent_cache::ffi::arrays::*;
+use latent_cache::ffi::cache::*;
+use latent_cache::ffi::config::latent_cache_config_default;
+use latent_cache::ffi::spec::*;
+use latent_cache::ffi::{latent_cache as Handle, latent_cache_config, latent_cache_status};
+use latent_cache::{Geometry, LatentCache};
+use mlx_rs::Array;
+use mlx_sys::mlx_array;
+
+/// GLM-5.2: 78 layers, kv_lora_rank 512, rope 64, index keys 128 on 21 layers.
+pub const LAYERS: usize = 78;
+pub const DSA_LAYERS: usize = 21;
+pub const WIDTHS: [usize; 3] = [512, 64, 128];
+
+/// Whether layer `l` carries DSA index keys (spread evenly over the stack).
+pub fn is_dsa(l: usize) -> bool {
+    (l * DSA_LAYERS) / LAYERS != ((l + 1) * DSA_LAYERS) / LAYERS
+}
+
+/// Bytes one position costs the whole model in f32.
+pub fn model_bytes_per_token() -> usize {
+    (0..LAYERS).map(|l| 4 * (WIDTHS[0] + WIDTHS[1] + if is_dsa(l) { WIDTHS[2] } else { 0 })).sum()
+}
+
+/// `[batch, tokens, width]` inputs for every family (index keys only where needed).
+pub struct Inputs {
+    pub arrays: [Array; 3],
+}
+
+impl Inputs {
+    pub fn new(batch: usize, tokens: usize, seed: f32) -> Inputs {
+        let make = |w: usize| {
+            let n = batch * tokens * w;
+            let data: Vec<f32> = (0..n).map(|i| seed + (i % 97) as f32 * 0.25).collect();
+            Array::from_slice(&data, &[batch as i32, tokens as i32, w as i32])
+        };
+        let arrays = [make(WIDTHS[0]), make(WIDTHS[1]), make(WIDTHS[2])];
+        mlx_ops::eval(arrays.iter()).unwrap();
+        Inputs { arrays }
+    }
+}
+
+/// What one forward over the layers reads and keeps, before its single evaluation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Filling the cache: append, evaluate everything stored.
+    Fill,
+    /// The DSA decode pattern: on DSA layers read the index keys stored before the append (to
+    /// select positions), append, keep the latent and rope views.
+    Decode,
+    /// As `Decode`, and also keep the index keys view the append returns.
+    DecodeAllViews,
+}
+
+impl Step {
+    fn reads_index_keys(self) -> bool {
+        self != Step::Fill
+    }
+
+    fn keeps_index_keys_view(self) -> bool {
+        self != Step::Decode
+    }
+}
+
+pub trait System {
+    fn name(&self) -> &'static str;
+    /// Appends `inputs` to every layer, keeping what `step` says, and evaluates it all once.
+    fn forward(&mut self, inputs: &Inputs, step: Step);
+    fn spec_begin(&mut self);
+    /// Every row keeps `keep` of the positions appended in the round.
+    fn spec_rollback(&mut self, keep: usize);
+    /// Makes room for `tokens` positions where the system supports it.
+    fn reserve(&mut self, _tokens: usize) {}
+}
+
+fn geometry(l: usize) -> Geometry {
+    Geometry {
+        kv_lora_rank: WIDTHS[0],
+        rope_head_dim: WIDTHS[1],
+        index_head_dim: if is_dsa(l) { WIDTHS[2] } else { 0 },
+        max_tokens: 0,
+    }
+}
+
+pub struct OursRust {
+    layers: Vec<LatentCache>,
+}
+
+impl OursRust {
+    pub fn new() -> Self {
+        OursRust { layers: (0..LAYERS).map(|l| LatentCache::new(geometry(l)).unwrap()).collect() }
+    }
+}
+
+impl System for OursRust {
+    fn name(&self) -> &'static str {
+        "latent-cache (Rust API)"
+    }
+
+    fn forward(&mut self, inputs: &Inputs, step: Step) {
+        let mut outputs = Vec::with_capacity(LAYERS * 4);
+        for (l, cache) in self.layers.iter_mut().enumerate() {
+            if step.reads_index_keys() && is_dsa(l) {
+                outputs.push(cache.stored_index_keys().unwrap());
+            }
+            let keys = is_dsa(l).then_some(&inputs.arrays[2]);
+            let state = cache.append_latent(&inputs.arrays[0], &inputs.arrays[1], keys).unwrap();
+            outputs.push(state.latent);
+            outputs.push(state.rope);
+            if step.keeps_index_keys_view() {
+                outputs.extend(state.index_keys);
+            }
+        }
+        mlx_ops::eval(outputs.iter()).unwrap();
+    }
+
+    fn spec_begin(&mut self) {
+        self.layers.iter_mut().for_each(|c| c.spec_round_begin().unwrap());
+    }
+
+    fn spec_rollback(&mut self, keep: usize) {
+        self.layers.iter_mut().for_each(|c| c.spec_round_rollback_all(keep).unwrap());
+    }
+
+    fn reserve(&mut self, tokens: usize) {
+        self.layers.iter_mut().for_each(|c| c.reserve(tokens).unwrap());
+    }
+}
+
+pub struct OursC {
+    layers: Vec<*mut Handle>,
+}
+
+fn ok(status: latent_cache_status) {
+    assert_eq!(status, latent_cache_status::Ok);
+}
+
+impl OursC {
+    pub fn new() -> Self {
+        let layers = (0..LAYERS)
+            .map(|l| {
+                let mut cfg: latent_cache_config = latent_cache_config_default();
+                cfg.index_head_dim = if is_dsa(l) { WIDTHS[2] } else { 0 };
+                let mut handle = std::ptr::null_mut();
+                ok(unsafe { latent_cache_new(&cfg, &mut handle) });
+                handle
+            })
+            .collect();
+        OursC { layers }
+    }
+}
+
+impl Drop for OursC {
+    fn drop(&mut self) {
+        self.layers.iter().for_each(|&h| unsafe { latent_cache_free(h) });
+    }
+}
+
+impl System for OursC {
+    fn name(&self) -> &'static str {
+        "latent-cache (C ABI)"
+    }
+
+    fn forward(&mut self, inputs: &Inputs, step: Step) {
+        let none = mlx_array { ctx: std::ptr::null_mut() };
+        let mut outputs: Vec<mlx_array> = Vec::with_capacity(LAYERS * 4);
+        for (l, &handle) in self.layers.iter().enumerate() {
+            unsafe {
+                if step.reads_index_keys() && is_dsa(l) {
+                    let mut keys = none;
+                    ok(latent_cache_stored_index_keys(handle, &mut keys));
+                    outputs.push(keys);
+                }
+                let keys = if is_dsa(l) { inputs.arrays[2].as_ptr() } else { none };
+                let mut views = [none; 3];
+                let [a, b, c] = &mut views;
+                // A NULL output skips the index keys view.
+                let c: *mut mlx_array = if step.keeps_index_keys_view() { c } else { std::ptr::null_mut() };
+                ok(latent_cache_append_latent(handle, inputs.arrays[0].as_ptr(), inputs.arrays[1].as_ptr(), keys, a, b, c));
+                outputs.extend(views.into_iter().filter(|v| !v.ctx.is_null()));
+            }
+        }
+        unsafe {
+            ok(latent_cache_eval(outputs.as_ptr(), outputs.len()));
+            outputs.into_iter().for_each(|a| latent_cache_array_free(a));
+        }
+    }
+
+    fn spec_begin(&mut self) {
+        self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_spec_round_begin(h) }));
+    }
+
+    fn spec_rollback(&mut self, keep: usize) {
+        self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_spec_round_rollback(h, keep) }));
+    }
+
+    fn reserve(&mut self, tokens: usize) {
+        self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_reserve(h, tokens) }));
+    }
+}
+
+/// The seed's reference strategy: every append concatenates the stored array with the new
+/// positions (a new O(T) array per family and layer), every trim copies the kept prefix.
+pub struct Concat {
+    layers: Vec<[Option<Array>; 3]>,
+    round_start: usize,
+    offset: usize,
+}
+
+impl Concat {
+    pub fn new() -> Self {
+        Concat { layers: (0..LAYERS).map(|_| [None, None, None]).collect(), round_start: 0, offset: 0 }
+    }
+
+    fn families(l: usize) -> usize {
+        if is_dsa(l) { 3 } else { 2 }
+    }
+}
+
+impl System for Concat {
+    fn name(&self) -> &'static str {
+        "seed strategy (concatenate)"
+    }
+
+    fn forward(&mut self, inputs: &Inputs, step: Step) {
+        let mut outputs = Vec::new();
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            if step.reads_index_keys() && is_dsa(l) {
+                if let Some(keys) = &layer[2] {
+                    outputs.push(keys.clone());
+                }
+            }
+            for f in 0..Concat::families(l) {
+                let next = match &layer[f] {
+                    Some(stored) => mlx_rs::ops::concatenate(&[stored, &inputs.arrays[f]], 1).unwrap(),
+                    None => inputs.arrays[f].clone(),
+                };
+                outputs.push(next.clone());
+                layer[f] = Some(next);
+            }
+        }
+        self.offset += inputs.arrays[0].shape()[1] as usize;
+        mlx_ops::eval(outputs.iter()).unwrap();
+    }
+
+    fn spec_begin(&mut self) {
+        self.round_start = self.offset;
+    }
+
+    fn spec_rollback(&mut self, keep: usize) {
+        let new_offset = self.round_start + keep;
+        let mut outputs = Vec::new();
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            for f in 0..Concat::families(l) {
+                let stored = layer[f].as_ref().unwrap();
+                let shape = stored.shape();
+                let kept = mlx_ops::slice(stored, &[0, 0, 0], &[shape[0] as usize, new_offset, shape[2] as usize]).unwrap();
+                // The seed copies on trim: materialize the prefix as a new array.
+                let copy = mlx_rs::ops::add(&kept, &Array::from_f32(0.0)).unwrap();
+                outputs.push(copy.clone());
+                layer[f] = Some(copy);
+            }
+        }
+        self.offset = new_offset;
+        mlx_ops::eval(outputs.iter()).unwrap();
+    }
+}
