@@ -37,7 +37,21 @@ fn config() -> Config {
     if gpu && !quick {
         points.insert(4, (1, 131072));
     }
-    let concat_limit = if gpu { 4 * CONCAT_LIMIT } else { CONCAT_LIMIT };
+    // `--points 1x16384,8x1024` replaces the (batch x context) points.
+    if let Some(i) = args.iter().position(|a| a == "--points") {
+        points = args[i + 1]
+            .split(',')
+            .map(|p| {
+                let (b, c) = p.split_once('x').expect("--points wants BATCHxCONTEXT,...");
+                (b.parse().unwrap(), c.parse().unwrap())
+            })
+            .collect();
+    }
+    let concat_limit = match args.iter().any(|a| a == "--no-concat") {
+        true => 0,
+        false if gpu => 4 * CONCAT_LIMIT,
+        false => CONCAT_LIMIT,
+    };
     Config { quick, out, points, steps: if quick { 20 } else { 60 }, prefill_to: if quick { 4096 } else { 32768 }, concat_limit }
 }
 
@@ -86,38 +100,47 @@ fn timed(mut f: impl FnMut()) -> f64 {
     start.elapsed().as_secs_f64() * 1e6
 }
 
-/// Decode and speculative rounds at one (batch, context) point, for one system.
-fn measure(out: &mut Vec<String>, system: &mut dyn System, cfg: &Config, batch: usize, context: usize, base_memory: f64) {
+/// Decode and speculative rounds at one (batch, context) point for a group of systems that are
+/// filled side by side and then stepped in turn, so a noisy moment on a shared machine lands on
+/// every system's samples alike instead of on one system's whole run.
+fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config, batch: usize, context: usize) {
     let warmup = 3;
-    // Room for the decode steps and the speculative steps (net +2 each) that follow the fill.
-    system.reserve(context + (cfg.steps + warmup) * 3 + 8);
-    fill(system, batch, context);
-    let held = (active_memory() - base_memory) / (batch * context) as f64;
+    let mut held = Vec::new();
+    for system in systems.iter_mut() {
+        let base = active_memory();
+        // Room for the decode steps and the speculative steps (net +2 each) after the fill.
+        system.reserve(context + (cfg.steps + warmup) * 3 + 8);
+        fill(system.as_mut(), batch, context);
+        held.push((active_memory() - base) / (batch * context) as f64);
+    }
     let one = Inputs::new(batch, 1, 0.5);
-    for (scenario, step) in [("decode", Step::Decode), ("decode_all_views", Step::DecodeAllViews)] {
-        let mut samples = Vec::new();
+    let four = Inputs::new(batch, 4, 0.75);
+    for (scenario, step) in [("decode", Step::Decode), ("decode_all_views", Step::DecodeAllViews), ("spec_round", Step::Decode)] {
+        // Keeping every view copies the index keys each step: shown up to a bounded size only.
+        if step == Step::DecodeAllViews && batch * context > CONCAT_LIMIT {
+            continue;
+        }
+        let mut samples = vec![Vec::new(); systems.len()];
         for i in 0..cfg.steps + warmup {
-            let us = timed(|| system.forward(&one, step));
-            if i >= warmup {
-                samples.push(us);
+            for (system, samples) in systems.iter_mut().zip(samples.iter_mut()) {
+                let us = match scenario {
+                    "spec_round" => timed(|| {
+                        system.spec_begin();
+                        system.forward(&four, step);
+                        system.spec_rollback(2);
+                    }),
+                    _ => timed(|| system.forward(&one, step)),
+                };
+                if i >= warmup {
+                    samples.push(us);
+                }
             }
         }
-        record(out, system.name(), scenario, batch, context, &stats(samples), cfg.steps, Some(held));
-    }
-
-    let four = Inputs::new(batch, 4, 0.75);
-    let mut samples = Vec::new();
-    for i in 0..cfg.steps + warmup {
-        let us = timed(|| {
-            system.spec_begin();
-            system.forward(&four, Step::Decode);
-            system.spec_rollback(2);
-        });
-        if i >= warmup {
-            samples.push(us);
+        for (k, (system, samples)) in systems.iter().zip(samples).enumerate() {
+            let held = (scenario == "decode").then_some(held[k]);
+            record(out, system.name(), scenario, batch, context, &stats(samples), cfg.steps, held);
         }
     }
-    record(out, system.name(), "spec_round", batch, context, &stats(samples), cfg.steps, None);
 }
 
 /// Append-only cost per position during a chunked prefill (chunks of 512), batch 1, no
@@ -143,23 +166,36 @@ fn main() {
     let mut out = Vec::new();
     eprintln!("bench: {} mode, MLX device {:?}", if cfg.quick { "quick" } else { "full" }, mlx_rs::Device::default());
     type Make = fn() -> Box<dyn System>;
-    let makers: [(Make, bool); 3] = [
+    let mut makers: Vec<(Make, bool)> = vec![
         (|| Box::new(OursRust::new()), false),
         (|| Box::new(OursC::new()), false),
         (|| Box::new(Concat::new()), true),
     ];
+    if std::env::args().any(|a| a == "--c-first") {
+        makers.swap(0, 1);
+    }
     for &(batch, context) in &cfg.points {
-        for (make, limited) in makers {
-            if limited && batch * context > cfg.concat_limit {
-                continue;
-            }
+        // The Rust API and the C ABI run side by side while both fit in memory, one at a time
+        // beyond that. The seed strategy always runs alone: its O(history) copies would slow
+        // whatever shares the machine's caches with it.
+        let ours: Vec<Make> = makers.iter().filter(|m| !m.1).map(|m| m.0).collect();
+        let mut groups: Vec<Vec<Make>> = match batch * context <= CONCAT_LIMIT {
+            true => vec![ours],
+            false => ours.into_iter().map(|m| vec![m]).collect(),
+        };
+        if batch * context <= cfg.concat_limit {
+            groups.extend(makers.iter().filter(|m| m.1).map(|m| vec![m.0]));
+        }
+        for group in groups {
             mlx_rs::memory::clear_cache().unwrap();
-            let base = active_memory();
-            let mut system = make();
-            measure(&mut out, system.as_mut(), &cfg, batch, context, base);
+            let mut systems: Vec<Box<dyn System>> = group.iter().map(|make| make()).collect();
+            measure(&mut out, &mut systems, &cfg, batch, context);
         }
     }
-    for (make, _) in makers {
+    for &(make, limited) in &makers {
+        if limited && cfg.concat_limit == 0 {
+            continue;
+        }
         mlx_rs::memory::clear_cache().unwrap();
         let mut system = make();
         prefill(&mut out, system.as_mut(), &cfg);
