@@ -94,6 +94,13 @@ fn fill(system: &mut dyn System, batch: usize, context: usize) {
     }
 }
 
+/// Waits for the machine to settle: right after gigabytes are freed (the previous system) or
+/// written (the fill), the kernel is still reclaiming pages on the other core, which showed up as
+/// a 1.5-3x slower first system in an otherwise identical pair.
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_secs(3));
+}
+
 fn timed(mut f: impl FnMut()) -> f64 {
     let start = Instant::now();
     f();
@@ -113,6 +120,7 @@ fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config,
         fill(system.as_mut(), batch, context);
         held.push((active_memory() - base) / (batch * context) as f64);
     }
+    settle();
     let one = Inputs::new(batch, 1, 0.5);
     let four = Inputs::new(batch, 4, 0.75);
     for (scenario, step) in [("decode", Step::Decode), ("decode_all_views", Step::DecodeAllViews), ("spec_round", Step::Decode)] {

@@ -10,7 +10,8 @@ pub mod cache;
 pub mod config;
 pub mod error;
 pub mod handle;
-mod panic;
+#[doc(hidden)] // exposed so tests can drive the boundary itself
+pub mod panic;
 pub mod query;
 pub mod rows;
 pub mod spec;

@@ -28,7 +28,7 @@ pub(crate) fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
 
 /// Runs a fallible export body: `Ok` becomes `LATENT_CACHE_STATUS_OK`; a failure records its
 /// message and returns its status; a panic returns `LATENT_CACHE_STATUS_PANIC`.
-pub(crate) fn run(body: impl FnOnce() -> FfiResult) -> latent_cache_status {
+pub fn run(body: impl FnOnce() -> FfiResult) -> latent_cache_status {
     guard(latent_cache_status::Panic, || match body() {
         Ok(()) => latent_cache_status::Ok,
         Err(failure) => {
