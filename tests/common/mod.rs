@@ -1,2 +1,3 @@
 //! Shared by the integration tests.
+pub mod api_driver;
 pub mod model;

@@ -1,0 +1,18 @@
+//! Bytes -> a sequence of C API calls (valid and invalid), each checked against the reference
+//! model. The decoder and checks live in tests/common, shared with the corpus replay test.
+#![no_main]
+
+#[allow(dead_code)]
+#[path = "../../tests/common/model.rs"]
+mod model;
+
+#[allow(dead_code)]
+mod common {
+    pub use super::model;
+    #[path = "../../../tests/common/api_driver.rs"]
+    pub mod api_driver;
+}
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    common::api_driver::run_bytes(data);
+});

@@ -1,0 +1,250 @@
+//! Decodes arbitrary bytes into a sequence of C API calls on two caches (a DSA layer with a
+//! position limit, a plain layer without), including invalid calls, and checks every result
+//! against the reference model: a call the documented rules accept must succeed and leave the
+//! cache equal to the model; a call they reject must fail with a message and change nothing.
+//! Shared by the fuzz target (fuzz/) and the corpus replay in `make test`.
+#![allow(dead_code)]
+
+use latent_cache::ffi::cache::*;
+use latent_cache::ffi::config::latent_cache_config_default;
+use latent_cache::ffi::error::latent_cache_last_error;
+use latent_cache::ffi::query::*;
+use latent_cache::ffi::rows::*;
+use latent_cache::ffi::spec::*;
+use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
+
+use super::model::Model;
+
+const WIDTHS: [[usize; 3]; 2] = [[4, 2, 3], [4, 2, 0]];
+const MAX_TOKENS: [usize; 2] = [40, 0];
+
+struct Bytes<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Bytes<'_> {
+    fn next(&mut self) -> usize {
+        let b = self.data.get(self.at).copied().unwrap_or(0);
+        self.at += 1;
+        b as usize
+    }
+
+    fn done(&self) -> bool {
+        self.at >= self.data.len()
+    }
+}
+
+struct Slot {
+    cache: *mut Handle,
+    model: Model,
+    dsa: bool,
+    max_tokens: usize,
+}
+
+fn new_cache(kind: usize) -> *mut Handle {
+    let mut cfg = latent_cache_config_default();
+    cfg.kv_lora_rank = WIDTHS[kind][0];
+    cfg.rope_head_dim = WIDTHS[kind][1];
+    cfg.index_head_dim = WIDTHS[kind][2];
+    cfg.max_tokens = MAX_TOKENS[kind];
+    let mut cache = std::ptr::null_mut();
+    assert_eq!(unsafe { latent_cache_new(&cfg, &mut cache) }, Status::Ok);
+    cache
+}
+
+/// The cache must equal the model exactly: layout and every valid value.
+fn assert_equal(cache: *const Handle, model: &Model, dsa: bool, what: &str) {
+    let (mut batch, mut offset, mut written) = (0, 0, 0);
+    assert_eq!(unsafe { latent_cache_batch_size(cache, &mut batch) }, Status::Ok);
+    assert_eq!(unsafe { latent_cache_offset(cache, &mut offset) }, Status::Ok);
+    assert_eq!(batch, model.rows.len(), "batch after {what}");
+    assert_eq!(offset, model.offset(), "offset after {what}");
+    let mut rows = vec![0usize; batch];
+    assert_eq!(unsafe { latent_cache_row_offsets(cache, rows.as_mut_ptr(), batch, &mut written) }, Status::Ok);
+    assert_eq!(rows, model.row_offsets(), "row_offsets after {what}");
+    assert_eq!(unsafe { latent_cache_left_pad(cache, rows.as_mut_ptr(), batch, &mut written) }, Status::Ok);
+    assert_eq!(rows, model.left_pad(), "left_pad after {what}");
+    let mut in_round = false;
+    assert_eq!(unsafe { latent_cache_in_spec_round(cache, &mut in_round) }, Status::Ok);
+    assert_eq!(in_round, model.round.is_some(), "round after {what}");
+    for (row, expected) in model.rows.iter().enumerate() {
+        for f in 0..if dsa { 3 } else { 2 } {
+            let want = &expected.families[f];
+            let mut got = vec![0f32; want.len()];
+            let status = unsafe { latent_cache_read_row_host(cache, f as u32, row, got.as_mut_ptr(), got.len(), &mut written) };
+            assert_eq!(status, Status::Ok);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got[..written]), bits(want), "row {row} family {f} after {what}");
+        }
+    }
+}
+
+fn expect(status: Status, valid: bool, what: &str) {
+    if valid {
+        assert_eq!(status, Status::Ok, "{what} should succeed");
+    } else {
+        assert_ne!(status, Status::Ok, "{what} should be rejected");
+        assert!(unsafe { latent_cache_last_error(std::ptr::null_mut(), 0) } > 0, "{what}: no message");
+    }
+}
+
+/// Runs the calls encoded in `data`.
+pub fn run_bytes(data: &[u8]) {
+    let mut bytes = Bytes { data, at: 0 };
+    let mut slots: Vec<Slot> = (0..2)
+        .map(|k| Slot { cache: new_cache(k), model: Model::new(WIDTHS[k]), dsa: k == 0, max_tokens: MAX_TOKENS[k] })
+        .collect();
+    let mut step = 0;
+    while !bytes.done() && step < 200 {
+        step += 1;
+        let k = bytes.next() % 2;
+        let op = bytes.next() % 13;
+        let what = format!("step {step} op {op} on cache {k}");
+        if op == 11 {
+            merge(&mut slots, k, bytes.next() % 2, &what);
+            continue;
+        }
+        let slot = &mut slots[k];
+        let (batch, model) = (slot.model.rows.len(), &mut slot.model);
+        match op {
+            0..=2 => {
+                let rows = if batch > 0 && bytes.next() % 8 != 0 { batch } else { bytes.next() % 4 };
+                let tokens = bytes.next() % 5;
+                let corrupt = bytes.next();
+                let with_keys = match corrupt % 16 {
+                    0 => !slot.dsa,
+                    _ => slot.dsa,
+                };
+                // Index keys passed to a layer without them get a plausible 3-wide buffer.
+                let mut lens: [usize; 3] = std::array::from_fn(|f| rows * tokens * if f == 2 { 3 } else { model.widths[f] });
+                if corrupt % 16 == 1 {
+                    lens[corrupt % if with_keys { 3 } else { 2 }] += 1;
+                }
+                let data: [Vec<f32>; 3] = std::array::from_fn(|f| (0..lens[f]).map(|i| (step * 1000 + i) as f32 * 0.5).collect());
+                let key_len = if with_keys { lens[2] } else { 0 };
+                let valid = rows > 0
+                    && tokens > 0
+                    && (batch == 0 || rows == batch)
+                    && with_keys == slot.dsa
+                    && corrupt % 16 != 1
+                    && (slot.max_tokens == 0 || model.offset() + tokens <= slot.max_tokens);
+                let keys_ptr = if with_keys { data[2].as_ptr() } else { std::ptr::null() };
+                let status = unsafe {
+                    latent_cache_append_host(slot.cache, rows, tokens, data[0].as_ptr(), lens[0], data[1].as_ptr(), lens[1], keys_ptr, key_len)
+                };
+                expect(status, valid, &what);
+                if valid {
+                    let exact: [Vec<f32>; 3] = std::array::from_fn(|f| data[f][..rows * tokens * model.widths[f]].to_vec());
+                    model.append(rows, tokens, &exact);
+                }
+            }
+            3 => {
+                let n = bytes.next() % 8;
+                let bypass = bytes.next() % 2 == 1;
+                let shortest = model.row_offsets().into_iter().min().unwrap_or(0);
+                let valid = n <= shortest && (model.round.is_none() || bypass);
+                expect(unsafe { latent_cache_trim(slot.cache, n, bypass) }, valid, &what);
+                if valid {
+                    model.trim(n);
+                }
+            }
+            4 => {
+                let valid = model.round.is_none();
+                expect(unsafe { latent_cache_spec_round_begin(slot.cache) }, valid, &what);
+                if valid {
+                    model.begin();
+                }
+            }
+            5 => {
+                let valid = model.round.is_some();
+                expect(unsafe { latent_cache_spec_round_commit(slot.cache) }, valid, &what);
+                model.round = None;
+            }
+            6 | 7 => {
+                let len = if op == 6 || bytes.next() % 8 != 0 { batch } else { bytes.next() % 4 };
+                let keep: Vec<usize> = match op {
+                    6 => vec![bytes.next() % 4; batch],
+                    _ => (0..len).map(|_| bytes.next() % 4).collect(),
+                };
+                let valid = model.round.is_some()
+                    && keep.len() == batch
+                    && keep.iter().enumerate().all(|(r, &n)| n <= model.appended_in_round(r));
+                let status = match op {
+                    6 => unsafe { latent_cache_spec_round_rollback(slot.cache, keep.first().copied().unwrap_or(bytes.next() % 2)) },
+                    _ => unsafe { latent_cache_spec_round_rollback_rows(slot.cache, keep.as_ptr(), keep.len()) },
+                };
+                // A uniform rollback on an empty batch keeps nothing of nothing: valid in a round.
+                let valid = valid || (op == 6 && batch == 0 && model.round.is_some());
+                expect(status, valid, &what);
+                if valid {
+                    model.rollback(&keep);
+                }
+            }
+            8 => {
+                let family = bytes.next() % 4;
+                let row = bytes.next() % 4;
+                let short = bytes.next() % 4 == 0;
+                let width = if family < 3 { model.widths[family] } else { 0 };
+                let need = if row < batch { model.len(row) * width } else { 0 };
+                let len = if short && need > 0 { need - 1 } else { need };
+                let mut out = vec![0f32; len];
+                let mut written = 0;
+                let valid = family < 3 && width > 0 && row < batch && !(short && need > 0);
+                let status = unsafe { latent_cache_read_row_host(slot.cache, family as u32, row, out.as_mut_ptr(), len, &mut written) };
+                expect(status, valid, &what);
+            }
+            9 => {
+                let keep: Vec<usize> = (0..bytes.next() % 4).map(|_| bytes.next() % 5).collect();
+                let mut seen = vec![false; 8];
+                let distinct = keep.iter().all(|&r| !std::mem::replace(&mut seen[r], true));
+                let valid = model.round.is_none() && !keep.is_empty() && distinct && keep.iter().all(|&r| r < batch);
+                expect(unsafe { latent_cache_filter_rows(slot.cache, keep.as_ptr(), keep.len()) }, valid, &what);
+                if valid {
+                    model.filter(&keep);
+                }
+            }
+            10 => {
+                let row = bytes.next() % 4;
+                let mut single = std::ptr::null_mut();
+                let valid = row < batch;
+                expect(unsafe { latent_cache_extract_row(slot.cache, row, &mut single) }, valid, &what);
+                if valid {
+                    assert_equal(single, &model.extract(row), slot.dsa, &what);
+                    unsafe { latent_cache_free(single) };
+                }
+            }
+            _ => {
+                expect(unsafe { latent_cache_reset(slot.cache) }, true, &what);
+                slot.model = Model::new(slot.model.widths);
+            }
+        }
+        assert_equal(slots[k].cache, &slots[k].model, slots[k].dsa, &what);
+    }
+    for slot in slots {
+        unsafe { latent_cache_free(slot.cache) };
+    }
+}
+
+/// Merges cache `k` with cache `other` (itself, or the cache of the other geometry) into a fresh
+/// destination; sources must be unchanged; a small successful merge replaces cache `k`.
+fn merge(slots: &mut [Slot], k: usize, other: usize, what: &str) {
+    let destination = new_cache(k);
+    let sources = [slots[k].cache.cast_const(), slots[other].cache.cast_const()];
+    let merged = Model::merge(&[&slots[k].model, &slots[other].model]);
+    let valid = other == k;
+    expect(unsafe { latent_cache_merge_rows(destination, sources.as_ptr(), 2) }, valid, what);
+    for slot in slots.iter() {
+        assert_equal(slot.cache, &slot.model, slot.dsa, what);
+    }
+    if valid {
+        assert_equal(destination, &merged, slots[k].dsa, what);
+    }
+    if valid && merged.rows.len() <= 6 && slots[k].model.round.is_none() {
+        unsafe { latent_cache_free(slots[k].cache) };
+        slots[k].cache = destination;
+        slots[k].model = merged;
+    } else {
+        unsafe { latent_cache_free(destination) };
+    }
+}
