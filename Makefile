@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-.PHONY: deps build header check-header test test-rust test-c demo examples bench bench-quick bench-deps clean
+.PHONY: deps build header check-header test test-rust test-c demo examples bench bench-quick bench-deps fuzz clean
 
 UNAME := $(shell uname -s)
 DEPS := $(CURDIR)/.deps
@@ -103,6 +103,20 @@ bench bench-quick: bench-deps
 	PYTHONPATH=$(BENCH_PY) python3 bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/mlx_lm.json \
 	  --title "decode step time, GLM-5.2 shape, $$(nproc)-core CPU, MLX $(MLX_VERSION)"
 	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png"
+
+# Fuzzing (libFuzzer through cargo-fuzz, which needs unstable flags: RUSTC_BOOTSTRAP lets the
+# pinned stable toolchain accept them). New inputs go to target/fuzz-corpus; the small seed
+# corpus in fuzz/corpus/api is what `make test` replays.
+CARGO_FUZZ := $(DEPS)/cargo/bin/cargo-fuzz
+FUZZ_SECONDS ?= 60
+
+$(CARGO_FUZZ):
+	cargo install cargo-fuzz --version 0.13.2 --locked --root $(DEPS)/cargo
+
+fuzz: deps $(CARGO_FUZZ)
+	@mkdir -p target/fuzz-corpus
+	RUSTC_BOOTSTRAP=1 $(CARGO_FUZZ) run --fuzz-dir fuzz api target/fuzz-corpus fuzz/corpus/api -- \
+	  -max_total_time=$(FUZZ_SECONDS)
 
 clean:
 	cargo clean

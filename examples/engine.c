@@ -78,9 +78,12 @@ static double forward(layer *layers, mlx_array (*inputs)[3]) {
   double start = now_ms();
   for (int l = 0; l < n_layers; l++) {
     if (layers[l].dsa) TRY(latent_cache_stored_index_keys(layers[l].cache, &outputs[n_out++]));
-    mlx_array views[3];
-    TRY(latent_cache_append_latent(layers[l].cache, inputs[l][0], inputs[l][1], inputs[l][2], &views[0], &views[1], &views[2]));
-    for (int f = 0; f < (layers[l].dsa ? 3 : 2); f++) outputs[n_out++] = views[f];
+    /* Keep the latent and RoPE views for attention. On DSA layers the stored keys read above
+     * are what selection needs; asking for the append's index-key view too (and evaluating it
+     * with them) would make MLX copy the layer's index keys every step. */
+    TRY(latent_cache_append_latent(layers[l].cache, inputs[l][0], inputs[l][1], inputs[l][2], &outputs[n_out],
+                                   &outputs[n_out + 1], NULL));
+    n_out += 2;
   }
   TRY(latent_cache_eval(outputs, n_out));
   for (size_t i = 0; i < n_out; i++) latent_cache_array_free(outputs[i]);

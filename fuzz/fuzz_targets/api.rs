@@ -7,12 +7,9 @@
 mod model;
 
 #[allow(dead_code)]
-mod common {
-    pub use super::model;
-    #[path = "../../../tests/common/api_driver.rs"]
-    pub mod api_driver;
-}
+#[path = "../../tests/common/api_driver.rs"]
+mod api_driver;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    common::api_driver::run_bytes(data);
+    api_driver::run_bytes(data);
 });
