@@ -97,13 +97,19 @@ fn upstream_mlx_c(out: &Path) -> PathBuf {
     root
 }
 
-fn compile_mlx_c(mlx_c: &Path, mlx_include: &Path, prelude: &Path, compat: &Path) {
-    let mut sources: Vec<PathBuf> = fs::read_dir(mlx_c.join("mlx/c"))
+/// mlx-c's files with the given extension in `mlx/c` (not `private/`), sorted.
+fn mlx_c_files(mlx_c: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(mlx_c.join("mlx/c"))
         .unwrap()
         .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "cpp"))
+        .filter(|path| path.extension().is_some_and(|e| e == ext))
         .collect();
-    sources.sort();
+    files.sort();
+    files
+}
+
+fn compile_mlx_c(mlx_c: &Path, mlx_include: &Path, prelude: &Path, compat: &Path) {
+    let sources = mlx_c_files(mlx_c, "cpp");
 
     let mut build = cc::Build::new();
     build
@@ -142,12 +148,7 @@ fn has_std_format(build: &cc::Build) -> bool {
 /// Same bindgen settings as crates.io's mlx-sys 0.7.0, plus the prelude and the C compiler's
 /// builtin headers (PyPI's libclang ships none).
 fn generate_bindings(mlx_c: &Path, prelude: &Path, out: &Path) {
-    let mut headers: Vec<PathBuf> = fs::read_dir(mlx_c.join("mlx/c"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "h"))
-        .collect();
-    headers.sort();
+    let headers = mlx_c_files(mlx_c, "h");
     let mut builder = bindgen::Builder::default()
         .rust_target("1.73.0".parse().expect("rust-version"))
         .clang_arg(format!("-I{}", mlx_c.display()))

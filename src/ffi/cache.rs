@@ -104,16 +104,7 @@ pub unsafe extern "C" fn latent_cache_read_row_host(
     out_len: usize,
     written: *mut usize,
 ) -> latent_cache_status {
-    run(|| unsafe {
-        let family = self::family(family)?;
-        let written = out_ptr(written, "written")?;
-        with_cache(cache, |cache| {
-            let values = cache.read_row(family, row)?;
-            out_buffer(out, out_len, values.len(), "out")?;
-            write_buffer(out, &values, written);
-            Ok(())
-        })
-    })
+    unsafe { read_family(cache, family, out, out_len, written, |cache, family| cache.read_row(family, row)) }
 }
 
 /// Copies one family's whole stored window `[batch_size, offset, width]` (row-major) into `out`.
@@ -128,13 +119,24 @@ pub unsafe extern "C" fn latent_cache_read_host(
     out_len: usize,
     written: *mut usize,
 ) -> latent_cache_status {
+    unsafe { read_family(cache, family, out, out_len, written, |cache, family| cache.read(family)) }
+}
+
+/// The body of both host reads: check the family and pointers, read, copy out if it fits.
+unsafe fn read_family(
+    cache: *const latent_cache,
+    family: u32,
+    out: *mut f32,
+    out_len: usize,
+    written: *mut usize,
+    read: impl FnOnce(&LatentCache, Family) -> crate::core::Result<Vec<f32>>,
+) -> latent_cache_status {
     run(|| unsafe {
         let family = self::family(family)?;
         let written = out_ptr(written, "written")?;
         with_cache(cache, |cache| {
-            let width = cache.geometry().width(family).unwrap_or(0);
-            out_buffer(out, out_len, cache.batch_size() * cache.offset() * width, "out")?;
-            let values = cache.read(family)?;
+            let values = read(cache, family)?;
+            out_buffer(out, out_len, values.len(), "out")?;
             write_buffer(out, &values, written);
             Ok(())
         })

@@ -77,3 +77,16 @@ pub(crate) unsafe fn with_cache<T>(
     let mut cache = handle.lock()?;
     f(&mut cache)
 }
+
+/// Locks `handle` and runs `f` with a borrowed list of row counts or indices (`keep`).
+pub(crate) unsafe fn with_cache_and_rows(
+    ptr: *const latent_cache,
+    keep: *const usize,
+    keep_len: usize,
+    f: impl FnOnce(&mut LatentCache, &[usize]) -> crate::core::Result<()>,
+) -> super::status::latent_cache_status {
+    super::panic::run(|| unsafe {
+        let keep = super::args::in_slice(keep, keep_len, "keep")?;
+        with_cache(ptr, |cache| Ok(f(cache, keep)?))
+    })
+}

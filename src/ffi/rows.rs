@@ -2,7 +2,7 @@
 //! row as its own cache, filter rows.
 use super::args::{in_slice, out_ptr, write};
 use super::error::Failure;
-use super::handle::{latent_cache, with_cache};
+use super::handle::{latent_cache, with_cache, with_cache_and_rows};
 use super::panic::run;
 use super::status::latent_cache_status;
 
@@ -84,8 +84,5 @@ pub unsafe extern "C" fn latent_cache_filter_rows(
     keep: *const usize,
     keep_len: usize,
 ) -> latent_cache_status {
-    run(|| unsafe {
-        let keep = in_slice(keep, keep_len, "keep")?;
-        with_cache(cache, |cache| Ok(cache.filter_rows(keep)?))
-    })
+    unsafe { with_cache_and_rows(cache, keep, keep_len, |cache, keep| cache.filter_rows(keep)) }
 }

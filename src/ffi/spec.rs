@@ -1,6 +1,6 @@
 //! Speculative verify rounds: begin, commit, and rollback with one keep count or one per row.
-use super::args::in_slice;
-use super::handle::{latent_cache, with_cache};
+
+use super::handle::{latent_cache, with_cache, with_cache_and_rows};
 use super::panic::run;
 use super::status::latent_cache_status;
 
@@ -41,8 +41,5 @@ pub unsafe extern "C" fn latent_cache_spec_round_rollback_rows(
     keep: *const usize,
     keep_len: usize,
 ) -> latent_cache_status {
-    run(|| unsafe {
-        let keep = in_slice(keep, keep_len, "keep")?;
-        with_cache(cache, |cache| Ok(cache.spec_round_rollback(keep)?))
-    })
+    unsafe { with_cache_and_rows(cache, keep, keep_len, |cache, keep| cache.spec_round_rollback(keep)) }
 }
