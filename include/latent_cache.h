@@ -20,7 +20,8 @@
  *   A handle may move between threads. Calls on one handle from several threads at once are
  *   safe: each call locks the handle, so they are serialized. Different handles run in
  *   parallel. Every MLX evaluation the library performs takes one process-wide lock; engines
- *   that evaluate from several threads should evaluate through latent_cache_eval.
+ *   that evaluate from several threads should evaluate through latent_cache_eval, or hand the
+ *   library their own lock with latent_cache_set_eval_lock so one lock covers the process.
  *
  * MLX
  *   One libmlx per process: the mlx_array functions expect arrays of the same MLX runtime the
@@ -111,6 +112,9 @@ typedef struct {
   // Must be zero.
   size_t reserved[4];
 } latent_cache_config;
+
+// A lock or unlock callback; receives the `ctx` given to `latent_cache_set_eval_lock`.
+typedef void (*latent_cache_lock_fn)(void *ctx);
 
 
 
@@ -279,6 +283,21 @@ latent_cache_config latent_cache_config_default(void);
 // The message belongs to the calling thread: a failure on another thread never shows here.
 // A later failure on this thread replaces it; successful calls leave it as it was.
 size_t latent_cache_last_error(char *out, size_t out_len);
+
+// Makes every MLX evaluation the library performs (appends through the host path, host reads,
+// `latent_cache_eval`) run between `lock(ctx)` and `unlock(ctx)`, instead of under the
+// library's own process-wide lock. Give it the lock your engine holds around its own
+// evaluations, so one lock covers the process. Pass both as NULL to go back to the library's
+// lock.
+//
+// The callbacks are called from whichever thread evaluates, must be safe to call from any
+// thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
+// Install the lock before other threads use the library, or while none of them is evaluating.
+//
+// Returns `OK`, or `INVALID_ARGUMENT` when exactly one of the two is NULL (nothing changes).
+latent_cache_status latent_cache_set_eval_lock(latent_cache_lock_fn lock,
+                                               latent_cache_lock_fn unlock,
+                                               void *ctx);
 
 // `*out` = the physical width T of the stored window (the longest row's position count).
 latent_cache_status latent_cache_offset(const latent_cache *cache, size_t *out);

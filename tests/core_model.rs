@@ -147,3 +147,33 @@ fn growth_past_many_capacity_steps_keeps_every_position() {
     }
     assert_matches(&cache, &model, "growth");
 }
+
+#[test]
+fn views_have_the_documented_shapes() {
+    let g = geometry(6);
+    let mut cache = LatentCache::new(g).unwrap();
+    // Before the first append: empty views with the family widths, batch 0.
+    assert_eq!(cache.stored_index_keys().unwrap().shape(), &[0, 0, 6]);
+    let state = cache.state().unwrap();
+    assert_eq!(state.latent.shape(), &[0, 0, 8]);
+    assert_eq!(state.rope.shape(), &[0, 0, 4]);
+    let input = |w: i32| mlx_rs::Array::from_slice(&vec![1f32; (3 * 2 * w) as usize], &[3, 2, w]);
+    let views = cache.append_latent(&input(8), &input(4), Some(&input(6))).unwrap();
+    assert_eq!(views.latent.shape(), &[3, 2, 8]);
+    assert_eq!(views.rope.shape(), &[3, 2, 4]);
+    assert_eq!(views.index_keys.as_ref().unwrap().shape(), &[3, 2, 6]);
+    drop(views);
+    // stored_index_keys is what the next append will follow: [B, T, index_head_dim].
+    assert_eq!(cache.stored_index_keys().unwrap().shape(), &[3, 2, 6]);
+    cache.trim(1, false).unwrap();
+    assert_eq!(cache.state().unwrap().latent.shape(), &[3, 1, 8]);
+    assert_eq!(cache.batch_size(), 3, "trim keeps the batch");
+    cache.reset();
+    assert_eq!(cache.batch_size(), 0);
+    assert_eq!(cache.geometry(), &g, "reset keeps the geometry");
+
+    // A layer without DSA has no index keys to read.
+    let plain = LatentCache::new(geometry(0)).unwrap();
+    assert_eq!(plain.stored_index_keys().unwrap_err().kind, latent_cache::ErrorKind::InvalidArgument);
+    assert!(plain.state().unwrap().index_keys.is_none());
+}

@@ -1,19 +1,42 @@
 //! The few MLX operations the cache is built from, called through mlx-c directly so that an
 //! append costs one slice update per family and nothing else on the host. Also the process-wide
 //! evaluation lock.
-use std::sync::Once;
+use std::sync::{Arc, Mutex, Once, RwLock};
 
 use mlx_rs::{Array, Stream};
 use once_cell::sync::Lazy;
-use std::sync::Mutex;
 
 use super::error::{fail, Result};
 
 /// MLX evaluation is not safe to run from several threads at once on every backend (Metal encodes
 /// into a stream's shared command buffer on the calling thread), so every evaluation the library
-/// performs takes this lock. Engines that evaluate on their own threads can route through
-/// `latent_cache_eval` to share it.
+/// performs takes this lock, or the engine's own (`set_eval_lock`). Engines that evaluate on their
+/// own threads either route through `latent_cache_eval` or hand the library their lock.
 static EVAL_LOCK: Lazy<Mutex<()>> = Lazy::new(|| Mutex::new(()));
+
+/// A lock the engine owns, to be held around every evaluation the library performs, so that one
+/// lock serializes MLX evaluation across the whole process (the engine's and ours).
+pub trait EvalLock: Send + Sync {
+    fn lock(&self);
+    fn unlock(&self);
+}
+
+/// The engine's lock when one is installed; otherwise `EVAL_LOCK` is used.
+static ENGINE_LOCK: Lazy<RwLock<Option<Arc<dyn EvalLock>>>> = Lazy::new(|| RwLock::new(None));
+
+/// Installs the engine's evaluation lock (`None` restores the library's own).
+pub fn set_eval_lock(lock: Option<Arc<dyn EvalLock>>) {
+    *ENGINE_LOCK.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = lock;
+}
+
+/// Releases the engine's lock when dropped, so an error or panic inside eval cannot leak it.
+struct EngineGuard(Arc<dyn EvalLock>);
+
+impl Drop for EngineGuard {
+    fn drop(&mut self) {
+        self.0.unlock();
+    }
+}
 
 thread_local! {
     static STREAM: Stream = Stream::new();
@@ -71,8 +94,18 @@ pub fn zeros(shape: &[usize]) -> Result<Array> {
 
 /// Evaluates `arrays` under the process-wide evaluation lock.
 pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
-    let _guard = EVAL_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    Ok(mlx_rs::transforms::eval(arrays)?)
+    let engine = ENGINE_LOCK.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+    match engine {
+        Some(lock) => {
+            lock.lock();
+            let _guard = EngineGuard(lock);
+            Ok(mlx_rs::transforms::eval(arrays)?)
+        }
+        None => {
+            let _guard = EVAL_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            Ok(mlx_rs::transforms::eval(arrays)?)
+        }
+    }
 }
 
 /// Whether `a` has been evaluated (its data is available).

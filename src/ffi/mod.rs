@@ -9,6 +9,7 @@ pub mod arrays;
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod eval_lock;
 pub mod handle;
 #[doc(hidden)] // exposed so tests can drive the boundary itself
 pub mod panic;
