@@ -153,6 +153,13 @@ def main():
             ctx = contexts_of(records, scenario, batch)
             if ctx:
                 md += [f"## {heading}, batch {batch}", "", table(by, scenario, batch, ctx, SYSTEMS), ""]
+    ctx = contexts_of(records, "spec_round_uneven", 8)
+    if ctx:
+        md += ["## Speculative round where rows accept different counts, batch 8 (append 4, row b keeps b % 3 + 1)", "",
+               "Rows stay right-justified, so the rows that dropped more move: this round costs O(stored positions) "
+               "where the uniform round above is a trim. Only this library has per-row rollback among the systems "
+               "measured.", "",
+               table(by, "spec_round_uneven", 8, ctx, [OURS, C_ABI]), ""]
     ctx = contexts_of(records, "decode_all_views", 1)
     if ctx:
         md += ["## Decode keeping the append's index-key view too, batch 1", "",

@@ -300,15 +300,21 @@ latent_cache_status latent_cache_set_eval_lock(latent_cache_lock_fn lock,
                                                void *ctx);
 
 // `*out` = the physical width T of the stored window (the longest row's position count).
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// safe alongside any other call.
 latent_cache_status latent_cache_offset(const latent_cache *cache, size_t *out);
 
 // `*out` = the number of rows; 0 before the first append and after a reset (trim never
 // changes it).
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// safe alongside any other call.
 latent_cache_status latent_cache_batch_size(const latent_cache *cache, size_t *out);
 
 // Copies `row_offsets` (each row's position count, `batch_size` values) into `out`; `*written`
 // receives `batch_size`. `out_len` must be at least `batch_size` (`BUFFER_TOO_SMALL`
 // otherwise); `(NULL, 0)` is fine while the batch is empty.
+// Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
+// `BUFFER_TOO_SMALL`; nothing is written on failure. A read: safe alongside any other call.
 latent_cache_status latent_cache_row_offsets(const latent_cache *cache,
                                              size_t *out,
                                              size_t out_len,
@@ -316,36 +322,54 @@ latent_cache_status latent_cache_row_offsets(const latent_cache *cache,
 
 // Copies `left_pad` (where each row's valid positions start, `batch_size` values) into `out`;
 // same buffer rules as `latent_cache_row_offsets`. Row b's positions are `[left_pad[b], T)`.
+// Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
+// `BUFFER_TOO_SMALL`; nothing is written on failure. A read: safe alongside any other call.
 latent_cache_status latent_cache_left_pad(const latent_cache *cache,
                                           size_t *out,
                                           size_t out_len,
                                           size_t *written);
 
 // `*out` = the configured kv_lora_rank.
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// safe alongside any other call.
 latent_cache_status latent_cache_kv_lora_rank(const latent_cache *cache, size_t *out);
 
 // `*out` = the configured rope_head_dim.
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// safe alongside any other call.
 latent_cache_status latent_cache_rope_head_dim(const latent_cache *cache, size_t *out);
 
 // `*out` = the configured index_head_dim (0 on a layer without DSA index keys).
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// safe alongside any other call.
 latent_cache_status latent_cache_index_head_dim(const latent_cache *cache, size_t *out);
 
 // `*out` = bytes one more position costs one row: (kv_lora_rank + rope_head_dim +
 // index_head_dim) x 4 for float32 storage.
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// safe alongside any other call.
 latent_cache_status latent_cache_bytes_per_token(const latent_cache *cache, size_t *out);
 
 // `*out` = positions an append may still add: `SIZE_MAX` when `max_tokens` is 0, else
 // `max_tokens` minus the longest row.
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// safe alongside any other call.
 latent_cache_status latent_cache_max_append_tokens(const latent_cache *cache, size_t *out);
 
 // `*out` = the earliest offset whose stored state can resume generation; reuse policies must
 // not trim below it. 0 for float32 storage (every prefix is exact).
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// safe alongside any other call.
 latent_cache_status latent_cache_minimum_reusable_offset(const latent_cache *cache, size_t *out);
 
 // `*out` = whether `latent_cache_trim` can drop positions (always true: trim moves the offset).
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// safe alongside any other call.
 latent_cache_status latent_cache_is_trimmable(const latent_cache *cache, bool *out);
 
 // `*out` = whether a speculative round is open.
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// safe alongside any other call.
 latent_cache_status latent_cache_in_spec_round(const latent_cache *cache, bool *out);
 
 // Fills the empty `destination` with every row of every source, in order: a batch source

@@ -115,8 +115,8 @@ fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config,
     let mut held = Vec::new();
     for system in systems.iter_mut() {
         let base = active_memory();
-        // Room for the decode steps and the speculative steps (net +2 each) after the fill.
-        system.reserve(context + (cfg.steps + warmup) * 3 + 8);
+        // Room for the decode steps and the speculative rounds (net +2, uneven up to +3) after the fill.
+        system.reserve(context + (cfg.steps + warmup) * 6 + 8);
         fill(system.as_mut(), batch, context);
         held.push((active_memory() - base) / (batch * context) as f64);
     }
@@ -149,7 +149,42 @@ fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config,
             record(out, system.name(), scenario, batch, context, &stats(samples), cfg.steps, held);
         }
     }
+    // Each uneven round rebuilds every layer's buffers: bounded like the all-views scenario.
+    if batch > 1 && batch * context <= CONCAT_LIMIT {
+        spec_uneven(out, systems, cfg, batch, context, &four);
+    }
 }
+
+/// A batched speculative round where rows accept different counts (append 4, row b keeps
+/// b % 3 + 1): the right-justified layout moves the rows that dropped more, so this step costs
+/// O(stored positions) where the uniform round is a trim. Systems without per-row rollback skip.
+fn spec_uneven(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config, batch: usize, context: usize, four: &Inputs) {
+    let keep: Vec<usize> = (0..batch).map(|b| b % 3 + 1).collect();
+    let steps = cfg.steps.min(20);
+    for system in systems.iter_mut() {
+        let mut samples = Vec::new();
+        let mut per_row = true;
+        for i in 0..steps + 2 {
+            system.spec_begin();
+            let us = timed(|| {
+                system.forward(four, Step::Decode);
+                per_row = system.spec_rollback_rows(&keep);
+            });
+            if !per_row {
+                system.spec_rollback(1);
+                break;
+            }
+            if i >= 2 {
+                samples.push(us);
+            }
+        }
+        if per_row {
+            record(out, system.name(), "spec_round_uneven", batch, context, &stats(samples), steps, None);
+        }
+    }
+}
+
+
 
 /// Append-only cost per position during a chunked prefill (chunks of 512), batch 1, no
 /// reservation: the growth copies are part of the cost.

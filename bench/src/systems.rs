@@ -73,6 +73,11 @@ pub trait System {
     fn spec_begin(&mut self);
     /// Every row keeps `keep` of the positions appended in the round.
     fn spec_rollback(&mut self, keep: usize);
+    /// Row `b` keeps `keep[b]` of the positions it appended in the round; `false` when the
+    /// system has no per-row rollback.
+    fn spec_rollback_rows(&mut self, _keep: &[usize]) -> bool {
+        false
+    }
     /// Makes room for `tokens` positions where the system supports it.
     fn reserve(&mut self, _tokens: usize) {}
 }
@@ -124,6 +129,11 @@ impl System for OursRust {
 
     fn spec_rollback(&mut self, keep: usize) {
         self.layers.iter_mut().for_each(|c| c.spec_round_rollback_all(keep).unwrap());
+    }
+
+    fn spec_rollback_rows(&mut self, keep: &[usize]) -> bool {
+        self.layers.iter_mut().for_each(|c| c.spec_round_rollback(keep).unwrap());
+        true
     }
 
     fn reserve(&mut self, tokens: usize) {
@@ -196,6 +206,11 @@ impl System for OursC {
 
     fn spec_rollback(&mut self, keep: usize) {
         self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_spec_round_rollback(h, keep) }));
+    }
+
+    fn spec_rollback_rows(&mut self, keep: &[usize]) -> bool {
+        self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_spec_round_rollback_rows(h, keep.as_ptr(), keep.len()) }));
+        true
     }
 
     fn reserve(&mut self, tokens: usize) {

@@ -36,6 +36,8 @@ unsafe fn query_rows(
 }
 
 /// `*out` = the physical width T of the stored window (the longest row's position count).
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_offset(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
     unsafe { query(cache, out, LatentCache::offset) }
@@ -43,6 +45,8 @@ pub unsafe extern "C" fn latent_cache_offset(cache: *const latent_cache, out: *m
 
 /// `*out` = the number of rows; 0 before the first append and after a reset (trim never
 /// changes it).
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_batch_size(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
     unsafe { query(cache, out, LatentCache::batch_size) }
@@ -51,6 +55,8 @@ pub unsafe extern "C" fn latent_cache_batch_size(cache: *const latent_cache, out
 /// Copies `row_offsets` (each row's position count, `batch_size` values) into `out`; `*written`
 /// receives `batch_size`. `out_len` must be at least `batch_size` (`BUFFER_TOO_SMALL`
 /// otherwise); `(NULL, 0)` is fine while the batch is empty.
+/// Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
+/// `BUFFER_TOO_SMALL`; nothing is written on failure. A read: safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_row_offsets(
     cache: *const latent_cache,
@@ -63,6 +69,8 @@ pub unsafe extern "C" fn latent_cache_row_offsets(
 
 /// Copies `left_pad` (where each row's valid positions start, `batch_size` values) into `out`;
 /// same buffer rules as `latent_cache_row_offsets`. Row b's positions are `[left_pad[b], T)`.
+/// Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
+/// `BUFFER_TOO_SMALL`; nothing is written on failure. A read: safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_left_pad(
     cache: *const latent_cache,
@@ -74,18 +82,24 @@ pub unsafe extern "C" fn latent_cache_left_pad(
 }
 
 /// `*out` = the configured kv_lora_rank.
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_kv_lora_rank(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
     unsafe { query(cache, out, |cache| cache.geometry().kv_lora_rank) }
 }
 
 /// `*out` = the configured rope_head_dim.
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_rope_head_dim(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
     unsafe { query(cache, out, |cache| cache.geometry().rope_head_dim) }
 }
 
 /// `*out` = the configured index_head_dim (0 on a layer without DSA index keys).
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_index_head_dim(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
     unsafe { query(cache, out, |cache| cache.geometry().index_head_dim) }
@@ -93,6 +107,8 @@ pub unsafe extern "C" fn latent_cache_index_head_dim(cache: *const latent_cache,
 
 /// `*out` = bytes one more position costs one row: (kv_lora_rank + rope_head_dim +
 /// index_head_dim) x 4 for float32 storage.
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_bytes_per_token(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
     unsafe { query(cache, out, LatentCache::bytes_per_token) }
@@ -100,6 +116,8 @@ pub unsafe extern "C" fn latent_cache_bytes_per_token(cache: *const latent_cache
 
 /// `*out` = positions an append may still add: `SIZE_MAX` when `max_tokens` is 0, else
 /// `max_tokens` minus the longest row.
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_max_append_tokens(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
     unsafe { query(cache, out, LatentCache::max_append_tokens) }
@@ -107,18 +125,24 @@ pub unsafe extern "C" fn latent_cache_max_append_tokens(cache: *const latent_cac
 
 /// `*out` = the earliest offset whose stored state can resume generation; reuse policies must
 /// not trim below it. 0 for float32 storage (every prefix is exact).
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_minimum_reusable_offset(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
     unsafe { query(cache, out, LatentCache::minimum_reusable_offset) }
 }
 
 /// `*out` = whether `latent_cache_trim` can drop positions (always true: trim moves the offset).
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_is_trimmable(cache: *const latent_cache, out: *mut bool) -> latent_cache_status {
     unsafe { query(cache, out, LatentCache::is_trimmable) }
 }
 
 /// `*out` = whether a speculative round is open.
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// safe alongside any other call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_in_spec_round(cache: *const latent_cache, out: *mut bool) -> latent_cache_status {
     unsafe { query(cache, out, LatentCache::in_spec_round) }
