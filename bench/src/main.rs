@@ -83,11 +83,15 @@ fn active_memory() -> f64 {
     mlx_rs::memory::active_memory().unwrap() as f64
 }
 
-/// Fills every layer of `system` to `context` positions per row.
+/// Fills every layer of `system` to `context` positions per row, in at least two appends: one
+/// input array serves every layer, and a system that stores its first input as is (the seed
+/// strategy; mlx-lm when the first chunk fills its whole allocation) would otherwise share one
+/// buffer across the layers and under-report its memory.
 fn fill(system: &mut dyn System, batch: usize, context: usize) {
+    let chunk = FILL_CHUNK.min(context.div_ceil(2)).max(1);
     let mut done = 0;
     while done < context {
-        let n = FILL_CHUNK.min(context - done);
+        let n = chunk.min(context - done);
         let inputs = Inputs::new(batch, n, done as f32);
         system.forward(&inputs, Step::Fill);
         done += n;
@@ -115,10 +119,12 @@ fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config,
     let mut held = Vec::new();
     for system in systems.iter_mut() {
         let base = active_memory();
-        // Room for the decode steps and the speculative rounds (net +2, uneven up to +3) after the fill.
-        system.reserve(context + (cfg.steps + warmup) * 6 + 8);
+        // Memory is measured for a cache reserved to its context plus one growth chunk (256
+        // positions); then, untimed, room for the ~320 positions the measured steps append.
+        system.reserve(context + 256);
         fill(system.as_mut(), batch, context);
         held.push((active_memory() - base) / (batch * context) as f64);
+        system.reserve(context + 512);
     }
     settle();
     let one = Inputs::new(batch, 1, 0.5);
