@@ -103,13 +103,17 @@ $(BENCH_STAMP):
 
 bench-deps: deps $(BENCH_STAMP)
 
+# Both drivers run pinned to one core where taskset exists: on a 2-core machine, MLX's worker
+# thread and the caller waking each other across cores made whole runs 1.5-3x slower at random.
+PIN := $(shell command -v taskset >/dev/null 2>&1 && echo taskset -c 0)
+
 bench bench-quick: bench-deps
 	cargo build --release -p latent-cache-bench
 	@mkdir -p $(BENCH_OUT)
-	target/release/latent-cache-bench $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/rust.json
-	PYTHONPATH=$(BENCH_PY) python3 bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
+	$(PIN) target/release/latent-cache-bench $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/rust.json
+	PYTHONPATH=$(BENCH_PY) $(PIN) python3 bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
 	PYTHONPATH=$(BENCH_PY) python3 bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/mlx_lm.json \
-	  --title "decode step time, GLM-5.2 shape, $$(nproc)-core CPU, MLX $(MLX_VERSION)"
+	  --title "decode step time, GLM-5.2 shape, $$(nproc)-core CPU$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"
 	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png"
 
 # Fuzzing (libFuzzer through cargo-fuzz, which needs unstable flags: RUSTC_BOOTSTRAP lets the

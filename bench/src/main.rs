@@ -22,6 +22,9 @@ struct Config {
     steps: usize,
     prefill_to: usize,
     concat_limit: usize,
+    /// Largest batch x context at which the Rust API and the C ABI are held in memory together
+    /// and stepped alternately.
+    side_by_side_limit: usize,
 }
 
 fn config() -> Config {
@@ -52,7 +55,10 @@ fn config() -> Config {
         false if gpu => 4 * CONCAT_LIMIT,
         false => CONCAT_LIMIT,
     };
-    Config { quick, out, points, steps: if quick { 20 } else { 60 }, prefill_to: if quick { 4096 } else { 32768 }, concat_limit }
+    // A GPU has room for both of our systems at every point; 24 GiB of host memory does not.
+    let side_by_side_limit = if gpu { usize::MAX } else { CONCAT_LIMIT };
+    let steps = if quick { 20 } else { 60 };
+    Config { quick, out, points, steps, prefill_to: if quick { 4096 } else { 32768 }, concat_limit, side_by_side_limit }
 }
 
 struct Stats {
@@ -67,12 +73,21 @@ fn stats(mut us: Vec<f64>) -> Stats {
     Stats { median: at(0.5), p10: at(0.1), p90: at(0.9) }
 }
 
-fn record(out: &mut Vec<String>, system: &str, scenario: &str, batch: usize, context: usize, s: &Stats, samples: usize, held: Option<f64>) {
+/// Where a record was measured: alone, or stepped alternately with the other systems of its group.
+#[derive(Clone, Copy)]
+struct Point {
+    batch: usize,
+    context: usize,
+    side_by_side: bool,
+}
+
+fn record(out: &mut Vec<String>, system: &str, scenario: &str, at: Point, s: &Stats, samples: usize, held: Option<f64>) {
     let held = held.map_or("null".to_string(), |h| format!("{h:.1}"));
+    let Point { batch, context, side_by_side } = at;
     let line = format!(
         "{{\"system\": \"{system}\", \"scenario\": \"{scenario}\", \"batch\": {batch}, \"context\": {context}, \
          \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"samples\": {samples}, \
-         \"bytes_per_token\": {}, \"bytes_held_per_token\": {held}}}",
+         \"bytes_per_token\": {}, \"bytes_held_per_token\": {held}, \"side_by_side\": {side_by_side}}}",
         s.median, s.p10, s.p90, model_bytes_per_token()
     );
     eprintln!("{line}");
@@ -116,6 +131,7 @@ fn timed(mut f: impl FnMut()) -> f64 {
 /// every system's samples alike instead of on one system's whole run.
 fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config, batch: usize, context: usize) {
     let warmup = 3;
+    let at = Point { batch, context, side_by_side: systems.len() > 1 };
     let mut held = Vec::new();
     for system in systems.iter_mut() {
         let base = active_memory();
@@ -152,20 +168,20 @@ fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config,
         }
         for (k, (system, samples)) in systems.iter().zip(samples).enumerate() {
             let held = (scenario == "decode").then_some(held[k]);
-            record(out, system.name(), scenario, batch, context, &stats(samples), cfg.steps, held);
+            record(out, system.name(), scenario, at, &stats(samples), cfg.steps, held);
         }
     }
     // Each uneven round rebuilds every layer's buffers: bounded like the all-views scenario.
     if batch > 1 && batch * context <= CONCAT_LIMIT {
-        spec_uneven(out, systems, cfg, batch, context, &four);
+        spec_uneven(out, systems, cfg, at, &four);
     }
 }
 
 /// A batched speculative round where rows accept different counts (append 4, row b keeps
 /// b % 3 + 1): the right-justified layout moves the rows that dropped more, so this step costs
 /// O(stored positions) where the uniform round is a trim. Systems without per-row rollback skip.
-fn spec_uneven(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config, batch: usize, context: usize, four: &Inputs) {
-    let keep: Vec<usize> = (0..batch).map(|b| b % 3 + 1).collect();
+fn spec_uneven(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config, at: Point, four: &Inputs) {
+    let keep: Vec<usize> = (0..at.batch).map(|b| b % 3 + 1).collect();
     let steps = cfg.steps.min(20);
     for system in systems.iter_mut() {
         let mut samples = Vec::new();
@@ -185,7 +201,7 @@ fn spec_uneven(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Con
             }
         }
         if per_row {
-            record(out, system.name(), "spec_round_uneven", batch, context, &stats(samples), steps, None);
+            record(out, system.name(), "spec_round_uneven", at, &stats(samples), steps, None);
         }
     }
 }
@@ -205,7 +221,8 @@ fn prefill(out: &mut Vec<String>, system: &mut dyn System, cfg: &Config) {
         done += CHUNK;
         if checkpoints.contains(&done) {
             let n = window.len();
-            record(out, system.name(), "prefill_per_position", 1, done, &stats(std::mem::take(&mut window)), n, None);
+            let at = Point { batch: 1, context: done, side_by_side: false };
+            record(out, system.name(), "prefill_per_position", at, &stats(std::mem::take(&mut window)), n, None);
         }
     }
 }
@@ -228,7 +245,7 @@ fn main() {
         // beyond that. The seed strategy always runs alone: its O(history) copies would slow
         // whatever shares the machine's caches with it.
         let ours: Vec<Make> = makers.iter().filter(|m| !m.1).map(|m| m.0).collect();
-        let mut groups: Vec<Vec<Make>> = match batch * context <= CONCAT_LIMIT {
+        let mut groups: Vec<Vec<Make>> = match batch * context <= cfg.side_by_side_limit {
             true => vec![ours],
             false => ours.into_iter().map(|m| vec![m]).collect(),
         };
