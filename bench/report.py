@@ -26,12 +26,11 @@ def index(records):
     return {(r["system"], r["scenario"], r["batch"], r["context"]): r for r in records}
 
 
-def ms(us):
-    return f"{us / 1000:.2f}"
+def table(by, scenario, batch, contexts, systems, unit="ms"):
+    def ms(us):
+        return f"{us / 1000:.2f}" if unit == "ms" else f"{us:.1f}"
 
-
-def table(by, scenario, batch, contexts, systems):
-    lines = ["| context | " + " | ".join(f"{s} ms (p10-p90)" for s in systems) + " | " +
+    lines = ["| context | " + " | ".join(f"{s} {unit} (p10-p90)" for s in systems) + " | " +
              " | ".join(f"{s} / ours" for s in systems if s != OURS) + " |"]
     lines.append("|" + "---|" * (1 + len(systems) + len(systems) - 1))
     for c in contexts:
@@ -170,7 +169,7 @@ def main():
     ctx = contexts_of(records, "prefill_per_position", 1)
     if ctx:
         md += ["## Chunked prefill (chunks of 512, batch 1, no reservation): us per position, median over the chunks "
-               "since the previous checkpoint", "", table(by, "prefill_per_position", 1, ctx, SYSTEMS).replace(" ms (p10-p90)", " us").replace("ms", "us"), ""]
+               "since the previous checkpoint", "", table(by, "prefill_per_position", 1, ctx, SYSTEMS, unit="us"), ""]
     md += ["## Growth: time at the longest context / time at 1K (decode)", "", "| system | batch | ratio |", "|---|---|---|"]
     for s in SYSTEMS:
         for batch in (1, 8):
