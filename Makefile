@@ -89,7 +89,7 @@ examples: build
 demo: examples
 	$(OUT)/engine
 
-# Benchmarks (docs/benchmarks.md): this library, the seed's strategy and mlx-lm's caches side by
+# Benchmarks (results: bench/results/): this library, the seed's strategy and mlx-lm's caches side by
 # side in one run. mlx-lm runs on PyPI's mlx of the same MLX version, in its own folder.
 BENCH_PY := $(DEPS)/bench-py
 BENCH_STAMP := $(DEPS)/.bench-$(MLX_VERSION)
