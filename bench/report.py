@@ -151,25 +151,25 @@ def main():
             ctx = contexts_of(records, scenario, batch)
             if ctx:
                 md += [f"## {heading}, batch {batch}", "", table(by, scenario, batch, ctx, SYSTEMS), ""]
-    ctx = contexts_of(records, "spec_round_uneven", 8)
-    if ctx:
-        md += ["## Speculative round where rows accept different counts, batch 8 (append 4, row b keeps b % 3 + 1)", "",
-               "Rows stay right-justified, so the rows that dropped more move: this round costs O(stored positions) "
-               "where the uniform round above is a trim. Only this library has per-row rollback among the systems "
-               "measured.", "",
-               table(by, "spec_round_uneven", 8, ctx, [OURS, C_ABI]), ""]
-    ctx = contexts_of(records, "decode_all_views", 1)
-    if ctx:
-        md += ["## Decode keeping the append's index-key view too, batch 1", "",
-               "Reading the stored index keys and also evaluating the index keys the append returns, in one "
-               "evaluation, makes MLX copy that layer's index-key buffer (a view of the old buffer is alive "
-               "while the new one is written). The DSA pattern needs only the stored keys; this row shows "
-               "the cost when an engine takes both.", "",
-               table(by, "decode_all_views", 1, ctx, [OURS, C_ABI]), ""]
-    ctx = contexts_of(records, "prefill_per_position", 1)
-    if ctx:
-        md += ["## Chunked prefill (chunks of 512, batch 1, no reservation): us per position, median over the chunks "
-               "since the previous checkpoint", "", table(by, "prefill_per_position", 1, ctx, SYSTEMS, unit="us"), ""]
+    def section(scenario, batch, heading, text, systems, unit="ms"):
+        ctx = contexts_of(records, scenario, batch)
+        if ctx:
+            md.extend([f"## {heading}", ""] + ([text, ""] if text else []) +
+                      [table(by, scenario, batch, ctx, systems, unit), ""])
+
+    section("spec_round_uneven", 8,
+            "Speculative round where rows accept different counts, batch 8 (append 4, row b keeps b % 3 + 1)",
+            "Rows stay right-justified, so the rows that dropped more move: this round costs O(stored positions) "
+            "where the uniform round above is a trim. Only this library has per-row rollback among the systems "
+            "measured.", [OURS, C_ABI])
+    section("decode_all_views", 1, "Decode keeping the append's index-key view too, batch 1",
+            "Reading the stored index keys and also evaluating the index keys the append returns, in one "
+            "evaluation, makes MLX copy that layer's index-key buffer (a view of the old buffer is alive "
+            "while the new one is written). The DSA pattern needs only the stored keys; this row shows "
+            "the cost when an engine takes both.", [OURS, C_ABI])
+    section("prefill_per_position", 1,
+            "Chunked prefill (chunks of 512, batch 1, no reservation): us per position, median over the chunks "
+            "since the previous checkpoint", None, SYSTEMS, unit="us")
     md += ["## Growth: time at the longest context / time at 1K (decode)", "", "| system | batch | ratio |", "|---|---|---|"]
     for s in SYSTEMS:
         for batch in (1, 8):

@@ -28,6 +28,16 @@ unsafe extern "C" fn unlock(ctx: *mut c_void) {
     assert!(engine.held.swap(false, Ordering::Release), "unlock without lock");
 }
 
+fn new_cache() -> *mut latent_cache::ffi::latent_cache {
+    let mut cfg = latent_cache_config_default();
+    cfg.kv_lora_rank = 4;
+    cfg.rope_head_dim = 2;
+    cfg.index_head_dim = 0;
+    let mut cache = std::ptr::null_mut();
+    assert_eq!(unsafe { latent_cache_new(&cfg, &mut cache) }, Status::Ok);
+    cache
+}
+
 fn append_one(cache: *mut latent_cache::ffi::latent_cache) {
     let (latent, rope) = ([1f32; 4], [2f32; 2]);
     let status = unsafe { latent_cache_append_host(cache, 1, 1, latent.as_ptr(), 4, rope.as_ptr(), 2, std::ptr::null(), 0) };
@@ -44,12 +54,7 @@ fn the_engine_lock_wraps_every_evaluation() {
     let threads: Vec<_> = (0..4)
         .map(|_| {
             std::thread::spawn(|| {
-                let mut cfg = latent_cache_config_default();
-                cfg.kv_lora_rank = 4;
-                cfg.rope_head_dim = 2;
-                cfg.index_head_dim = 0;
-                let mut cache = std::ptr::null_mut();
-                assert_eq!(unsafe { latent_cache_new(&cfg, &mut cache) }, Status::Ok);
+                let cache = new_cache();
                 for _ in 0..25 {
                     append_one(cache); // one evaluation each
                 }
@@ -63,12 +68,7 @@ fn the_engine_lock_wraps_every_evaluation() {
 
     assert_eq!(unsafe { latent_cache_set_eval_lock(None, None, std::ptr::null_mut()) }, Status::Ok);
     let before = ENGINE.acquired.load(Ordering::Relaxed);
-    let mut cfg = latent_cache_config_default();
-    cfg.kv_lora_rank = 4;
-    cfg.rope_head_dim = 2;
-    cfg.index_head_dim = 0;
-    let mut cache = std::ptr::null_mut();
-    assert_eq!(unsafe { latent_cache_new(&cfg, &mut cache) }, Status::Ok);
+    let cache = new_cache();
     append_one(cache);
     assert_eq!(ENGINE.acquired.load(Ordering::Relaxed), before, "the library's own lock is back");
     unsafe { latent_cache_free(cache) };
