@@ -273,6 +273,13 @@ static void test_rejections(void) {
   FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_spec_round_rollback(c, 0));
   mlx_array none = {NULL};
   FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_append_latent(c, none, none, none, NULL, NULL, NULL));
+  FAILS(LATENT_CACHE_STATUS_CAPACITY, latent_cache_reserve(c, 13)); /* beyond max_tokens (12) */
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_reserve(NULL, 4));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_state(NULL, NULL, NULL, NULL));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_eval(&none, 1));
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_eval(NULL, 2));
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_set_eval_lock(NULL, (latent_cache_lock_fn)0x1, NULL));
+  OK(latent_cache_reserve(c, 12)); /* room is not content: nothing observable changes */
   expect_unchanged(c, &before, 1, __LINE__);
 
   /* Wrong family on a layer without DSA. */
