@@ -2,11 +2,16 @@
 //! buffers together, and validates every input before changing anything.
 use mlx_rs::{Array, Dtype};
 
-use super::error::{fail, Result};
+use super::error::{fail, CacheError, ErrorKind, Result};
 use super::geometry::{Family, Geometry};
 use super::layout::{Relayout, Rollback, RowLayout};
 use super::mlx_ops;
 use super::storage::{FamilyBuffer, Pending, Piece, MIN_CAPACITY};
+
+/// The rejection of any index-key access on a layer without DSA.
+fn no_index_keys() -> CacheError {
+    CacheError::new(ErrorKind::InvalidArgument, "this layer has no DSA index keys (index_head_dim is 0)")
+}
 
 /// Views of everything stored, as returned by an append and by `state`.
 pub struct LatentState {
@@ -88,13 +93,12 @@ impl LatentCache {
         self.layout.in_round()
     }
 
-    /// Bytes of buffer memory held (capacity, not just stored positions).
-    pub fn bytes_reserved(&self) -> usize {
-        self.buffers().map(|b| b.capacity() * b.width() * 4).sum::<usize>() * self.batch_size()
-    }
-
     fn buffers(&self) -> impl Iterator<Item = &FamilyBuffer> {
         [Some(&self.latent), Some(&self.rope), self.index_keys.as_ref()].into_iter().flatten()
+    }
+
+    fn buffers_mut(&mut self) -> impl Iterator<Item = &mut FamilyBuffer> {
+        [Some(&mut self.latent), Some(&mut self.rope), self.index_keys.as_mut()].into_iter().flatten()
     }
 
     fn buffer(&self, family: Family) -> Result<&FamilyBuffer> {
@@ -103,7 +107,7 @@ impl LatentCache {
             Family::Rope => Ok(&self.rope),
             Family::IndexKeys => match &self.index_keys {
                 Some(buffer) => Ok(buffer),
-                None => fail!(InvalidArgument, "this layer has no DSA index keys (index_head_dim is 0)"),
+                None => Err(no_index_keys()),
             },
         }
     }
@@ -112,8 +116,7 @@ impl LatentCache {
     /// only on DSA layers). Cannot fail, so callers prepare everything first.
     fn commit(&mut self, pending: Vec<Pending>) {
         let mut pending = pending.into_iter();
-        let buffers = [Some(&mut self.latent), Some(&mut self.rope), self.index_keys.as_mut()];
-        for buffer in buffers.into_iter().flatten() {
+        for buffer in self.buffers_mut() {
             buffer.commit(pending.next().expect("one pending buffer per family"));
         }
     }
@@ -150,7 +153,7 @@ impl LatentCache {
                 }
             }
             (None, true) => return fail!(InvalidArgument, "this DSA layer needs index_keys with every append"),
-            (Some(_), false) => return fail!(InvalidArgument, "this layer has no DSA index keys (index_head_dim is 0)"),
+            (Some(_), false) => return Err(no_index_keys()),
             (None, false) => {}
         }
         self.layout.check_append(dims.0, dims.1, self.geometry.max_tokens)?;
@@ -182,7 +185,8 @@ impl LatentCache {
     pub fn append_host(&mut self, batch: usize, tokens: usize, latent: &[f32], rope: &[f32], index_keys: Option<&[f32]>) -> Result<()> {
         self.layout.check_append(batch, tokens, self.geometry.max_tokens)?;
         let to_array = |family: Family, data: &[f32]| -> Result<Array> {
-            let width = self.geometry.width(family).expect("present");
+            // Index keys on a layer without them are rejected here, with buffer()'s message.
+            let width = self.buffer(family)?.width();
             let expected = batch.checked_mul(tokens).and_then(|n| n.checked_mul(width));
             if expected != Some(data.len()) {
                 return fail!(Shape, "{} has {} floats; batch {batch} x tokens {tokens} x width {width} needs {}", family.name(), data.len(),
@@ -192,12 +196,8 @@ impl LatentCache {
         };
         let latent = to_array(Family::Latent, latent)?;
         let rope = to_array(Family::Rope, rope)?;
-        let index_keys = match index_keys {
-            Some(data) if self.geometry.has_index_keys() => Some(to_array(Family::IndexKeys, data)?),
-            Some(_) => return fail!(InvalidArgument, "this layer has no DSA index keys (index_head_dim is 0)"),
-            // append_latent reports keys missing on a DSA layer.
-            None => None,
-        };
+        // append_latent reports keys missing on a DSA layer.
+        let index_keys = index_keys.map(|data| to_array(Family::IndexKeys, data)).transpose()?;
         drop(self.append_latent(&latent, &rope, index_keys.as_ref())?);
         self.eval()
     }
@@ -234,11 +234,7 @@ impl LatentCache {
     pub fn reset(&mut self) {
         self.layout.reset();
         self.reserved = 0;
-        self.latent.clear();
-        self.rope.clear();
-        if let Some(buffer) = &mut self.index_keys {
-            buffer.clear();
-        }
+        self.buffers_mut().for_each(FamilyBuffer::clear);
     }
 
     /// Makes room for `tokens` positions per row, so appends up to that length never reallocate.
