@@ -6,7 +6,7 @@ use std::ffi::CStr;
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
-use latent_cache::ffi::error::latent_cache_last_error;
+use latent_cache::ffi::last_error::latent_cache_last_error;
 use latent_cache::ffi::query::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 use mlx_rs::Array;
@@ -101,8 +101,7 @@ fn non_finite_values_are_stored_as_given() {
     unsafe { latent_cache_free(cache) };
 }
 
-/// Every `extern "C" fn` in src/ffi must run its body through the panic boundary (`run` or
-/// `guard`, directly or through the helpers built on `run`).
+/// Every `extern "C" fn` in src/ffi must be one `ffi_boundary!` (the panic boundary).
 #[test]
 fn every_export_is_inside_the_panic_boundary() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/ffi");
@@ -116,8 +115,7 @@ fn every_export_is_inside_the_panic_boundary() {
             let name: String = rest["extern \"C\" fn ".len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
             let body = &rest[rest.find('{').unwrap() + 1..];
             let first = body.trim_start();
-            let guarded = ["run(", "guard(", "unsafe { query(", "unsafe { query_rows(", "unsafe { read_family(", "unsafe { with_cache_and_rows("].iter().any(|p| first.starts_with(p));
-            assert!(guarded, "{name} in {} does not start with the panic boundary", path.display());
+            assert!(first.starts_with("ffi_boundary!"), "{name} in {} does not start with the panic boundary", path.display());
             if name.starts_with("latent_cache_") {
                 exports += 1;
             }

@@ -126,7 +126,7 @@ fn a_panic_inside_an_export_becomes_the_panic_status() {
     let status = latent_cache::ffi::panic::run(|| panic!("injected failure"));
     assert_eq!(status, Status::Panic);
     let mut buf = vec![0 as std::ffi::c_char; 256];
-    let len = unsafe { latent_cache::ffi::error::latent_cache_last_error(buf.as_mut_ptr(), buf.len()) };
+    let len = unsafe { latent_cache::ffi::last_error::latent_cache_last_error(buf.as_mut_ptr(), buf.len()) };
     let message = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
     assert!(len > 0 && message.contains("injected failure"), "{message}");
     // The library keeps working afterwards.

@@ -1,6 +1,7 @@
 //! The systems under test, behind one trait so every scenario drives them identically:
 //! this library through its Rust API and through its C ABI (the mlx_array path), and the seed's
 //! reference strategy (concatenate every family on every append, copy on every trim).
+use latent_cache::core::eval::eval;
 use latent_cache::core::mlx_ops;
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
@@ -39,7 +40,7 @@ impl Inputs {
             Array::from_slice(&data, &[batch as i32, tokens as i32, w as i32])
         };
         let arrays = [make(WIDTHS[0]), make(WIDTHS[1]), make(WIDTHS[2])];
-        mlx_ops::eval(arrays.iter()).unwrap();
+        eval(arrays.iter()).unwrap();
         Inputs { arrays }
     }
 }
@@ -120,7 +121,7 @@ impl System for OursRust {
                 outputs.extend(state.index_keys);
             }
         }
-        mlx_ops::eval(outputs.iter()).unwrap();
+        eval(outputs.iter()).unwrap();
     }
 
     fn spec_begin(&mut self) {
@@ -259,7 +260,7 @@ impl System for Concat {
             }
         }
         self.offset += inputs.arrays[0].shape()[1] as usize;
-        mlx_ops::eval(outputs.iter()).unwrap();
+        eval(outputs.iter()).unwrap();
     }
 
     fn spec_begin(&mut self) {
@@ -281,6 +282,6 @@ impl System for Concat {
             }
         }
         self.offset = new_offset;
-        mlx_ops::eval(outputs.iter()).unwrap();
+        eval(outputs.iter()).unwrap();
     }
 }

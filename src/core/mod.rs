@@ -1,12 +1,17 @@
 //! The core: plain Rust over mlx-rs, returning `Result`; it knows nothing of C.
 pub mod cache;
 pub mod error;
+pub mod eval;
+pub mod families;
 pub mod geometry;
 pub mod layout;
+pub mod memory;
 pub mod mlx_ops;
+mod rows;
 pub mod storage;
 
 pub use cache::{LatentCache, LatentState};
 pub use error::{CacheError, ErrorKind, Result};
+pub use families::Families;
 pub use geometry::{Family, Geometry};
 pub use layout::RowLayout;

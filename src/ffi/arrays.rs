@@ -11,9 +11,9 @@ use super::args::{in_slice, out_ptr, write};
 use super::error::{Failure, FfiResult};
 use super::handle::with_cache;
 use super::handle::latent_cache;
-use super::panic::{guard, run};
+use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
-use crate::core::{mlx_ops, LatentState};
+use crate::core::{eval, LatentState};
 
 /// Borrows a caller's array for the call without taking ownership.
 unsafe fn borrow(array: mlx_array, name: &str) -> FfiResult<ManuallyDrop<Array>> {
@@ -77,7 +77,7 @@ pub unsafe extern "C" fn latent_cache_append_latent(
     out_rope: *mut mlx_array,
     out_index_keys: *mut mlx_array,
 ) -> latent_cache_status {
-    run(|| unsafe {
+    ffi_boundary! { unsafe {
         let latent = borrow(latent, "latent")?;
         let rope = borrow(rope, "rope")?;
         let index_keys = match index_keys.ctx.is_null() {
@@ -87,7 +87,7 @@ pub unsafe extern "C" fn latent_cache_append_latent(
         let state = with_cache(cache, |cache| Ok(cache.append_latent(&latent, &rope, index_keys.as_deref())?))?;
         hand_out(state, out_latent, out_rope, out_index_keys);
         Ok(())
-    })
+    } }
 }
 
 /// `*out` receives the index keys stored before the coming append, `[B, T, index_head_dim]`
@@ -96,12 +96,12 @@ pub unsafe extern "C" fn latent_cache_append_latent(
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a layer without DSA index keys), `BACKEND`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_stored_index_keys(cache: *const latent_cache, out: *mut mlx_array) -> latent_cache_status {
-    run(|| unsafe {
+    ffi_boundary! { unsafe {
         let out = out_ptr(out, "out")?;
         let keys = with_cache(cache, |cache| Ok(cache.stored_index_keys()?))?;
         write(out, give(keys));
         Ok(())
-    })
+    } }
 }
 
 /// Views of every stored family (`[B, T, width]`; `[0, 0, width]` before the first append),
@@ -114,11 +114,11 @@ pub unsafe extern "C" fn latent_cache_state(
     out_rope: *mut mlx_array,
     out_index_keys: *mut mlx_array,
 ) -> latent_cache_status {
-    run(|| unsafe {
+    ffi_boundary! { unsafe {
         let state = with_cache(cache, |cache| Ok(cache.state()?))?;
         hand_out(state, out_latent, out_rope, out_index_keys);
         Ok(())
-    })
+    } }
 }
 
 /// Makes a float32 array `[batch, tokens, width]` holding a copy of `data` (`data_len` floats,
@@ -133,7 +133,7 @@ pub unsafe extern "C" fn latent_cache_array_from_host(
     width: usize,
     out: *mut mlx_array,
 ) -> latent_cache_status {
-    run(|| unsafe {
+    ffi_boundary! { unsafe {
         let data = in_slice(data, data_len, "data")?;
         let out = out_ptr(out, "out")?;
         let expected = batch.checked_mul(tokens).and_then(|n| n.checked_mul(width));
@@ -146,19 +146,19 @@ pub unsafe extern "C" fn latent_cache_array_from_host(
         }
         write(out, give(Array::from_slice(data, &[batch as i32, tokens as i32, width as i32])));
         Ok(())
-    })
+    } }
 }
 
 /// Frees an array returned by this library (same as mlx-c's `mlx_array_free`). An array with
 /// `ctx == NULL` is accepted and ignored. Never free an array twice.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_array_free(array: mlx_array) {
-    guard((), || {
+    ffi_boundary!(on_panic = ();
         if !array.ctx.is_null() {
             // SAFETY: the caller hands over an array it owns.
             drop(unsafe { Array::from_ptr(array) });
         }
-    })
+    )
 }
 
 /// Evaluates `arrays` (borrowed, `len` entries, none with `ctx == NULL`) in one MLX evaluation,
@@ -167,12 +167,12 @@ pub unsafe extern "C" fn latent_cache_array_free(array: mlx_array) {
 /// Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_eval(arrays: *const mlx_array, len: usize) -> latent_cache_status {
-    run(|| unsafe {
+    ffi_boundary! { unsafe {
         let handles = in_slice(arrays, len, "arrays")?;
         let mut borrowed = Vec::with_capacity(handles.len());
         for (i, &handle) in handles.iter().enumerate() {
             borrowed.push(borrow(handle, &format!("arrays[{i}]"))?);
         }
-        Ok(mlx_ops::eval(borrowed.iter().map(|a| &**a))?)
-    })
+        Ok(eval::eval(borrowed.iter().map(|a| &**a))?)
+    } }
 }

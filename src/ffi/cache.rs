@@ -3,22 +3,12 @@ use std::ffi::c_char;
 
 use super::args::{in_slice, optional_slice, out_buffer, out_ptr, write, write_buffer};
 use super::config::latent_cache_config;
-use super::error::{Failure, FfiResult};
-use super::handle::{latent_cache, with_cache};
-use super::panic::{guard, run};
+use super::error::{set_last_error, Failure, FfiResult};
+use super::family::family;
+use super::handle::{latent_cache, with_cache, Handle};
+use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use crate::core::{Family, LatentCache};
-
-/// Converts a `latent_cache_family` value received as an integer (an out-of-range C enum value
-/// must not become a Rust enum).
-pub(crate) fn family(value: u32) -> FfiResult<Family> {
-    match value {
-        v if v == latent_cache_family::Latent as u32 => Ok(Family::Latent),
-        v if v == latent_cache_family::Rope as u32 => Ok(Family::Rope),
-        v if v == latent_cache_family::IndexKeys as u32 => Ok(Family::IndexKeys),
-        _ => Err(Failure::new(latent_cache_status::InvalidArgument, format!("family {value} is not a latent_cache_family"))),
-    }
-}
 
 /// Creates an empty cache with the geometry in `*config`.
 ///
@@ -30,7 +20,7 @@ pub(crate) fn family(value: u32) -> FfiResult<Family> {
 /// kv_lora_rank or rope_head_dim, a width over INT32_MAX, non-zero reserved fields).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_new(config: *const latent_cache_config, out: *mut *mut latent_cache) -> latent_cache_status {
-    run(|| {
+    ffi_boundary! {
         if config.is_null() {
             return Err(Failure::null("config"));
         }
@@ -38,22 +28,24 @@ pub unsafe extern "C" fn latent_cache_new(config: *const latent_cache_config, ou
         // SAFETY: checked non-NULL; the caller's config is borrowed for the call.
         let geometry = unsafe { &*config }.geometry()?;
         let cache = LatentCache::new(geometry)?;
-        unsafe { write(out, latent_cache::into_raw(cache)) };
+        unsafe { write(out, Handle::register(cache)) };
         Ok(())
-    })
+    }
 }
 
 /// Releases a cache and every buffer it owns. `NULL` is accepted and does nothing; so is a
-/// pointer that is not a live handle (already freed), which also sets the last error message.
-/// Arrays previously returned to the caller stay valid: they are the caller's to free.
-/// No other call on this handle may be running or follow.
+/// handle that is not live (already freed, or never made by this library), which also sets the
+/// last error message: handles are never reused, so a second free cannot reach another cache.
+/// Arrays previously returned to the caller stay valid: they are the caller's to free. A call
+/// on this handle already running on another thread completes first; every later call on it is
+/// refused with `NULL_ARGUMENT`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_free(cache: *mut latent_cache) {
-    guard((), || {
-        if !cache.is_null() && !unsafe { latent_cache::free(cache) } {
-            super::error::set_last_error("latent_cache_free: not a live latent_cache (double free?)");
+    ffi_boundary!(on_panic = ();
+        if !cache.is_null() && !Handle::release(cache) {
+            set_last_error("latent_cache_free: not a live latent_cache (double free?)");
         }
-    })
+    )
 }
 
 /// Appends `tokens` positions to every one of `batch` rows, copying the caller's row-major float
@@ -80,12 +72,12 @@ pub unsafe extern "C" fn latent_cache_append_host(
     index_keys: *const f32,
     index_keys_len: usize,
 ) -> latent_cache_status {
-    run(|| unsafe {
-        let latent = in_slice(latent, latent_len, "latent")?;
-        let rope = in_slice(rope, rope_len, "rope")?;
-        let index_keys = optional_slice(index_keys, index_keys_len, "index_keys")?;
+    ffi_boundary! {
+        let latent = unsafe { in_slice(latent, latent_len, "latent") }?;
+        let rope = unsafe { in_slice(rope, rope_len, "rope") }?;
+        let index_keys = unsafe { optional_slice(index_keys, index_keys_len, "index_keys") }?;
         with_cache(cache, |cache| Ok(cache.append_host(batch, tokens, latent, rope, index_keys)?))
-    })
+    }
 }
 
 /// Copies row `row`'s valid positions of one family (`[row_offsets[row], width]`, row-major)
@@ -104,7 +96,7 @@ pub unsafe extern "C" fn latent_cache_read_row_host(
     out_len: usize,
     written: *mut usize,
 ) -> latent_cache_status {
-    unsafe { read_family(cache, family, out, out_len, written, |cache, family| cache.read_row(family, row)) }
+    ffi_boundary! { unsafe { read_family(cache, family, out, out_len, written, |cache, family| cache.read_row(family, row)) } }
 }
 
 /// Copies one family's whole stored window `[batch_size, offset, width]` (row-major) into `out`.
@@ -119,7 +111,7 @@ pub unsafe extern "C" fn latent_cache_read_host(
     out_len: usize,
     written: *mut usize,
 ) -> latent_cache_status {
-    unsafe { read_family(cache, family, out, out_len, written, |cache, family| cache.read(family)) }
+    ffi_boundary! { unsafe { read_family(cache, family, out, out_len, written, |cache, family| cache.read(family)) } }
 }
 
 /// The body of both host reads: check the family and pointers, read, copy out if it fits.
@@ -130,16 +122,14 @@ unsafe fn read_family(
     out_len: usize,
     written: *mut usize,
     read: impl FnOnce(&LatentCache, Family) -> crate::core::Result<Vec<f32>>,
-) -> latent_cache_status {
-    run(|| unsafe {
-        let family = self::family(family)?;
-        let written = out_ptr(written, "written")?;
-        with_cache(cache, |cache| {
-            let values = read(cache, family)?;
-            out_buffer(out, out_len, values.len(), "out")?;
-            write_buffer(out, &values, written);
-            Ok(())
-        })
+) -> FfiResult {
+    let family = self::family(family)?;
+    let written = out_ptr(written, "written")?;
+    with_cache(cache, |cache| {
+        let values = read(cache, family)?;
+        out_buffer(out, out_len, values.len(), "out")?;
+        unsafe { write_buffer(out, &values, written) };
+        Ok(())
     })
 }
 
@@ -151,19 +141,19 @@ unsafe fn read_family(
 /// (inside a round without bypass). On failure nothing changed.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_trim(cache: *mut latent_cache, n: usize, bypass: bool) -> latent_cache_status {
-    run(|| unsafe { with_cache(cache, |cache| cache.trim(n, bypass).map(drop).map_err(Into::into)) })
+    ffi_boundary! { with_cache(cache, |cache| cache.trim(n, bypass).map(drop).map_err(Into::into)) }
 }
 
 /// Empties the cache: no rows, no positions, no open round, buffers released. The geometry is
 /// kept. Returns `OK` or `NULL_ARGUMENT`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_reset(cache: *mut latent_cache) -> latent_cache_status {
-    run(|| unsafe {
+    ffi_boundary! {
         with_cache(cache, |cache| {
             cache.reset();
             Ok(())
         })
-    })
+    }
 }
 
 /// Makes room for `tokens` positions per row now, so that appends up to that length never
@@ -172,7 +162,7 @@ pub unsafe extern "C" fn latent_cache_reset(cache: *mut latent_cache) -> latent_
 /// `BACKEND`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_reserve(cache: *mut latent_cache, tokens: usize) -> latent_cache_status {
-    run(|| unsafe { with_cache(cache, |cache| Ok(cache.reserve(tokens)?)) })
+    ffi_boundary! { with_cache(cache, |cache| Ok(cache.reserve(tokens)?)) }
 }
 
 /// Writes the cache's signature, a stable identity of its stored layout (equal signatures mean
@@ -186,27 +176,17 @@ pub unsafe extern "C" fn latent_cache_signature(
     out_len: usize,
     written: *mut usize,
 ) -> latent_cache_status {
-    run(|| unsafe {
+    ffi_boundary! {
         let written = out_ptr(written, "written")?;
         with_cache(cache, |cache| {
             let mut signature = cache.signature().into_bytes();
             out_buffer(out, out_len, signature.len() + 1, "out")?;
             signature.push(0);
-            write_buffer(out.cast::<u8>(), &signature, written);
-            *written -= 1;
+            unsafe {
+                write_buffer(out.cast::<u8>(), &signature, written);
+                *written -= 1;
+            }
             Ok(())
         })
-    })
-}
-
-/// The state families, for the `family` argument of the host reads (passed as `uint32_t`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub enum latent_cache_family {
-    /// The compressed KV latent, `kv_lora_rank` wide.
-    Latent = 0,
-    /// The decoupled RoPE key, `rope_head_dim` wide.
-    Rope = 1,
-    /// The DSA index key, `index_head_dim` wide (DSA layers only).
-    IndexKeys = 2,
+    }
 }

@@ -1,6 +1,6 @@
 //! `latent_cache_config`: a layer's geometry as C passes it to `latent_cache_new`.
 use super::error::{Failure, FfiResult};
-use super::panic::guard;
+use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use crate::core::Geometry;
 
@@ -47,7 +47,7 @@ impl latent_cache_config {
 /// Never fails.
 #[no_mangle]
 pub extern "C" fn latent_cache_config_default() -> latent_cache_config {
-    guard(GLM_DSA_LAYER, || GLM_DSA_LAYER)
+    ffi_boundary!(on_panic = GLM_DSA_LAYER; GLM_DSA_LAYER)
 }
 
 const GLM_DSA_LAYER: latent_cache_config =

@@ -4,9 +4,9 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::error::Failure;
-use super::panic::run;
+use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
-use crate::core::mlx_ops::{set_eval_lock, EvalLock};
+use crate::core::eval::{set_eval_lock, EvalLock};
 
 /// A lock or unlock callback; receives the `ctx` given to `latent_cache_set_eval_lock`.
 pub type latent_cache_lock_fn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
@@ -48,7 +48,7 @@ pub unsafe extern "C" fn latent_cache_set_eval_lock(
     unlock: latent_cache_lock_fn,
     ctx: *mut c_void,
 ) -> latent_cache_status {
-    run(|| {
+    ffi_boundary! {
         match (lock, unlock) {
             (Some(lock), Some(unlock)) => set_eval_lock(Some(Arc::new(EngineLock { lock, unlock, ctx }))),
             (None, None) => set_eval_lock(None),
@@ -60,5 +60,5 @@ pub unsafe extern "C" fn latent_cache_set_eval_lock(
             }
         }
         Ok(())
-    })
+    }
 }

@@ -1,7 +1,10 @@
-//! The opaque `latent_cache` handle: a core cache behind a mutex, plus a registry of live handles
-//! so that NULL, foreign and already-freed pointers are refused instead of dereferenced.
-use std::collections::HashSet;
-use std::sync::{Mutex, MutexGuard};
+//! The opaque `latent_cache` handle. The pointer C holds is a token, not an address: a number
+//! drawn once from a process-wide counter and never reused, looked up in a registry of live
+//! caches. A NULL, foreign or freed handle is refused on every call, even when the allocator has
+//! since reused memory for another cache, and a second `latent_cache_free` touches nothing.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use once_cell::sync::Lazy;
 
@@ -9,84 +12,76 @@ use super::error::{Failure, FfiResult};
 use super::status::latent_cache_status;
 use crate::core::LatentCache;
 
-/// One layer's cache. Opaque to C: create with `latent_cache_new`, release with
+/// One layer's cache, as C names it. Opaque and never dereferenced: a `latent_cache*` is a
+/// token from `latent_cache_new` (or `latent_cache_extract_row`), released with
 /// `latent_cache_free`.
 pub struct latent_cache {
-    /// Serializes every call on this handle: MLX graph building is not thread-safe per array,
-    /// and a call's validate-then-commit must not interleave with another's.
+    _opaque: [u8; 0],
+}
+
+/// A live cache. Calls hold an `Arc` for their duration, so a free racing a call releases the
+/// cache only after that call returns.
+pub(crate) struct Handle {
+    /// Serializes every call on this cache: a call's validate-then-commit must not interleave
+    /// with another's.
     inner: Mutex<LatentCache>,
 }
 
-/// Addresses of handles that are live (created and not yet freed).
-static LIVE: Lazy<Mutex<HashSet<usize>>> = Lazy::new(|| Mutex::new(HashSet::new()));
+/// Tokens step by 16 so they look like aligned pointers to tools that inspect them; the counter
+/// starts at 1 so no token is NULL. A 64-bit counter does not wrap within a process's life.
+const TOKEN_STEP: usize = 16;
+static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(1);
 
-fn live() -> MutexGuard<'static, HashSet<usize>> {
-    LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// Live caches by token.
+static LIVE: Lazy<RwLock<HashMap<usize, Arc<Handle>>>> = Lazy::new(|| RwLock::new(HashMap::new()));
+
+fn live_read() -> std::sync::RwLockReadGuard<'static, HashMap<usize, Arc<Handle>>> {
+    LIVE.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl latent_cache {
-    /// Boxes a cache and registers it; the pointer is what C holds.
-    pub(crate) fn into_raw(cache: LatentCache) -> *mut latent_cache {
-        let ptr = Box::into_raw(Box::new(latent_cache { inner: Mutex::new(cache) }));
-        live().insert(ptr as usize);
-        ptr
+fn live_write() -> std::sync::RwLockWriteGuard<'static, HashMap<usize, Arc<Handle>>> {
+    LIVE.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Handle {
+    /// Registers a cache under a new token; the token is what C holds.
+    pub(crate) fn register(cache: LatentCache) -> *mut latent_cache {
+        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed) * TOKEN_STEP;
+        live_write().insert(token, Arc::new(Handle { inner: Mutex::new(cache) }));
+        token as *mut latent_cache
     }
 
-    /// Unregisters and drops a handle; false when `ptr` was not live.
-    pub(crate) unsafe fn free(ptr: *mut latent_cache) -> bool {
-        if !live().remove(&(ptr as usize)) {
-            return false;
-        }
-        // SAFETY: the pointer was live, so it came from into_raw and is freed exactly once.
-        drop(unsafe { Box::from_raw(ptr) });
-        true
+    /// Unregisters a token; its cache is dropped once no call holds it. False when `ptr` was
+    /// not live.
+    pub(crate) fn release(ptr: *const latent_cache) -> bool {
+        let removed = live_write().remove(&(ptr as usize));
+        removed.is_some()
     }
 
-    /// Borrows a live handle.
-    pub(crate) unsafe fn from_ptr<'a>(ptr: *const latent_cache, name: &str) -> FfiResult<&'a latent_cache> {
+    /// The live cache behind a token.
+    pub(crate) fn get(ptr: *const latent_cache, name: &str) -> FfiResult<Arc<Handle>> {
         if ptr.is_null() {
             return Err(Failure::null(name));
         }
-        if !live().contains(&(ptr as usize)) {
-            return Err(Failure::new(
+        live_read().get(&(ptr as usize)).cloned().ok_or_else(|| {
+            Failure::new(
                 latent_cache_status::NullArgument,
-                format!("{name} is not a live latent_cache (freed, or never created by latent_cache_new)"),
-            ));
-        }
-        // SAFETY: registered handles point to live boxes until latent_cache_free.
-        Ok(unsafe { &*ptr })
+                format!("{name} is not a live latent_cache (freed, or never created by this library)"),
+            )
+        })
     }
 
     /// Locks the cache for one call.
     pub(crate) fn lock(&self) -> FfiResult<MutexGuard<'_, LatentCache>> {
         self.inner.lock().map_err(|_| {
-            Failure::new(
-                latent_cache_status::Panic,
-                "this cache was left unusable by an earlier internal panic; free it",
-            )
+            Failure::new(latent_cache_status::Panic, "this cache was left unusable by an earlier internal panic; free it")
         })
     }
 }
 
-/// Locks `handle` and runs `f` on its cache.
-pub(crate) unsafe fn with_cache<T>(
-    ptr: *const latent_cache,
-    f: impl FnOnce(&mut LatentCache) -> FfiResult<T>,
-) -> FfiResult<T> {
-    let handle = unsafe { latent_cache::from_ptr(ptr, "cache") }?;
+/// Looks up `ptr`, locks its cache and runs `f` on it.
+pub(crate) fn with_cache<T>(ptr: *const latent_cache, f: impl FnOnce(&mut LatentCache) -> FfiResult<T>) -> FfiResult<T> {
+    let handle = Handle::get(ptr, "cache")?;
     let mut cache = handle.lock()?;
     f(&mut cache)
-}
-
-/// Locks `handle` and runs `f` with a borrowed list of row counts or indices (`keep`).
-pub(crate) unsafe fn with_cache_and_rows(
-    ptr: *const latent_cache,
-    keep: *const usize,
-    keep_len: usize,
-    f: impl FnOnce(&mut LatentCache, &[usize]) -> crate::core::Result<()>,
-) -> super::status::latent_cache_status {
-    super::panic::run(|| unsafe {
-        let keep = super::args::in_slice(keep, keep_len, "keep")?;
-        with_cache(ptr, |cache| Ok(f(cache, keep)?))
-    })
 }

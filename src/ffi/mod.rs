@@ -10,7 +10,9 @@ pub mod cache;
 pub mod config;
 pub mod error;
 pub mod eval_lock;
+pub mod family;
 pub mod handle;
+pub mod last_error;
 #[doc(hidden)] // exposed so tests can drive the boundary itself
 pub mod panic;
 pub mod query;

@@ -1,5 +1,6 @@
-//! The panic boundary: every export runs its body through `guard` or `run`, so a panic never
-//! unwinds into C. `run` also turns a failure into its status and records the message.
+//! The panic boundary. Every export's body is one `ffi_boundary!` (the only pattern
+//! `tests/ffi_contract.rs` accepts), so a panic never unwinds into C, a failure becomes its
+//! status plus this thread's message, and helpers below it just return `FfiResult`.
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -37,3 +38,16 @@ pub fn run(body: impl FnOnce() -> FfiResult) -> latent_cache_status {
         }
     })
 }
+
+/// The body of every export. `ffi_boundary! { ... }` runs a body returning `FfiResult` and
+/// returns a `latent_cache_status`; `ffi_boundary!(on_panic = VALUE; ...)` runs a body returning
+/// the export's own type and returns `VALUE` (recording a message) if it panics.
+macro_rules! ffi_boundary {
+    (on_panic = $value:expr; $($body:tt)*) => {
+        $crate::ffi::panic::guard($value, || { $($body)* })
+    };
+    ($($body:tt)*) => {
+        $crate::ffi::panic::run(|| -> $crate::ffi::error::FfiResult { $($body)* })
+    };
+}
+pub(crate) use ffi_boundary;

@@ -3,17 +3,17 @@
 //! (the output is then untouched).
 use super::args::{out_buffer, out_ptr, write, write_buffer};
 use super::handle::{latent_cache, with_cache};
-use super::panic::run;
+use super::error::FfiResult;
+use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use crate::core::LatentCache;
 
-unsafe fn query<T>(cache: *const latent_cache, out: *mut T, f: impl FnOnce(&LatentCache) -> T) -> latent_cache_status {
-    run(|| unsafe {
-        let out = out_ptr(out, "out")?;
-        with_cache(cache, |cache| {
-            write(out, f(cache));
-            Ok(())
-        })
+/// Writes `f(cache)` to `*out`.
+unsafe fn query<T>(cache: *const latent_cache, out: *mut T, f: impl FnOnce(&LatentCache) -> T) -> FfiResult {
+    let out = out_ptr(out, "out")?;
+    with_cache(cache, |cache| {
+        unsafe { write(out, f(cache)) };
+        Ok(())
     })
 }
 
@@ -23,33 +23,31 @@ unsafe fn query_rows(
     out_len: usize,
     written: *mut usize,
     f: impl FnOnce(&LatentCache) -> Vec<usize>,
-) -> latent_cache_status {
-    run(|| unsafe {
-        let written = out_ptr(written, "written")?;
-        with_cache(cache, |cache| {
-            let values = f(cache);
-            out_buffer(out, out_len, values.len(), "out")?;
-            write_buffer(out, &values, written);
-            Ok(())
-        })
+) -> FfiResult {
+    let written = out_ptr(written, "written")?;
+    with_cache(cache, |cache| {
+        let values = f(cache);
+        out_buffer(out, out_len, values.len(), "out")?;
+        unsafe { write_buffer(out, &values, written) };
+        Ok(())
     })
 }
 
 /// `*out` = the physical width T of the stored window (the longest row's position count).
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-/// safe alongside any other call.
+/// serialized with other calls on the handle, like every call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_offset(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
-    unsafe { query(cache, out, LatentCache::offset) }
+    ffi_boundary! { unsafe { query(cache, out, LatentCache::offset) } }
 }
 
 /// `*out` = the number of rows; 0 before the first append and after a reset (trim never
 /// changes it).
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-/// safe alongside any other call.
+/// serialized with other calls on the handle, like every call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_batch_size(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
-    unsafe { query(cache, out, LatentCache::batch_size) }
+    ffi_boundary! { unsafe { query(cache, out, LatentCache::batch_size) } }
 }
 
 /// Copies `row_offsets` (each row's position count, `batch_size` values) into `out`; `*written`
@@ -64,7 +62,7 @@ pub unsafe extern "C" fn latent_cache_row_offsets(
     out_len: usize,
     written: *mut usize,
 ) -> latent_cache_status {
-    unsafe { query_rows(cache, out, out_len, written, LatentCache::row_offsets) }
+    ffi_boundary! { unsafe { query_rows(cache, out, out_len, written, LatentCache::row_offsets) } }
 }
 
 /// Copies `left_pad` (where each row's valid positions start, `batch_size` values) into `out`;
@@ -78,72 +76,72 @@ pub unsafe extern "C" fn latent_cache_left_pad(
     out_len: usize,
     written: *mut usize,
 ) -> latent_cache_status {
-    unsafe { query_rows(cache, out, out_len, written, |cache| cache.left_pad().to_vec()) }
+    ffi_boundary! { unsafe { query_rows(cache, out, out_len, written, |cache| cache.left_pad().to_vec()) } }
 }
 
 /// `*out` = the configured kv_lora_rank.
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-/// safe alongside any other call.
+/// serialized with other calls on the handle, like every call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_kv_lora_rank(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
-    unsafe { query(cache, out, |cache| cache.geometry().kv_lora_rank) }
+    ffi_boundary! { unsafe { query(cache, out, |cache| cache.geometry().kv_lora_rank) } }
 }
 
 /// `*out` = the configured rope_head_dim.
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-/// safe alongside any other call.
+/// serialized with other calls on the handle, like every call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_rope_head_dim(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
-    unsafe { query(cache, out, |cache| cache.geometry().rope_head_dim) }
+    ffi_boundary! { unsafe { query(cache, out, |cache| cache.geometry().rope_head_dim) } }
 }
 
 /// `*out` = the configured index_head_dim (0 on a layer without DSA index keys).
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-/// safe alongside any other call.
+/// serialized with other calls on the handle, like every call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_index_head_dim(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
-    unsafe { query(cache, out, |cache| cache.geometry().index_head_dim) }
+    ffi_boundary! { unsafe { query(cache, out, |cache| cache.geometry().index_head_dim) } }
 }
 
 /// `*out` = bytes one more position costs one row: (kv_lora_rank + rope_head_dim +
 /// index_head_dim) x 4 for float32 storage.
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-/// safe alongside any other call.
+/// serialized with other calls on the handle, like every call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_bytes_per_token(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
-    unsafe { query(cache, out, LatentCache::bytes_per_token) }
+    ffi_boundary! { unsafe { query(cache, out, LatentCache::bytes_per_token) } }
 }
 
 /// `*out` = positions an append may still add: `SIZE_MAX` when `max_tokens` is 0, else
 /// `max_tokens` minus the longest row.
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-/// safe alongside any other call.
+/// serialized with other calls on the handle, like every call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_max_append_tokens(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
-    unsafe { query(cache, out, LatentCache::max_append_tokens) }
+    ffi_boundary! { unsafe { query(cache, out, LatentCache::max_append_tokens) } }
 }
 
 /// `*out` = the earliest offset whose stored state can resume generation; reuse policies must
 /// not trim below it. 0 for float32 storage (every prefix is exact).
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-/// safe alongside any other call.
+/// serialized with other calls on the handle, like every call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_minimum_reusable_offset(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
-    unsafe { query(cache, out, LatentCache::minimum_reusable_offset) }
+    ffi_boundary! { unsafe { query(cache, out, LatentCache::minimum_reusable_offset) } }
 }
 
 /// `*out` = whether `latent_cache_trim` can drop positions (always true: trim moves the offset).
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-/// safe alongside any other call.
+/// serialized with other calls on the handle, like every call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_is_trimmable(cache: *const latent_cache, out: *mut bool) -> latent_cache_status {
-    unsafe { query(cache, out, LatentCache::is_trimmable) }
+    ffi_boundary! { unsafe { query(cache, out, LatentCache::is_trimmable) } }
 }
 
 /// `*out` = whether a speculative round is open.
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-/// safe alongside any other call.
+/// serialized with other calls on the handle, like every call.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_in_spec_round(cache: *const latent_cache, out: *mut bool) -> latent_cache_status {
-    unsafe { query(cache, out, LatentCache::in_spec_round) }
+    ffi_boundary! { unsafe { query(cache, out, LatentCache::in_spec_round) } }
 }

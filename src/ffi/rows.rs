@@ -2,9 +2,10 @@
 //! row as its own cache, filter rows.
 use super::args::{in_slice, out_ptr, write};
 use super::error::Failure;
-use super::handle::{latent_cache, with_cache, with_cache_and_rows};
-use super::panic::run;
+use super::handle::{latent_cache, with_cache, Handle};
+use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
+use crate::core::LatentCache;
 
 /// Fills the empty `destination` with every row of every source, in order: a batch source
 /// gives all its rows, an empty source that never had rows gives one empty row. Rows are
@@ -16,41 +17,49 @@ use super::status::latent_cache_status;
 /// (the destination is not empty or is in a round); `CAPACITY`; `BACKEND`. On failure nothing
 /// changed.
 ///
-/// Locks every handle involved (in address order, so concurrent merges cannot deadlock).
+/// Locks every handle involved (in a fixed order, so concurrent merges cannot deadlock).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_merge_rows(
     destination: *mut latent_cache,
     sources: *const *const latent_cache,
     sources_len: usize,
 ) -> latent_cache_status {
-    run(|| unsafe {
-        latent_cache::from_ptr(destination, "destination")?;
-        let sources = in_slice(sources, sources_len, "sources")?;
+    ffi_boundary! {
+        let destination_handle = Handle::get(destination, "destination")?;
+        let sources = unsafe { in_slice(sources, sources_len, "sources") }?;
         if sources.is_empty() {
             return Err(Failure::new(latent_cache_status::InvalidArgument, "merge needs at least one source"));
         }
-        let mut handles = vec![destination.cast_const()];
+        // Each distinct handle is locked once, in token order, so concurrent merges cannot
+        // deadlock; `slot[i]` says which lock serves sources[i].
+        let mut tokens = vec![destination as usize];
+        let mut handles = vec![destination_handle];
+        let mut slot = Vec::with_capacity(sources.len());
         for (i, &source) in sources.iter().enumerate() {
-            latent_cache::from_ptr(source, &format!("sources[{i}]"))?;
             if source == destination.cast_const() {
                 return Err(Failure::new(latent_cache_status::InvalidArgument, format!("sources[{i}] is the destination")));
             }
-            handles.push(source);
+            let handle = Handle::get(source, &format!("sources[{i}]"))?;
+            match tokens.iter().position(|&t| t == source as usize) {
+                Some(at) => slot.push(at),
+                None => {
+                    slot.push(tokens.len());
+                    tokens.push(source as usize);
+                    handles.push(handle);
+                }
+            }
         }
-        handles.sort();
-        handles.dedup();
-        let mut guards = Vec::with_capacity(handles.len());
-        for &handle in &handles {
-            guards.push((handle, (*handle).lock()?));
+        let mut order: Vec<usize> = (0..handles.len()).collect();
+        order.sort_by_key(|&k| tokens[k]);
+        let mut guards: Vec<Option<_>> = (0..handles.len()).map(|_| None).collect();
+        for k in order {
+            guards[k] = Some(handles[k].lock()?);
         }
-        let at = guards.iter().position(|(h, _)| *h == destination.cast_const()).expect("locked");
-        let (_, mut destination_cache) = guards.remove(at);
-        let source_caches: Vec<&crate::core::LatentCache> = sources
-            .iter()
-            .map(|s| &*guards.iter().find(|(h, _)| h == s).expect("locked").1)
-            .collect();
-        Ok(destination_cache.merge_rows(&source_caches)?)
-    })
+        let mut guards: Vec<_> = guards.into_iter().map(|g| g.expect("every handle locked")).collect();
+        let (destination_guard, source_guards) = guards.split_at_mut(1);
+        let source_caches: Vec<&LatentCache> = slot.iter().map(|&k| &*source_guards[k - 1]).collect();
+        Ok(destination_guard[0].merge_rows(&source_caches)?)
+    }
 }
 
 /// Creates a new, independent single-row cache holding exactly row `row`'s valid positions (no
@@ -64,12 +73,12 @@ pub unsafe extern "C" fn latent_cache_extract_row(
     row: usize,
     out: *mut *mut latent_cache,
 ) -> latent_cache_status {
-    run(|| unsafe {
+    ffi_boundary! { unsafe {
         let out = out_ptr(out, "out")?;
         let extracted = with_cache(cache, |cache| Ok(cache.extract_row(row)?))?;
-        write(out, latent_cache::into_raw(extracted));
+        write(out, Handle::register(extracted));
         Ok(())
-    })
+    } }
 }
 
 /// Keeps the rows listed in `keep` (borrowed, `keep_len` entries), in that order, and drops the
@@ -84,5 +93,8 @@ pub unsafe extern "C" fn latent_cache_filter_rows(
     keep: *const usize,
     keep_len: usize,
 ) -> latent_cache_status {
-    unsafe { with_cache_and_rows(cache, keep, keep_len, |cache, keep| cache.filter_rows(keep)) }
+    ffi_boundary! {
+        let keep = unsafe { in_slice(keep, keep_len, "keep") }?;
+        with_cache(cache, |cache| Ok(cache.filter_rows(keep)?))
+    }
 }

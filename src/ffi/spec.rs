@@ -1,7 +1,7 @@
 //! Speculative verify rounds: begin, commit, and rollback with one keep count or one per row.
 
-use super::handle::{latent_cache, with_cache, with_cache_and_rows};
-use super::panic::run;
+use super::handle::{latent_cache, with_cache};
+use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 
 /// Opens a round: records every row's position count. Appends, reads and queries inside the
@@ -9,14 +9,14 @@ use super::status::latent_cache_status;
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (a round is already open).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_spec_round_begin(cache: *mut latent_cache) -> latent_cache_status {
-    run(|| unsafe { with_cache(cache, |cache| Ok(cache.spec_round_begin()?)) })
+    ffi_boundary! { with_cache(cache, |cache| Ok(cache.spec_round_begin()?)) }
 }
 
 /// Closes the round, keeping everything appended in it.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (no round is open).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_spec_round_commit(cache: *mut latent_cache) -> latent_cache_status {
-    run(|| unsafe { with_cache(cache, |cache| Ok(cache.spec_round_commit()?)) })
+    ffi_boundary! { with_cache(cache, |cache| Ok(cache.spec_round_commit()?)) }
 }
 
 /// Closes the round; every row keeps the first `keep` positions it appended in the round and
@@ -25,7 +25,7 @@ pub unsafe extern "C" fn latent_cache_spec_round_commit(cache: *mut latent_cache
 /// row appended fewer than `keep`). On failure nothing changed and the round stays open.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_spec_round_rollback(cache: *mut latent_cache, keep: usize) -> latent_cache_status {
-    run(|| unsafe { with_cache(cache, |cache| Ok(cache.spec_round_rollback_all(keep)?)) })
+    ffi_boundary! { with_cache(cache, |cache| Ok(cache.spec_round_rollback_all(keep)?)) }
 }
 
 /// Closes the round; row b keeps the first `keep[b]` positions it appended in the round
@@ -41,5 +41,8 @@ pub unsafe extern "C" fn latent_cache_spec_round_rollback_rows(
     keep: *const usize,
     keep_len: usize,
 ) -> latent_cache_status {
-    unsafe { with_cache_and_rows(cache, keep, keep_len, |cache, keep| cache.spec_round_rollback(keep)) }
+    ffi_boundary! {
+        let keep = unsafe { super::args::in_slice(keep, keep_len, "keep") }?;
+        with_cache(cache, |cache| Ok(cache.spec_round_rollback(keep)?))
+    }
 }

@@ -2,7 +2,7 @@
 //! time (a test checks they agree with Cargo.toml).
 use std::ffi::c_char;
 
-use super::panic::guard;
+use super::panic::ffi_boundary;
 
 static VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 
@@ -10,5 +10,5 @@ static VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 /// never freed.
 #[no_mangle]
 pub extern "C" fn latent_cache_version() -> *const c_char {
-    guard(VERSION.as_ptr().cast(), || VERSION.as_ptr().cast())
+    ffi_boundary!(on_panic = VERSION.as_ptr().cast(); VERSION.as_ptr().cast())
 }

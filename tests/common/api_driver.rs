@@ -7,7 +7,7 @@
 
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
-use latent_cache::ffi::error::latent_cache_last_error;
+use latent_cache::ffi::last_error::latent_cache_last_error;
 use latent_cache::ffi::query::*;
 use latent_cache::ffi::rows::*;
 use latent_cache::ffi::spec::*;
