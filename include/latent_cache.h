@@ -5,7 +5,9 @@
  *
  * Ownership
  *   - A latent_cache* comes from latent_cache_new or latent_cache_extract_row and is released
- *     with latent_cache_free (NULL is fine; a freed handle is detected and ignored).
+ *     with latent_cache_free. It is a token, not an address: tokens are never reused within a
+ *     process, so a freed handle is refused by every call (NULL_ARGUMENT) and a second
+ *     latent_cache_free is ignored, even after new caches were created.
  *   - Inputs (host buffers, mlx_array handles, configs) are borrowed for the call only.
  *   - Every mlx_array the library returns is owned by the caller: free it with mlx_array_free
  *     or latent_cache_array_free. Returned arrays are views of the cache's buffers: release them
@@ -14,14 +16,30 @@
  *
  * Errors
  *   Fallible calls return latent_cache_status. On failure the cache is exactly as before the
- *   call and latent_cache_last_error gives this thread's message.
+ *   call, including failures MLX reports while evaluating, and latent_cache_last_error gives
+ *   this thread's message. A request the process cannot hold (reserve, an append that grows the
+ *   buffers, a row rebuild) is checked against MLX's memory limit (mlx_set_memory_limit; by
+ *   default a share of the device's memory) before anything is built, and refused with
+ *   CAPACITY.
  *
  * Thread safety
- *   A handle may move between threads. Calls on one handle from several threads at once are
- *   safe: each call locks the handle, so they are serialized. Different handles run in
- *   parallel. Every MLX evaluation the library performs takes one process-wide lock; engines
- *   that evaluate from several threads should evaluate through latent_cache_eval, or hand the
- *   library their own lock with latent_cache_set_eval_lock so one lock covers the process.
+ *   Any thread may call any function, and a handle's consecutive calls may each come from a
+ *   different thread (thread pools, Swift tasks hopping threads): the library builds every graph
+ *   on one stream of its own that MLX lets any thread evaluate, and causes one MLX worker thread
+ *   however many threads call it. Calls on one handle from several threads at once are
+ *   serialized (each call locks the handle); different handles run in parallel.
+ *   Evaluation: every evaluation the library performs takes one process-wide lock (or the lock
+ *   given to latent_cache_set_eval_lock). These calls may evaluate: append_host, read_row_host,
+ *   read_host, reserve, merge_rows, extract_row, filter_rows, spec_round_rollback_rows (uneven
+ *   counts), latent_cache_eval, and append_latent when it must grow the buffers (never after a
+ *   large enough reserve). The others never evaluate. Evaluate the arrays the library returns
+ *   through latent_cache_eval, or under the lock you gave it, never concurrently with it.
+ *   What an engine may pass in: arrays that are evaluated, made by latent_cache_array_from_host,
+ *   or built on a stream any thread may evaluate (mlx_stream_new_thread_unsafe). An array the
+ *   engine built on its own thread's stream and left unevaluated can only be evaluated on that
+ *   thread: a later call that evaluates the cache on another thread fails with BACKEND (nothing
+ *   changes) until that thread evaluates it. What comes back: views on the library's stream,
+ *   which any thread may evaluate.
  *
  * MLX
  *   One libmlx per process: the mlx_array functions expect arrays of the same MLX runtime the
@@ -39,11 +57,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
 #define LATENT_CACHE_VERSION_MAJOR 0
 #define LATENT_CACHE_VERSION_MINOR 1
 #define LATENT_CACHE_VERSION_PATCH 0
 #define LATENT_CACHE_VERSION "0.1.0"
-
 #ifndef MLX_ARRAY_H
 /* mlx-c's array handle (declared here only when <mlx/c/array.h> was not included first). */
 typedef struct mlx_array_ {
@@ -92,7 +110,8 @@ typedef enum {
   LATENT_CACHE_FAMILY_INDEX_KEYS = 2,
 } latent_cache_family;
 
-// One layer's cache. Opaque to C: create with `latent_cache_new`, release with
+// One layer's cache, as C names it. Opaque and never dereferenced: a `latent_cache*` is a
+// token from `latent_cache_new` (or `latent_cache_extract_row`), released with
 // `latent_cache_free`.
 typedef struct latent_cache latent_cache;
 
@@ -100,14 +119,15 @@ typedef struct latent_cache latent_cache;
 // you need, so that code written today keeps compiling and meaning the same when fields are
 // added: new settings will take over `reserved` slots, where 0 keeps today's behaviour.
 typedef struct {
-  // Width of the compressed KV latent per position (GLM-5.2: 512). Must be at least 1.
+  // Width of the compressed KV latent per position (GLM-5.2: 512). From 1 to 1,048,576.
   size_t kv_lora_rank;
-  // Width of the decoupled RoPE key per position (GLM-5.2: 64). Must be at least 1.
+  // Width of the decoupled RoPE key per position (GLM-5.2: 64). From 1 to 1,048,576.
   size_t rope_head_dim;
   // Width of the DSA index key per position (GLM-5.2: 128 on sparse-attention layers);
-  // 0 for a layer without index keys.
+  // 0 for a layer without index keys; at most 1,048,576.
   size_t index_head_dim;
-  // Most positions a row may hold; 0 for unbounded.
+  // Most positions a row may hold; 0 for unbounded (then INT32_MAX, MLX's largest extent).
+  // At most INT32_MAX.
   size_t max_tokens;
   // Must be zero.
   size_t reserved[4];
@@ -132,13 +152,18 @@ extern "C" {
 //   `mlx_array_free` or `latent_cache_array_free`); NULL outputs are skipped. On a layer
 //   without DSA, `*out_index_keys` receives an array with `ctx == NULL`. Written only on
 //   success.
-// - Nothing is evaluated: evaluate once per step, after all layers. Release the returned views
-//   before the next append to this cache, or that append copies the stored history instead of
-//   writing in place.
+// - The write is not evaluated: evaluate once per step, after all layers. Release the returned
+//   views before the next append to this cache, or that append copies the stored history
+//   instead of writing in place. When the buffers must grow, the larger buffers are allocated
+//   during the call (an evaluation under the evaluation lock; `latent_cache_reserve` avoids
+//   it), so running out of memory is a `CAPACITY` status here, not a crash later.
+// - Every 64th consecutive append to a buffer nobody evaluated evaluates it (a DSA layer
+//   whose index keys are never read would otherwise grow an unbounded graph).
 //
 // Returns `OK`; `NULL_ARGUMENT` (cache, latent or rope missing); `DTYPE`; `SHAPE`;
-// `INVALID_ARGUMENT` (index keys missing on a DSA layer, given on another); `CAPACITY`;
-// `BACKEND`. On failure nothing changed.
+// `INVALID_ARGUMENT` (index keys missing on a DSA layer, given on another); `CAPACITY`
+// (beyond `max_tokens`, or growth beyond MLX's memory limit); `BACKEND`. On failure nothing
+// changed.
 latent_cache_status latent_cache_append_latent(latent_cache *cache,
                                                mlx_array latent,
                                                mlx_array rope,
@@ -188,13 +213,16 @@ latent_cache_status latent_cache_eval(const mlx_array *arrays, size_t len);
 //   Written only on success.
 //
 // Returns `OK`, `NULL_ARGUMENT` (config or out is NULL), `INVALID_ARGUMENT` (a zero
-// kv_lora_rank or rope_head_dim, a width over INT32_MAX, non-zero reserved fields).
+// kv_lora_rank or rope_head_dim, a width over 1,048,576, max_tokens over INT32_MAX, non-zero
+// reserved fields).
 latent_cache_status latent_cache_new(const latent_cache_config *config, latent_cache **out);
 
 // Releases a cache and every buffer it owns. `NULL` is accepted and does nothing; so is a
-// pointer that is not a live handle (already freed), which also sets the last error message.
-// Arrays previously returned to the caller stay valid: they are the caller's to free.
-// No other call on this handle may be running or follow.
+// handle that is not live (already freed, or never made by this library), which also sets the
+// last error message: handles are never reused, so a second free cannot reach another cache.
+// Arrays previously returned to the caller stay valid: they are the caller's to free. A call
+// on this handle already running on another thread completes first; every later call on it is
+// refused with `NULL_ARGUMENT`.
 void latent_cache_free(latent_cache *cache);
 
 // Appends `tokens` positions to every one of `batch` rows, copying the caller's row-major float
@@ -256,9 +284,13 @@ latent_cache_status latent_cache_trim(latent_cache *cache, size_t n, bool bypass
 latent_cache_status latent_cache_reset(latent_cache *cache);
 
 // Makes room for `tokens` positions per row now, so that appends up to that length never
-// reallocate (no growth copies, no latency spikes). Before the first append, the first
-// allocation takes this size. Returns `OK`, `NULL_ARGUMENT`, `CAPACITY` (beyond `max_tokens`),
-// `BACKEND`.
+// reallocate (no growth copies, no latency spikes, no evaluation inside `append_latent`). On a
+// cache holding rows the memory is allocated (and the stored positions copied) during the
+// call, so MLX's active memory grows now and a request that cannot be held fails now. On an
+// empty cache the batch size is not known yet: the call checks that one row of `tokens`
+// positions fits, and the first append allocates `batch` rows of it (checked again then).
+// Returns `OK`, `NULL_ARGUMENT`, `CAPACITY` (beyond `max_tokens` or INT32_MAX, or more memory
+// than MLX's memory limit leaves), `BACKEND`. On failure nothing changed.
 latent_cache_status latent_cache_reserve(latent_cache *cache, size_t tokens);
 
 // Writes the cache's signature, a stable identity of its stored layout (equal signatures mean
@@ -275,15 +307,6 @@ latent_cache_status latent_cache_signature(const latent_cache *cache,
 // Never fails.
 latent_cache_config latent_cache_config_default(void);
 
-// Copies this thread's last failure message into `out` (at most `out_len - 1` bytes plus a NUL
-// terminator; truncated when longer) and returns the message's full length in bytes, not
-// counting the terminator. Pass `out = NULL, out_len = 0` to learn the length. Returns 0 and
-// writes an empty string when no call on this thread has failed.
-//
-// The message belongs to the calling thread: a failure on another thread never shows here.
-// A later failure on this thread replaces it; successful calls leave it as it was.
-size_t latent_cache_last_error(char *out, size_t out_len);
-
 // Makes every MLX evaluation the library performs (appends through the host path, host reads,
 // `latent_cache_eval`) run between `lock(ctx)` and `unlock(ctx)`, instead of under the
 // library's own process-wide lock. Give it the lock your engine holds around its own
@@ -299,15 +322,24 @@ latent_cache_status latent_cache_set_eval_lock(latent_cache_lock_fn lock,
                                                latent_cache_lock_fn unlock,
                                                void *ctx);
 
+// Copies this thread's last failure message into `out` (at most `out_len - 1` bytes plus a NUL
+// terminator; truncated when longer) and returns the message's full length in bytes, not
+// counting the terminator. Pass `out = NULL, out_len = 0` to learn the length. Returns 0 and
+// writes an empty string when no call on this thread has failed.
+//
+// The message belongs to the calling thread: a failure on another thread never shows here.
+// A later failure on this thread replaces it; successful calls leave it as it was.
+size_t latent_cache_last_error(char *out, size_t out_len);
+
 // `*out` = the physical width T of the stored window (the longest row's position count).
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-// safe alongside any other call.
+// serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_offset(const latent_cache *cache, size_t *out);
 
 // `*out` = the number of rows; 0 before the first append and after a reset (trim never
 // changes it).
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-// safe alongside any other call.
+// serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_batch_size(const latent_cache *cache, size_t *out);
 
 // Copies `row_offsets` (each row's position count, `batch_size` values) into `out`; `*written`
@@ -331,45 +363,45 @@ latent_cache_status latent_cache_left_pad(const latent_cache *cache,
 
 // `*out` = the configured kv_lora_rank.
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-// safe alongside any other call.
+// serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_kv_lora_rank(const latent_cache *cache, size_t *out);
 
 // `*out` = the configured rope_head_dim.
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-// safe alongside any other call.
+// serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_rope_head_dim(const latent_cache *cache, size_t *out);
 
 // `*out` = the configured index_head_dim (0 on a layer without DSA index keys).
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-// safe alongside any other call.
+// serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_index_head_dim(const latent_cache *cache, size_t *out);
 
 // `*out` = bytes one more position costs one row: (kv_lora_rank + rope_head_dim +
 // index_head_dim) x 4 for float32 storage.
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-// safe alongside any other call.
+// serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_bytes_per_token(const latent_cache *cache, size_t *out);
 
 // `*out` = positions an append may still add: `SIZE_MAX` when `max_tokens` is 0, else
 // `max_tokens` minus the longest row.
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-// safe alongside any other call.
+// serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_max_append_tokens(const latent_cache *cache, size_t *out);
 
 // `*out` = the earliest offset whose stored state can resume generation; reuse policies must
 // not trim below it. 0 for float32 storage (every prefix is exact).
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-// safe alongside any other call.
+// serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_minimum_reusable_offset(const latent_cache *cache, size_t *out);
 
 // `*out` = whether `latent_cache_trim` can drop positions (always true: trim moves the offset).
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-// safe alongside any other call.
+// serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_is_trimmable(const latent_cache *cache, bool *out);
 
 // `*out` = whether a speculative round is open.
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
-// safe alongside any other call.
+// serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_in_spec_round(const latent_cache *cache, bool *out);
 
 // Fills the empty `destination` with every row of every source, in order: a batch source
@@ -382,7 +414,7 @@ latent_cache_status latent_cache_in_spec_round(const latent_cache *cache, bool *
 // (the destination is not empty or is in a round); `CAPACITY`; `BACKEND`. On failure nothing
 // changed.
 //
-// Locks every handle involved (in address order, so concurrent merges cannot deadlock).
+// Locks every handle involved (in a fixed order, so concurrent merges cannot deadlock).
 latent_cache_status latent_cache_merge_rows(latent_cache *destination,
                                             const latent_cache *const *sources,
                                             size_t sources_len);

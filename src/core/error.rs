@@ -42,7 +42,39 @@ impl std::error::Error for CacheError {}
 
 impl From<mlx_rs::error::Exception> for CacheError {
     fn from(err: mlx_rs::error::Exception) -> Self {
-        CacheError::new(ErrorKind::Backend, format!("MLX: {err}"))
+        CacheError::new(ErrorKind::Backend, format!("MLX: {}", without_source_location(err.what())))
+    }
+}
+
+/// MLX's message without the ` at /path/to/file.cpp:123` mlx-c appends: the path is the MLX
+/// build machine's, meaningless to the user.
+fn without_source_location(message: &str) -> &str {
+    match message.rfind(" at ") {
+        Some(at) => {
+            let location = &message[at + 4..];
+            let is_location = location.rsplit_once(':').is_some_and(|(file, line)| {
+                !file.is_empty() && !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit())
+            });
+            if is_location {
+                message[..at].trim_end()
+            } else {
+                message
+            }
+        }
+        None => message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_source_location;
+
+    #[test]
+    fn mlx_source_locations_are_dropped() {
+        let raw = "[eval] There is no Stream(cpu, 3) in current thread. at /Users/build/mlx-c/mlx/c/transforms.cpp:42";
+        assert_eq!(without_source_location(raw), "[eval] There is no Stream(cpu, 3) in current thread.");
+        assert_eq!(without_source_location("[slice] bad at index 3"), "[slice] bad at index 3");
+        assert_eq!(without_source_location("plain"), "plain");
     }
 }
 

@@ -35,8 +35,13 @@ pub struct Geometry {
     pub max_tokens: usize,
 }
 
-/// Widths beyond this cannot be expressed as MLX's int32 shapes.
-const MAX_WIDTH: usize = i32::MAX as usize;
+/// The widest family a layer may have: 2^20 values (4 MiB per position of one row). Real MLA
+/// widths are hundreds; the bound keeps one position of one row far inside a single
+/// allocation, whatever the memory limit.
+pub(crate) const MAX_WIDTH: usize = 1 << 20;
+
+/// Position limits beyond this cannot be expressed as MLX's int32 shapes.
+pub(crate) const MAX_TOKENS: usize = i32::MAX as usize;
 
 impl Geometry {
     pub fn validate(&self) -> Result<()> {
@@ -48,14 +53,14 @@ impl Geometry {
                 self.rope_head_dim
             );
         }
-        for (name, width) in [
-            ("kv_lora_rank", self.kv_lora_rank),
-            ("rope_head_dim", self.rope_head_dim),
-            ("index_head_dim", self.index_head_dim),
-            ("max_tokens", self.max_tokens),
+        for (name, value, max) in [
+            ("kv_lora_rank", self.kv_lora_rank, MAX_WIDTH),
+            ("rope_head_dim", self.rope_head_dim, MAX_WIDTH),
+            ("index_head_dim", self.index_head_dim, MAX_WIDTH),
+            ("max_tokens", self.max_tokens, MAX_TOKENS),
         ] {
-            if width > MAX_WIDTH {
-                return fail!(InvalidArgument, "{name} ({width}) exceeds {MAX_WIDTH}");
+            if value > max {
+                return fail!(InvalidArgument, "{name} ({value}) exceeds {max}");
             }
         }
         Ok(())

@@ -60,13 +60,18 @@ unsafe fn hand_out(state: LatentState, latent: *mut mlx_array, rope: *mut mlx_ar
 ///   `mlx_array_free` or `latent_cache_array_free`); NULL outputs are skipped. On a layer
 ///   without DSA, `*out_index_keys` receives an array with `ctx == NULL`. Written only on
 ///   success.
-/// - Nothing is evaluated: evaluate once per step, after all layers. Release the returned views
-///   before the next append to this cache, or that append copies the stored history instead of
-///   writing in place.
+/// - The write is not evaluated: evaluate once per step, after all layers. Release the returned
+///   views before the next append to this cache, or that append copies the stored history
+///   instead of writing in place. When the buffers must grow, the larger buffers are allocated
+///   during the call (an evaluation under the evaluation lock; `latent_cache_reserve` avoids
+///   it), so running out of memory is a `CAPACITY` status here, not a crash later.
+/// - Every 64th consecutive append to a buffer nobody evaluated evaluates it (a DSA layer
+///   whose index keys are never read would otherwise grow an unbounded graph).
 ///
 /// Returns `OK`; `NULL_ARGUMENT` (cache, latent or rope missing); `DTYPE`; `SHAPE`;
-/// `INVALID_ARGUMENT` (index keys missing on a DSA layer, given on another); `CAPACITY`;
-/// `BACKEND`. On failure nothing changed.
+/// `INVALID_ARGUMENT` (index keys missing on a DSA layer, given on another); `CAPACITY`
+/// (beyond `max_tokens`, or growth beyond MLX's memory limit); `BACKEND`. On failure nothing
+/// changed.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_append_latent(
     cache: *mut latent_cache,

@@ -17,7 +17,8 @@ use crate::core::{Family, LatentCache};
 ///   Written only on success.
 ///
 /// Returns `OK`, `NULL_ARGUMENT` (config or out is NULL), `INVALID_ARGUMENT` (a zero
-/// kv_lora_rank or rope_head_dim, a width over INT32_MAX, non-zero reserved fields).
+/// kv_lora_rank or rope_head_dim, a width over 1,048,576, max_tokens over INT32_MAX, non-zero
+/// reserved fields).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_new(config: *const latent_cache_config, out: *mut *mut latent_cache) -> latent_cache_status {
     ffi_boundary! {
@@ -157,9 +158,13 @@ pub unsafe extern "C" fn latent_cache_reset(cache: *mut latent_cache) -> latent_
 }
 
 /// Makes room for `tokens` positions per row now, so that appends up to that length never
-/// reallocate (no growth copies, no latency spikes). Before the first append, the first
-/// allocation takes this size. Returns `OK`, `NULL_ARGUMENT`, `CAPACITY` (beyond `max_tokens`),
-/// `BACKEND`.
+/// reallocate (no growth copies, no latency spikes, no evaluation inside `append_latent`). On a
+/// cache holding rows the memory is allocated (and the stored positions copied) during the
+/// call, so MLX's active memory grows now and a request that cannot be held fails now. On an
+/// empty cache the batch size is not known yet: the call checks that one row of `tokens`
+/// positions fits, and the first append allocates `batch` rows of it (checked again then).
+/// Returns `OK`, `NULL_ARGUMENT`, `CAPACITY` (beyond `max_tokens` or INT32_MAX, or more memory
+/// than MLX's memory limit leaves), `BACKEND`. On failure nothing changed.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_reserve(cache: *mut latent_cache, tokens: usize) -> latent_cache_status {
     ffi_boundary! { with_cache(cache, |cache| Ok(cache.reserve(tokens)?)) }

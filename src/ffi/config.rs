@@ -10,14 +10,15 @@ use crate::core::Geometry;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct latent_cache_config {
-    /// Width of the compressed KV latent per position (GLM-5.2: 512). Must be at least 1.
+    /// Width of the compressed KV latent per position (GLM-5.2: 512). From 1 to 1,048,576.
     pub kv_lora_rank: usize,
-    /// Width of the decoupled RoPE key per position (GLM-5.2: 64). Must be at least 1.
+    /// Width of the decoupled RoPE key per position (GLM-5.2: 64). From 1 to 1,048,576.
     pub rope_head_dim: usize,
     /// Width of the DSA index key per position (GLM-5.2: 128 on sparse-attention layers);
-    /// 0 for a layer without index keys.
+    /// 0 for a layer without index keys; at most 1,048,576.
     pub index_head_dim: usize,
-    /// Most positions a row may hold; 0 for unbounded.
+    /// Most positions a row may hold; 0 for unbounded (then INT32_MAX, MLX's largest extent).
+    /// At most INT32_MAX.
     pub max_tokens: usize,
     /// Must be zero.
     pub reserved: [usize; 4],
