@@ -1,7 +1,15 @@
-//! `latent-cache-bench [--quick] [--out FILE]`: decode steps, speculative rounds and chunked
-//! prefill for this library (Rust API, C ABI) and the seed's concatenate strategy, on a
-//! GLM-5.2-shaped model, in one process. Writes one JSON record per (system, scenario, batch,
-//! context) to FILE (default target/bench/rust.json).
+//! `latent-cache-bench [--quick] [--gpu] [--points BxT,...] [--no-concat] [--c-first] [--out FILE]`:
+//! decode steps, speculative rounds and chunked prefill for this library (Rust API, C ABI) and
+//! the seed's concatenate strategy, on a GLM-5.2-shaped model, in one process. Writes one JSON
+//! record per (system, scenario, batch, context) to FILE (default target/bench/rust.json).
+//!
+//! - `--quick`: three small points and fewer steps (`make bench-quick`).
+//! - `--gpu`: sizes for a GPU with room to spare (an H200): a 128K point, the seed strategy up to
+//!   64K stored positions, and the Rust API and C ABI always stepped side by side.
+//! - `--points 1x16384,8x1024`: replaces the (batch x context) points.
+//! - `--no-concat`: skips the seed strategy (its O(history) copies dominate a run's time).
+//! - `--c-first`: steps the C ABI before the Rust API in each side-by-side pair, to show that
+//!   the order does not decide their ratio.
 mod systems;
 
 use std::time::Instant;
@@ -206,8 +214,6 @@ fn spec_uneven(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Con
     }
 }
 
-
-
 /// Append-only cost per position during a chunked prefill (chunks of 512), batch 1, no
 /// reservation: the growth copies are part of the cost.
 fn prefill(out: &mut Vec<String>, system: &mut dyn System, cfg: &Config) {
@@ -227,15 +233,23 @@ fn prefill(out: &mut Vec<String>, system: &mut dyn System, cfg: &Config) {
     }
 }
 
+type Make = fn() -> Box<dyn System>;
+
+/// A system under test: how to make it, and whether it runs alone (the seed strategy, whose
+/// O(history) copies would slow whatever shares the machine with it) rather than side by side.
+struct Maker {
+    make: Make,
+    runs_alone: bool,
+}
+
 fn main() {
     let cfg = config();
     let mut out = Vec::new();
     eprintln!("bench: {} mode, MLX device {:?}", if cfg.quick { "quick" } else { "full" }, mlx_rs::Device::default());
-    type Make = fn() -> Box<dyn System>;
-    let mut makers: Vec<(Make, bool)> = vec![
-        (|| Box::new(OursRust::new()), false),
-        (|| Box::new(OursC::new()), false),
-        (|| Box::new(Concat::new()), true),
+    let mut makers: Vec<Maker> = vec![
+        Maker { make: || Box::new(OursRust::new()), runs_alone: false },
+        Maker { make: || Box::new(OursC::new()), runs_alone: false },
+        Maker { make: || Box::new(Concat::new()), runs_alone: true },
     ];
     if std::env::args().any(|a| a == "--c-first") {
         makers.swap(0, 1);
@@ -244,13 +258,13 @@ fn main() {
         // The Rust API and the C ABI run side by side while both fit in memory, one at a time
         // beyond that. The seed strategy always runs alone: its O(history) copies would slow
         // whatever shares the machine's caches with it.
-        let ours: Vec<Make> = makers.iter().filter(|m| !m.1).map(|m| m.0).collect();
+        let ours: Vec<Make> = makers.iter().filter(|m| !m.runs_alone).map(|m| m.make).collect();
         let mut groups: Vec<Vec<Make>> = match batch * context <= cfg.side_by_side_limit {
             true => vec![ours],
             false => ours.into_iter().map(|m| vec![m]).collect(),
         };
         if batch * context <= cfg.concat_limit {
-            groups.extend(makers.iter().filter(|m| m.1).map(|m| vec![m.0]));
+            groups.extend(makers.iter().filter(|m| m.runs_alone).map(|m| vec![m.make]));
         }
         for group in groups {
             mlx_rs::memory::clear_cache().unwrap();
@@ -258,12 +272,12 @@ fn main() {
             measure(&mut out, &mut systems, &cfg, batch, context);
         }
     }
-    for &(make, limited) in &makers {
-        if limited && cfg.concat_limit == 0 {
+    for maker in &makers {
+        if maker.runs_alone && cfg.concat_limit == 0 {
             continue;
         }
         mlx_rs::memory::clear_cache().unwrap();
-        let mut system = make();
+        let mut system = (maker.make)();
         prefill(&mut out, system.as_mut(), &cfg);
     }
     if let Some(dir) = std::path::Path::new(&cfg.out).parent() {

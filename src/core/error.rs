@@ -65,19 +65,6 @@ fn without_source_location(message: &str) -> &str {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::without_source_location;
-
-    #[test]
-    fn mlx_source_locations_are_dropped() {
-        let raw = "[eval] There is no Stream(cpu, 3) in current thread. at /Users/build/mlx-c/mlx/c/transforms.cpp:42";
-        assert_eq!(without_source_location(raw), "[eval] There is no Stream(cpu, 3) in current thread.");
-        assert_eq!(without_source_location("[slice] bad at index 3"), "[slice] bad at index 3");
-        assert_eq!(without_source_location("plain"), "plain");
-    }
-}
-
 pub type Result<T> = std::result::Result<T, CacheError>;
 
 /// Builds an `Err` of the given kind with a formatted message.
@@ -90,3 +77,16 @@ macro_rules! fail {
     };
 }
 pub(crate) use fail;
+
+#[cfg(test)]
+mod tests {
+    use super::without_source_location;
+
+    #[test]
+    fn mlx_source_locations_are_dropped() {
+        let raw = "[eval] There is no Stream(cpu, 3) in current thread. at /Users/build/mlx-c/mlx/c/transforms.cpp:42";
+        assert_eq!(without_source_location(raw), "[eval] There is no Stream(cpu, 3) in current thread.");
+        assert_eq!(without_source_location("[slice] bad at index 3"), "[slice] bad at index 3");
+        assert_eq!(without_source_location("plain"), "plain");
+    }
+}

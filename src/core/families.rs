@@ -67,8 +67,4 @@ impl<T> Families<T> {
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         [Some(&self.latent), Some(&self.rope), self.index_keys.as_ref()].into_iter().flatten()
     }
-
-    pub fn into_iter(self) -> impl Iterator<Item = T> {
-        [Some(self.latent), Some(self.rope), self.index_keys].into_iter().flatten()
-    }
 }

@@ -13,7 +13,7 @@ use super::handle::with_cache;
 use super::handle::latent_cache;
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
-use crate::core::{eval, LatentState};
+use crate::core::{eval, mlx_ops, LatentState};
 
 /// Borrows a caller's array for the call without taking ownership.
 unsafe fn borrow(array: mlx_array, name: &str) -> FfiResult<ManuallyDrop<Array>> {
@@ -128,7 +128,8 @@ pub unsafe extern "C" fn latent_cache_state(
 
 /// Makes a float32 array `[batch, tokens, width]` holding a copy of `data` (`data_len` floats,
 /// which must equal the product). `*out` receives it, owned by the caller. For engines without
-/// mlx-c of their own. Returns `OK`, `NULL_ARGUMENT`, `SHAPE`.
+/// mlx-c of their own. Returns `OK`, `NULL_ARGUMENT`, `SHAPE`, `CAPACITY` (the copy would take
+/// MLX past its memory limit).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_array_from_host(
     data: *const f32,
@@ -138,20 +139,13 @@ pub unsafe extern "C" fn latent_cache_array_from_host(
     width: usize,
     out: *mut mlx_array,
 ) -> latent_cache_status {
-    ffi_boundary! { unsafe {
-        let data = in_slice(data, data_len, "data")?;
+    ffi_boundary! {
+        let data = unsafe { in_slice(data, data_len, "data") }?;
         let out = out_ptr(out, "out")?;
-        let expected = batch.checked_mul(tokens).and_then(|n| n.checked_mul(width));
-        let fits = [batch, tokens, width].iter().all(|&d| d <= i32::MAX as usize);
-        if expected != Some(data.len()) || !fits {
-            return Err(Failure::new(
-                latent_cache_status::Shape,
-                format!("data has {} floats; [{batch}, {tokens}, {width}] needs their product", data.len()),
-            ));
-        }
-        write(out, give(Array::from_slice(data, &[batch as i32, tokens as i32, width as i32])));
+        let array = mlx_ops::from_host(data, &[batch, tokens, width], "data")?;
+        unsafe { write(out, give(array)) };
         Ok(())
-    } }
+    }
 }
 
 /// Frees an array returned by this library (same as mlx-c's `mlx_array_free`). An array with
