@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-.PHONY: deps build header check-header test test-rust test-c test-valgrind demo examples bench bench-quick bench-deps fuzz clean
+.PHONY: deps build header check-header lint test test-rust test-c test-valgrind demo examples bench bench-quick bench-deps fuzz clean
 
 UNAME := $(shell uname -s)
 DEPS := $(CURDIR)/.deps
@@ -57,7 +57,13 @@ check-header:
 	@cmp include/latent_cache.h target/header/latent_cache.h || \
 	  { echo "include/latent_cache.h is stale: run 'make header' and commit it"; exit 1; }
 
-test: build check-header test-rust test-c test-valgrind
+# House style: rustfmt (rustfmt.toml) and clippy with every warning an error, on every crate and
+# target of the workspace (library, tests, benchmark driver, header tool, mlx-sys).
+lint: deps
+	cargo fmt --all --check
+	cargo clippy --release --workspace --all-targets -- -D warnings
+
+test: build check-header lint test-rust test-c test-valgrind
 
 test-rust: deps
 	cargo test --release -p latent-cache
@@ -76,9 +82,11 @@ test-c: build
 	$(CC) -std=c11 $(CWARN) -Iinclude -fsyntax-only tests/c/header_twice.c
 	$(CXX) -std=c++17 $(CWARN) -Iinclude -x c++ -fsyntax-only tests/c/header_twice.c
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_api.c -o $(OUT)/test_api $(LINK)
+	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_threads.c -o $(OUT)/test_threads $(LINK) -lpthread
 	$(CXX) -std=c++17 $(CWARN) $(SAN) -g -Iinclude tests/c/test_cpp.cpp -o $(OUT)/test_cpp $(LINK)
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -O1 -Iinclude examples/engine.c -o $(OUT)/engine_asan $(LINK) -lm
 	$(OUT)/test_api
+	$(OUT)/test_threads
 	$(OUT)/test_cpp
 	$(OUT)/engine_asan --layers 6 --dsa 2 --prefill 600 --chunk 256 --decode 12
 

@@ -188,7 +188,8 @@ latent_cache_status latent_cache_state(const latent_cache *cache,
 
 // Makes a float32 array `[batch, tokens, width]` holding a copy of `data` (`data_len` floats,
 // which must equal the product). `*out` receives it, owned by the caller. For engines without
-// mlx-c of their own. Returns `OK`, `NULL_ARGUMENT`, `SHAPE`.
+// mlx-c of their own. Returns `OK`, `NULL_ARGUMENT`, `SHAPE`, `CAPACITY` (the copy would take
+// MLX past its memory limit).
 latent_cache_status latent_cache_array_from_host(const float *data,
                                                  size_t data_len,
                                                  size_t batch,

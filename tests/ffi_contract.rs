@@ -54,7 +54,15 @@ fn rejected_arrays_leave_the_cache_unchanged() {
     let none = mlx_array { ctx: std::ptr::null_mut() };
     let (lat, rope, keys) = (floats(&[2, 3, 4]), floats(&[2, 3, 2]), floats(&[2, 3, 3]));
     let ok = unsafe {
-        latent_cache_append_latent(cache, lat.as_ptr(), rope.as_ptr(), keys.as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut())
+        latent_cache_append_latent(
+            cache,
+            lat.as_ptr(),
+            rope.as_ptr(),
+            keys.as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
     };
     assert_eq!(ok, Status::Ok);
     let before = snapshot(cache);
@@ -112,7 +120,8 @@ fn every_export_is_inside_the_panic_boundary() {
         let mut rest = source.as_str();
         while let Some(at) = rest.find("extern \"C\" fn ") {
             rest = &rest[at..];
-            let name: String = rest["extern \"C\" fn ".len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            let name: String =
+                rest["extern \"C\" fn ".len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
             let body = &rest[rest.find('{').unwrap() + 1..];
             let first = body.trim_start();
             assert!(first.starts_with("ffi_boundary!"), "{name} in {} does not start with the panic boundary", path.display());
@@ -129,7 +138,10 @@ fn every_export_is_inside_the_panic_boundary() {
 fn header_version_matches_the_crate() {
     let header = include_str!("../include/latent_cache.h");
     let version = env!("CARGO_PKG_VERSION");
-    assert!(header.contains(&format!("#define LATENT_CACHE_VERSION \"{version}\"")), "header version differs from Cargo.toml {version}");
+    assert!(
+        header.contains(&format!("#define LATENT_CACHE_VERSION \"{version}\"")),
+        "header version differs from Cargo.toml {version}"
+    );
     let parts: Vec<&str> = version.split('.').collect();
     for (name, part) in ["MAJOR", "MINOR", "PATCH"].iter().zip(&parts) {
         assert!(header.contains(&format!("#define LATENT_CACHE_VERSION_{name} {part}\n")), "{name}");

@@ -70,7 +70,17 @@ fn run(ops: usize) {
                 let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(rows * tokens * layer.model.widths[f]));
                 let keys = if layer.dsa { data[2].as_ptr() } else { std::ptr::null() };
                 ok(unsafe {
-                    latent_cache_append_host(layer.cache, rows, tokens, data[0].as_ptr(), data[0].len(), data[1].as_ptr(), data[1].len(), keys, data[2].len())
+                    latent_cache_append_host(
+                        layer.cache,
+                        rows,
+                        tokens,
+                        data[0].as_ptr(),
+                        data[0].len(),
+                        data[1].as_ptr(),
+                        data[1].len(),
+                        keys,
+                        data[2].len(),
+                    )
                 });
                 layer.model.append(rows, tokens, &data);
             }
@@ -85,7 +95,8 @@ fn run(ops: usize) {
                 layer.model.begin();
             }
             7 | 8 if layer.model.round.is_some() => {
-                let keep: Vec<usize> = (0..layer.model.rows.len()).map(|r| rng.range(0, layer.model.appended_in_round(r))).collect();
+                let keep: Vec<usize> =
+                    (0..layer.model.rows.len()).map(|r| rng.range(0, layer.model.appended_in_round(r))).collect();
                 ok(unsafe { latent_cache_spec_round_rollback_rows(layer.cache, keep.as_ptr(), keep.len()) });
                 layer.model.rollback(&keep);
             }

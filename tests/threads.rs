@@ -105,10 +105,13 @@ fn concurrent_calls_on_one_handle_are_serialized() {
     }
     let got = read_latent(cache.0);
     assert_eq!(got.len(), threads * per_thread * RANK, "every append landed");
-    let mut tags: Vec<u32> = got.chunks(RANK).map(|pos| {
-        assert!(pos.iter().all(|&v| v == pos[0]), "an append was torn: {pos:?}");
-        pos[0] as u32
-    }).collect();
+    let mut tags: Vec<u32> = got
+        .chunks(RANK)
+        .map(|pos| {
+            assert!(pos.iter().all(|&v| v == pos[0]), "an append was torn: {pos:?}");
+            pos[0] as u32
+        })
+        .collect();
     // Each thread's appends appear once each, in that thread's order.
     for t in 0..threads as u32 {
         let mine: Vec<u32> = tags.iter().copied().filter(|v| v / 10_000 == t).collect();

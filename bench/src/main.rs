@@ -38,7 +38,8 @@ struct Config {
 fn config() -> Config {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let out = args.iter().position(|a| a == "--out").map(|i| args[i + 1].clone()).unwrap_or_else(|| "target/bench/rust.json".into());
+    let out =
+        args.iter().position(|a| a == "--out").map(|i| args[i + 1].clone()).unwrap_or_else(|| "target/bench/rust.json".into());
     let gpu = args.iter().any(|a| a == "--gpu");
     let mut points: Vec<(usize, usize)> = if quick {
         vec![(1, 1024), (1, 4096), (8, 1024)]
@@ -96,7 +97,10 @@ fn record(out: &mut Vec<String>, system: &str, scenario: &str, at: Point, s: &St
         "{{\"system\": \"{system}\", \"scenario\": \"{scenario}\", \"batch\": {batch}, \"context\": {context}, \
          \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"samples\": {samples}, \
          \"bytes_per_token\": {}, \"bytes_held_per_token\": {held}, \"side_by_side\": {side_by_side}}}",
-        s.median, s.p10, s.p90, model_bytes_per_token()
+        s.median,
+        s.p10,
+        s.p90,
+        model_bytes_per_token()
     );
     eprintln!("{line}");
     out.push(line);

@@ -233,7 +233,11 @@ impl Concat {
     }
 
     fn families(l: usize) -> usize {
-        if is_dsa(l) { 3 } else { 2 }
+        if is_dsa(l) {
+            3
+        } else {
+            2
+        }
     }
 }
 
@@ -242,6 +246,7 @@ impl System for Concat {
         "seed strategy (concatenate)"
     }
 
+    #[allow(clippy::needless_range_loop)] // layers hold one slot per family, indexed alike
     fn forward(&mut self, inputs: &Inputs, step: Step) {
         let mut outputs = Vec::new();
         for (l, layer) in self.layers.iter_mut().enumerate() {
@@ -267,6 +272,7 @@ impl System for Concat {
         self.round_start = self.offset;
     }
 
+    #[allow(clippy::needless_range_loop)] // layers hold one slot per family, indexed alike
     fn spec_rollback(&mut self, keep: usize) {
         let new_offset = self.round_start + keep;
         let mut outputs = Vec::new();
@@ -276,7 +282,7 @@ impl System for Concat {
                 let shape = stored.shape();
                 let kept = mlx_ops::slice(stored, &[0, 0, 0], &[shape[0] as usize, new_offset, shape[2] as usize]).unwrap();
                 // The seed copies on trim: materialize the prefix as a new array.
-                let copy = mlx_rs::ops::add(&kept, &Array::from_f32(0.0)).unwrap();
+                let copy = mlx_rs::ops::add(&kept, Array::from_f32(0.0)).unwrap();
                 outputs.push(copy.clone());
                 layer[f] = Some(copy);
             }

@@ -25,9 +25,7 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=compat");
 
-    let prefix = env::var_os("MLX_PREFIX")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| manifest.join("../../.deps/py"));
+    let prefix = env::var_os("MLX_PREFIX").map(PathBuf::from).unwrap_or_else(|| manifest.join("../../.deps/py"));
     let mlx_include = prefix.join("mlx/include");
     let mlx_lib = prefix.join("mlx/lib");
     if !mlx_include.join("mlx/mlx.h").exists() {
@@ -37,9 +35,7 @@ fn main() {
             prefix.display()
         );
     }
-    let mlx_c = env::var_os("MLX_C_SRC")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| upstream_mlx_c(&out));
+    let mlx_c = env::var_os("MLX_C_SRC").map(PathBuf::from).unwrap_or_else(|| upstream_mlx_c(&out));
     let prelude = manifest.join("compat/prelude.h");
 
     compile_mlx_c(&mlx_c, &mlx_include, &prelude, &manifest.join("compat"));
@@ -79,10 +75,7 @@ fn upstream_mlx_c(out: &Path) -> PathBuf {
         .output()
         .expect("running cargo metadata to locate mlx-c");
     if !output.status.success() {
-        panic!(
-            "cargo metadata failed while locating {UPSTREAM} {UPSTREAM_VERSION}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        panic!("cargo metadata failed while locating {UPSTREAM} {UPSTREAM_VERSION}: {}", String::from_utf8_lossy(&output.stderr));
     }
     let json = String::from_utf8(output.stdout).unwrap();
     let suffix = format!("{UPSTREAM}-{UPSTREAM_VERSION}/Cargo.toml");
@@ -134,8 +127,7 @@ fn compile_mlx_c(mlx_c: &Path, mlx_include: &Path, prelude: &Path, compat: &Path
 fn has_std_format(build: &cc::Build) -> bool {
     let compiler = build.get_compiler();
     let probe = PathBuf::from(env::var("OUT_DIR").unwrap()).join("format_probe.cpp");
-    fs::write(&probe, "#include <format>\nint main() { return (int)std::format(\"{}\", 1).size(); }\n")
-        .unwrap();
+    fs::write(&probe, "#include <format>\nint main() { return (int)std::format(\"{}\", 1).size(); }\n").unwrap();
     compiler
         .to_command()
         .args(["-std=c++20", "-fsyntax-only"])

@@ -136,8 +136,7 @@ impl LatentCache {
         let (batch, tokens) = self.check_append(latent, rope, index_keys)?;
         let updates = Families { latent, rope, index_keys };
         let offset = self.layout.offset();
-        let pending =
-            self.storage.prepare_append(updates, batch, offset, tokens, self.geometry.max_tokens, self.reserved)?;
+        let pending = self.storage.prepare_append(updates, batch, offset, tokens, self.geometry.max_tokens, self.reserved)?;
         let views = Storage::pending_views(&pending, offset + tokens)?;
         self.storage.commit(pending);
         self.layout.append(batch, tokens);
@@ -147,7 +146,14 @@ impl LatentCache {
     /// Copies host data in and appends it, evaluated before the call returns (so the caller's
     /// buffers may be reused at once, and a failed evaluation changes nothing). Lengths must
     /// equal `batch * tokens * width` of each family.
-    pub fn append_host(&mut self, batch: usize, tokens: usize, latent: &[f32], rope: &[f32], index_keys: Option<&[f32]>) -> Result<()> {
+    pub fn append_host(
+        &mut self,
+        batch: usize,
+        tokens: usize,
+        latent: &[f32],
+        rope: &[f32],
+        index_keys: Option<&[f32]>,
+    ) -> Result<()> {
         self.layout.check_append(batch, tokens, self.geometry.max_tokens)?;
         let to_array = |family: Family, data: &[f32]| -> Result<Array> {
             self.check_family(family)?;
@@ -160,8 +166,7 @@ impl LatentCache {
         self.check_append(&latent, &rope, index_keys.as_ref())?;
         let updates = Families { latent: &latent, rope: &rope, index_keys: index_keys.as_ref() };
         let offset = self.layout.offset();
-        let mut pending =
-            self.storage.prepare_append(updates, batch, offset, tokens, self.geometry.max_tokens, self.reserved)?;
+        let mut pending = self.storage.prepare_append(updates, batch, offset, tokens, self.geometry.max_tokens, self.reserved)?;
         pending.eval()?;
         self.storage.commit(pending);
         self.layout.append(batch, tokens);

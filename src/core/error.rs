@@ -52,9 +52,9 @@ fn without_source_location(message: &str) -> &str {
     match message.rfind(" at ") {
         Some(at) => {
             let location = &message[at + 4..];
-            let is_location = location.rsplit_once(':').is_some_and(|(file, line)| {
-                !file.is_empty() && !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit())
-            });
+            let is_location = location
+                .rsplit_once(':')
+                .is_some_and(|(file, line)| !file.is_empty() && !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()));
             if is_location {
                 message[..at].trim_end()
             } else {

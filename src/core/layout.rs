@@ -38,11 +38,7 @@ impl RowLayout {
     /// A layout of `row_offsets.len()` rows with the given lengths, right-justified.
     pub fn from_row_offsets(row_offsets: &[usize]) -> RowLayout {
         let offset = row_offsets.iter().copied().max().unwrap_or(0);
-        RowLayout {
-            offset,
-            left_pad: row_offsets.iter().map(|&len| offset - len).collect(),
-            round: None,
-        }
+        RowLayout { offset, left_pad: row_offsets.iter().map(|&len| offset - len).collect(), round: None }
     }
 
     /// Rows in the layout; 0 before the first append.
@@ -89,11 +85,7 @@ impl RowLayout {
             return fail!(Capacity, "appending {tokens} positions to {} exceeds MLX's int32 positions", self.offset);
         }
         if max_tokens != 0 && width > max_tokens {
-            return fail!(
-                Capacity,
-                "appending {tokens} positions to a row of {} exceeds max_tokens ({max_tokens})",
-                self.offset
-            );
+            return fail!(Capacity, "appending {tokens} positions to a row of {} exceeds max_tokens ({max_tokens})", self.offset);
         }
         Ok(())
     }
@@ -111,11 +103,7 @@ impl RowLayout {
             return fail!(State, "trim inside a speculative round needs bypass (or use rollback)");
         }
         if n > self.shortest_row() {
-            return fail!(
-                OutOfRange,
-                "cannot trim {n} positions: the shortest row holds {}",
-                self.shortest_row()
-            );
+            return fail!(OutOfRange, "cannot trim {n} positions: the shortest row holds {}", self.shortest_row());
         }
         Ok(())
     }
@@ -170,22 +158,14 @@ impl RowLayout {
             }
         }
         if keep.len() != self.batch_size() {
-            return fail!(
-                InvalidArgument,
-                "rollback got {} keep counts for {} rows",
-                keep.len(),
-                self.batch_size()
-            );
+            return fail!(InvalidArgument, "rollback got {} keep counts for {} rows", keep.len(), self.batch_size());
         }
         let now = self.row_offsets();
         let mut drops = Vec::with_capacity(keep.len());
         for (b, (&kept, &len)) in keep.iter().zip(&now).enumerate() {
             let appended = len.saturating_sub(start.get(b).copied().unwrap_or(0));
             if kept > appended {
-                return fail!(
-                    OutOfRange,
-                    "row {b} appended {appended} positions in the round; cannot keep {kept}"
-                );
+                return fail!(OutOfRange, "row {b} appended {appended} positions in the round; cannot keep {kept}");
             }
             drops.push(appended - kept);
         }
@@ -194,11 +174,7 @@ impl RowLayout {
             return Ok(Rollback::Trim(min_drop));
         }
         let lengths: Vec<usize> = now.iter().zip(&drops).map(|(len, d)| len - d).collect();
-        Ok(Rollback::Relayout(self.relayout(
-            (0..keep.len()).collect(),
-            lengths,
-            &drops,
-        )))
+        Ok(Rollback::Relayout(self.relayout((0..keep.len()).collect(), lengths, &drops)))
     }
 
     /// Closes the round after a rollback applied as a trim.
@@ -235,10 +211,7 @@ impl RowLayout {
         let mut layout = RowLayout::from_row_offsets(&lengths);
         layout.round = None;
         // Row i's last kept position moves from offset - 1 - drops[i] to layout.offset - 1.
-        let shift = drops
-            .iter()
-            .map(|&d| self.offset as isize - d as isize - layout.offset as isize)
-            .collect();
+        let shift = drops.iter().map(|&d| self.offset as isize - d as isize - layout.offset as isize).collect();
         Relayout { rows, shift, layout }
     }
 

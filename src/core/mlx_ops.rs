@@ -66,7 +66,17 @@ fn dims(values: &[usize]) -> Vec<i32> {
 pub fn slice(a: &Array, start: &[usize], stop: &[usize]) -> Result<Array> {
     let (start, stop, strides) = (dims(start), dims(stop), vec![1; start.len()]);
     call("slice", |res, s| unsafe {
-        mlx_sys::mlx_slice(res, a.as_ptr(), start.as_ptr(), start.len(), stop.as_ptr(), stop.len(), strides.as_ptr(), strides.len(), s)
+        mlx_sys::mlx_slice(
+            res,
+            a.as_ptr(),
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            s,
+        )
     })
 }
 
@@ -76,7 +86,16 @@ pub fn slice_update(src: &Array, update: &Array, start: &[usize], stop: &[usize]
     let (start, stop, strides) = (dims(start), dims(stop), vec![1; start.len()]);
     call("slice_update", |res, s| unsafe {
         mlx_sys::mlx_slice_update(
-            res, src.as_ptr(), update.as_ptr(), start.as_ptr(), start.len(), stop.as_ptr(), stop.len(), strides.as_ptr(), strides.len(), s,
+            res,
+            src.as_ptr(),
+            update.as_ptr(),
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            s,
         )
     })
 }
@@ -94,7 +113,11 @@ pub fn zeros(shape: &[usize]) -> Result<Array> {
 pub fn from_host(data: &[f32], shape: &[usize], name: &str) -> Result<Array> {
     let expected = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
     if expected != Some(data.len()) || shape.iter().any(|&d| d > i32::MAX as usize) {
-        return fail!(Shape, "{name} has {} floats; shape {shape:?} needs their product (each extent at most INT32_MAX)", data.len());
+        return fail!(
+            Shape,
+            "{name} has {} floats; shape {shape:?} needs their product (each extent at most INT32_MAX)",
+            data.len()
+        );
     }
     check_alloc(std::mem::size_of_val(data), name)?;
     Ok(Array::from_slice(data, &dims(shape)))

@@ -101,7 +101,12 @@ impl LatentCache {
         let mut lengths = Vec::new();
         for (i, source) in sources.iter().enumerate() {
             if source.geometry.signature() != self.geometry.signature() {
-                return fail!(InvalidArgument, "source {i} has geometry {} but the destination has {}", source.signature(), self.signature());
+                return fail!(
+                    InvalidArgument,
+                    "source {i} has geometry {} but the destination has {}",
+                    source.signature(),
+                    self.signature()
+                );
             }
             if source.batch_size() == 0 {
                 rows.push((&source.storage, 0, 0, 0));

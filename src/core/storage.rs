@@ -164,7 +164,11 @@ impl Storage {
         }
         let rows = self.rows;
         let fresh = self.allocate(rows, capacity, &format!("reserving {capacity} positions x {rows} rows"))?;
-        let data = self.buffers.as_ref().zip(fresh).try_map(|_, (buffer, fresh)| Ok::<_, CacheError>((buffer.copy_live(fresh, rows, offset)?, 0)))?;
+        let data = self
+            .buffers
+            .as_ref()
+            .zip(fresh)
+            .try_map(|_, (buffer, fresh)| Ok::<_, CacheError>((buffer.copy_live(fresh, rows, offset)?, 0)))?;
         let mut pending = Pending { rows, capacity, data };
         pending.eval()?;
         Ok(Some(pending))
@@ -181,7 +185,12 @@ impl Storage {
                 let source = piece.source.buffer(family).data.as_ref().expect("a piece with positions has data");
                 let part = mlx_ops::slice(source, &[piece.row, piece.lo, 0], &[piece.row + 1, piece.hi, width])?;
                 let dest_hi = piece.dest_lo + (piece.hi - piece.lo);
-                data = mlx_ops::slice_update(&data, &part, &[piece.dest_row, piece.dest_lo, 0], &[piece.dest_row + 1, dest_hi, width])?;
+                data = mlx_ops::slice_update(
+                    &data,
+                    &part,
+                    &[piece.dest_row, piece.dest_lo, 0],
+                    &[piece.dest_row + 1, dest_hi, width],
+                )?;
             }
             Ok::<_, CacheError>((data, 0))
         })?;

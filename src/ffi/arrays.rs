@@ -9,8 +9,8 @@ use mlx_sys::mlx_array;
 
 use super::args::{in_slice, out_ptr, write};
 use super::error::{Failure, FfiResult};
-use super::handle::with_cache;
 use super::handle::latent_cache;
+use super::handle::with_cache;
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use crate::core::{eval, mlx_ops, LatentState};

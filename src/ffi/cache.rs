@@ -20,7 +20,10 @@ use crate::core::{Family, LatentCache};
 /// kv_lora_rank or rope_head_dim, a width over 1,048,576, max_tokens over INT32_MAX, non-zero
 /// reserved fields).
 #[no_mangle]
-pub unsafe extern "C" fn latent_cache_new(config: *const latent_cache_config, out: *mut *mut latent_cache) -> latent_cache_status {
+pub unsafe extern "C" fn latent_cache_new(
+    config: *const latent_cache_config,
+    out: *mut *mut latent_cache,
+) -> latent_cache_status {
     ffi_boundary! {
         if config.is_null() {
             return Err(Failure::null("config"));

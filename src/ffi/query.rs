@@ -2,8 +2,8 @@
 //! output and returns `OK`, or `NULL_ARGUMENT` when the cache or the output pointer is NULL
 //! (the output is then untouched).
 use super::args::{out_buffer, out_ptr, write, write_buffer};
-use super::handle::{latent_cache, with_cache};
 use super::error::FfiResult;
+use super::handle::{latent_cache, with_cache};
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use crate::core::LatentCache;
@@ -126,7 +126,10 @@ pub unsafe extern "C" fn latent_cache_max_append_tokens(cache: *const latent_cac
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 /// serialized with other calls on the handle, like every call.
 #[no_mangle]
-pub unsafe extern "C" fn latent_cache_minimum_reusable_offset(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
+pub unsafe extern "C" fn latent_cache_minimum_reusable_offset(
+    cache: *const latent_cache,
+    out: *mut usize,
+) -> latent_cache_status {
     ffi_boundary! { unsafe { query(cache, out, LatentCache::minimum_reusable_offset) } }
 }
 

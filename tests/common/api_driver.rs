@@ -131,7 +131,17 @@ pub fn run_bytes(data: &[u8]) {
                     && (slot.max_tokens == 0 || model.offset() + tokens <= slot.max_tokens);
                 let keys_ptr = if with_keys { data[2].as_ptr() } else { std::ptr::null() };
                 let status = unsafe {
-                    latent_cache_append_host(slot.cache, rows, tokens, data[0].as_ptr(), lens[0], data[1].as_ptr(), lens[1], keys_ptr, key_len)
+                    latent_cache_append_host(
+                        slot.cache,
+                        rows,
+                        tokens,
+                        data[0].as_ptr(),
+                        lens[0],
+                        data[1].as_ptr(),
+                        lens[1],
+                        keys_ptr,
+                        key_len,
+                    )
                 };
                 expect(status, valid, &what);
                 if valid {
@@ -171,7 +181,9 @@ pub fn run_bytes(data: &[u8]) {
                     && keep.len() == batch
                     && keep.iter().enumerate().all(|(r, &n)| n <= model.appended_in_round(r));
                 let status = match op {
-                    6 => unsafe { latent_cache_spec_round_rollback(slot.cache, keep.first().copied().unwrap_or(bytes.next() % 2)) },
+                    6 => unsafe {
+                        latent_cache_spec_round_rollback(slot.cache, keep.first().copied().unwrap_or(bytes.next() % 2))
+                    },
                     _ => unsafe { latent_cache_spec_round_rollback_rows(slot.cache, keep.as_ptr(), keep.len()) },
                 };
                 // A uniform rollback on an empty batch keeps nothing of nothing: valid in a round.
@@ -191,12 +203,13 @@ pub fn run_bytes(data: &[u8]) {
                 let mut out = vec![0f32; len];
                 let mut written = 0;
                 let valid = family < 3 && width > 0 && row < batch && !(short && need > 0);
-                let status = unsafe { latent_cache_read_row_host(slot.cache, family as u32, row, out.as_mut_ptr(), len, &mut written) };
+                let status =
+                    unsafe { latent_cache_read_row_host(slot.cache, family as u32, row, out.as_mut_ptr(), len, &mut written) };
                 expect(status, valid, &what);
             }
             9 => {
                 let keep: Vec<usize> = (0..bytes.next() % 4).map(|_| bytes.next() % 5).collect();
-                let mut seen = vec![false; 8];
+                let mut seen = [false; 8];
                 let distinct = keep.iter().all(|&r| !std::mem::replace(&mut seen[r], true));
                 let valid = model.round.is_none() && !keep.is_empty() && distinct && keep.iter().all(|&r| r < batch);
                 expect(unsafe { latent_cache_filter_rows(slot.cache, keep.as_ptr(), keep.len()) }, valid, &what);

@@ -45,9 +45,9 @@ impl Model {
             self.rows = vec![Row::default(); batch];
         }
         for (b, row) in self.rows.iter_mut().enumerate() {
-            for f in 0..3 {
+            for (f, family) in row.families.iter_mut().enumerate() {
                 let w = self.widths[f];
-                row.families[f].extend_from_slice(&data[f][b * tokens * w..(b + 1) * tokens * w]);
+                family.extend_from_slice(&data[f][b * tokens * w..(b + 1) * tokens * w]);
             }
         }
     }
@@ -75,6 +75,7 @@ impl Model {
         self.round = Some(self.row_offsets());
     }
 
+    #[allow(clippy::needless_range_loop)] // `truncate_row` borrows `self`
     pub fn rollback(&mut self, keep: &[usize]) {
         let start = self.round.take().unwrap();
         for r in 0..self.rows.len() {

@@ -1,0 +1,294 @@
+//! Allocations beyond what MLX may use are refused, not crashes: with MLX's memory limit set
+//! low, reserve, a growing append, a merge and an extract of big rows return CAPACITY or BACKEND
+//! with a message and change nothing; with the default limit, huge reserves either really
+//! allocate or return CAPACITY, and later appends and reads stay consistent; a layer of width
+//! INT32_MAX cannot crash the process; after the limit is restored the caches work again. Also:
+//! reserve allocates during the call. Every check is against the reference model. (Its own test
+//! binary, one test: the memory limit and active-memory counts are process-wide.)
+mod check;
+#[path = "common/model.rs"]
+mod model;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use latent_cache::ffi::arrays::*;
+use latent_cache::ffi::cache::*;
+use latent_cache::ffi::config::latent_cache_config_default;
+use latent_cache::ffi::rows::*;
+use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
+use mlx_sys::mlx_array;
+
+use check::{append_host, assert_equal, assert_view, host_data, last_error, new_cache};
+use model::{Model, Rng};
+
+const GLM: [usize; 3] = [512, 64, 128];
+const MB: usize = 1 << 20;
+
+fn active_memory() -> usize {
+    let mut bytes = 0;
+    assert_eq!(unsafe { mlx_sys::mlx_get_active_memory(&mut bytes) }, 0);
+    bytes
+}
+
+fn memory_limit() -> usize {
+    let mut bytes = 0;
+    assert_eq!(unsafe { mlx_sys::mlx_get_memory_limit(&mut bytes) }, 0);
+    bytes
+}
+
+fn set_memory_limit(limit: usize) {
+    let mut previous = 0;
+    assert_eq!(unsafe { mlx_sys::mlx_set_memory_limit(&mut previous, limit) }, 0);
+}
+
+/// The call was refused as an allocation failure, with a message.
+fn refused(status: Status, what: &str) {
+    let message = last_error();
+    assert!(
+        matches!(status, Status::Capacity | Status::Backend),
+        "{what}: expected CAPACITY or BACKEND, got {status:?} ({message})"
+    );
+    assert!(!message.is_empty(), "{what}: refused without a message");
+}
+
+fn bytes_per_token(widths: [usize; 3]) -> usize {
+    widths.iter().sum::<usize>() * 4
+}
+
+/// A cache of `widths` holding `batch` rows of `tokens` positions, and its model.
+fn filled(widths: [usize; 3], batch: usize, tokens: usize, rng: &mut Rng) -> (*mut Handle, Model) {
+    let cache = new_cache(widths, 0);
+    let mut model = Model::new(widths);
+    let data = host_data(rng, widths, batch, tokens);
+    assert_eq!(append_host(cache, batch, tokens, &data), Status::Ok, "{}", last_error());
+    model.append(batch, tokens, &data);
+    (cache, model)
+}
+
+/// Appends `tokens` positions to every row: OK (the model follows), or an allocation refusal
+/// (nothing changed). Either way the cache must equal the model afterwards.
+fn append_either_way(cache: *mut Handle, model: &mut Model, tokens: usize, rng: &mut Rng, what: &str) {
+    let batch = model.rows.len().max(1);
+    let data = host_data(rng, model.widths, batch, tokens);
+    let status = append_host(cache, batch, tokens, &data);
+    if status == Status::Ok {
+        model.append(batch, tokens, &data);
+    } else {
+        refused(status, what);
+    }
+    assert_equal(cache, model, what);
+}
+
+/// Reserve with the default limit: either OK with the memory allocated by the time it returns
+/// (for a cache holding rows), or CAPACITY.
+fn huge_reserve(cache: *mut Handle, model: &Model, tokens: usize, what: &str) {
+    let before = active_memory();
+    let status = unsafe { latent_cache_reserve(cache, tokens) };
+    match status {
+        Status::Ok if !model.rows.is_empty() => {
+            let need = tokens * model.rows.len() * bytes_per_token(model.widths);
+            let grown = active_memory().saturating_sub(before);
+            assert!(grown >= need / 10 * 9, "{what}: OK, but MLX's active memory grew by {grown} bytes, not the {need} needed");
+        }
+        Status::Ok => {}
+        other => assert_eq!(other, Status::Capacity, "{what}: {}", last_error()),
+    }
+    assert_equal(cache, model, what);
+}
+
+/// Runs one part of the test; a failure is recorded and the memory limit restored, so the
+/// later parts still run.
+fn part(failures: &mut Vec<String>, default_limit: usize, name: &str, f: impl FnOnce()) {
+    eprintln!("memory_limit: {name}"); // names the part if the process dies in it
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(f)) {
+        let message = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+        failures.push(format!("{name}: {}", message.unwrap_or_default()));
+    }
+    set_memory_limit(default_limit);
+}
+
+#[test]
+fn allocations_beyond_the_memory_limit_are_refused_and_change_nothing() {
+    let default_limit = memory_limit();
+    let mut failures = Vec::new();
+    let mut rng = Rng::new(51);
+
+    part(&mut failures, default_limit, "reserve allocates during the call", || {
+        let widths = [8, 4, 3];
+        let (cache, model) = filled(widths, 1, 2, &mut rng);
+        let tokens = 100_000;
+        let before = active_memory();
+        assert_eq!(unsafe { latent_cache_reserve(cache, tokens) }, Status::Ok, "{}", last_error());
+        let grown = active_memory().saturating_sub(before);
+        // The old buffers (a few hundred positions) may be released in the same call.
+        let need = (tokens - 1024) * bytes_per_token(widths);
+        assert!(
+            grown >= need,
+            "reserve({tokens}) on a one-row cache grew MLX's active memory by {grown} bytes, expected at least {need}"
+        );
+        assert_equal(cache, &model, "reserve(100000)");
+        unsafe { latent_cache_free(cache) };
+    });
+
+    // The caches the low-limit part works on, made under the default limit.
+    let (glm, mut glm_model) = filled(GLM, 2, 50, &mut rng);
+    let (wide, wide_model) = filled(GLM, 2, 6_000, &mut rng); // 2 rows, ~34 MB stored
+    let (long, long_model) = filled(GLM, 1, 25_000, &mut rng); // 1 row, ~70 MB stored
+
+    part(&mut failures, default_limit, "low memory limit", || {
+        set_memory_limit(active_memory() + 64 * MB);
+
+        let status = unsafe { latent_cache_reserve(glm, 200_000) }; // ~1.1 GB
+        refused(status, "reserve(200000) under a low memory limit");
+        assert_equal(glm, &glm_model, "refused reserve");
+
+        let tokens = 20_000; // growth to ~113 MB
+        let data = host_data(&mut rng, GLM, 2, tokens);
+        let status = append_host(glm, 2, tokens, &data);
+        refused(status, "append_host growing past a low memory limit");
+        assert_equal(glm, &glm_model, "refused append_host");
+        drop(data);
+
+        let destination = new_cache(GLM, 0);
+        let sources = [wide.cast_const(), wide.cast_const(), wide.cast_const()]; // ~101 MB merged
+        let status = unsafe { latent_cache_merge_rows(destination, sources.as_ptr(), sources.len()) };
+        refused(status, "merge_rows of big sources under a low memory limit");
+        assert_equal(destination, &Model::new(GLM), "refused merge_rows (destination)");
+        unsafe { latent_cache_free(destination) };
+
+        let mut single: *mut Handle = std::ptr::null_mut();
+        let status = unsafe { latent_cache_extract_row(long, 0, &mut single) };
+        refused(status, "extract_row of a ~70 MB row under a low memory limit");
+        assert!(single.is_null(), "extract_row wrote its output on failure");
+        assert_equal(glm, &glm_model, "refused calls on other caches");
+    });
+
+    part(&mut failures, default_limit, "huge reserves under the default limit", || {
+        for tokens in [16_000_000, i32::MAX as usize] {
+            let cfg = latent_cache_config_default(); // GLM-5.2's DSA layer
+            assert_eq!([cfg.kv_lora_rank, cfg.rope_head_dim, cfg.index_head_dim], GLM);
+            let mut fresh = std::ptr::null_mut();
+            assert_eq!(unsafe { latent_cache_new(&cfg, &mut fresh) }, Status::Ok);
+            let mut fresh_model = Model::new(GLM);
+            huge_reserve(fresh, &fresh_model, tokens, &format!("reserve({tokens}) on a fresh layer"));
+            append_either_way(
+                fresh,
+                &mut fresh_model,
+                3,
+                &mut rng,
+                &format!("append_host after reserve({tokens}) on a fresh layer"),
+            );
+            unsafe { latent_cache_free(fresh) };
+
+            huge_reserve(glm, &glm_model, tokens, &format!("reserve({tokens}) on a layer holding rows"));
+            append_either_way(
+                glm,
+                &mut glm_model,
+                3,
+                &mut rng,
+                &format!("append_host after reserve({tokens}) on a layer holding rows"),
+            );
+        }
+    });
+
+    for rank in [512, 1 << 24, i32::MAX as usize] {
+        part(&mut failures, default_limit, &format!("merging an empty source, kv_lora_rank {rank}"), || {
+            set_memory_limit(active_memory() + 64 * MB);
+            empty_merge(rank);
+        });
+    }
+
+    part(&mut failures, default_limit, "usable again after the limit is restored", || {
+        assert_equal(wide, &wide_model, "big merge source, after refusals");
+        assert_equal(long, &long_model, "big extract source, after refusals");
+        let data = host_data(&mut rng, GLM, 2, 5);
+        assert_eq!(append_host(glm, 2, 5, &data), Status::Ok, "append_host after restoring the limit: {}", last_error());
+        glm_model.append(2, 5, &data);
+        assert_eq!(unsafe { latent_cache_reserve(glm, 2_000) }, Status::Ok, "reserve(2000): {}", last_error());
+        let data = host_data(&mut rng, GLM, 2, 300);
+        assert_eq!(append_host(glm, 2, 300, &data), Status::Ok, "append_host into the reservation: {}", last_error());
+        glm_model.append(2, 300, &data);
+        assert_equal(glm, &glm_model, "appends after restoring the limit");
+        let mut single: *mut Handle = std::ptr::null_mut();
+        assert_eq!(unsafe { latent_cache_extract_row(long, 0, &mut single) }, Status::Ok, "extract_row: {}", last_error());
+        assert_equal(single, &long_model.extract(0), "extract_row after restoring the limit");
+        unsafe { latent_cache_free(single) };
+    });
+
+    for cache in [glm, wide, long] {
+        unsafe { latent_cache_free(cache) };
+    }
+    assert!(failures.is_empty(), "{} part(s) failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+fn refused_or_invalid(status: Status, what: &str) {
+    let message = last_error();
+    assert!(
+        matches!(status, Status::InvalidArgument | Status::Capacity | Status::Backend),
+        "{what}: expected a refusal, got {status:?} ({message})"
+    );
+    assert!(!message.is_empty(), "{what}: refused without a message");
+}
+
+/// Under a low limit, on layers of kv_lora_rank `rank` (one position of 2^24 is 64 MB, of
+/// INT32_MAX ~8.6 GB): the layer may be refused at creation; otherwise merging one empty source
+/// gives one empty row (or an allocation refusal), its views evaluate (or are refused), and a
+/// reservation for that row is either really allocated or refused. Nothing crashes.
+fn empty_merge(rank: usize) {
+    let mut cfg = latent_cache_config_default();
+    cfg.kv_lora_rank = rank;
+    let widths = [rank, cfg.rope_head_dim, cfg.index_head_dim];
+    let mut source = std::ptr::null_mut();
+    let status = unsafe { latent_cache_new(&cfg, &mut source) };
+    if status != Status::Ok {
+        refused_or_invalid(status, &format!("latent_cache_new with kv_lora_rank {rank}"));
+        eprintln!("memory_limit: latent_cache_new refused kv_lora_rank {rank} ({status:?})");
+        return;
+    }
+    let mut destination = std::ptr::null_mut();
+    assert_eq!(unsafe { latent_cache_new(&cfg, &mut destination) }, Status::Ok, "{}", last_error());
+    let status = unsafe { latent_cache_reserve(source, 1) }; // no rows yet: nothing to allocate
+    assert!(matches!(status, Status::Ok | Status::Capacity), "reserve(1) on an empty layer of rank {rank}: {status:?}");
+
+    let sources = [source.cast_const()];
+    let status = unsafe { latent_cache_merge_rows(destination, sources.as_ptr(), 1) };
+    let merged = match status {
+        Status::Ok => Model::merge(&[&Model::new(widths)]),
+        other => {
+            refused(other, &format!("merge_rows of an empty source of rank {rank}"));
+            Model::new(widths)
+        }
+    };
+    let mut views = [mlx_array { ctx: std::ptr::null_mut() }; 3];
+    let [l, r, i] = &mut views;
+    let status = unsafe { latent_cache_state(destination, l, r, i) };
+    if status == Status::Ok {
+        let status = unsafe { latent_cache_eval(views.as_ptr(), 3) };
+        assert!(matches!(status, Status::Ok | Status::Backend), "eval of the views of rank {rank}: {status:?}");
+        if status == Status::Ok {
+            for (f, &view) in views.iter().enumerate() {
+                assert_view(view, &merged, f, &format!("state of the merged layer of rank {rank}"));
+            }
+        }
+        for v in views {
+            unsafe { latent_cache_array_free(v) };
+        }
+    } else {
+        refused(status, &format!("state of the merged layer of rank {rank}"));
+    }
+    if !merged.rows.is_empty() {
+        let before = active_memory();
+        let status = unsafe { latent_cache_reserve(destination, 10_000) };
+        // The row's first buffers (a few hundred positions) may be released in the same call.
+        let need = (10_000 - 1024) * bytes_per_token(widths);
+        if status == Status::Ok {
+            let grown = active_memory().saturating_sub(before);
+            assert!(grown >= need, "reserve(10000) of rank {rank}: OK, but active memory grew by {grown} of {need} bytes");
+        } else {
+            refused(status, &format!("reserve(10000) on a one-row layer of rank {rank}"));
+        }
+    }
+    assert_equal(destination, &merged, &format!("merged layer of rank {rank}"));
+    unsafe { latent_cache_free(source) };
+    unsafe { latent_cache_free(destination) };
+}
