@@ -144,8 +144,8 @@ impl LatentCache {
     }
 
     /// Copies host data in and appends it, evaluated before the call returns (so the caller's
-    /// buffers may be reused at once, and a failed evaluation changes nothing). Lengths must
-    /// equal `batch * tokens * width` of each family.
+    /// buffers may be reused at once); a failed evaluation leaves the cache as it was. Lengths
+    /// must equal `batch * tokens * width` of each family.
     pub fn append_host(
         &mut self,
         batch: usize,
@@ -164,12 +164,26 @@ impl LatentCache {
         let rope = to_array(Family::Rope, rope)?;
         let index_keys = index_keys.map(|data| to_array(Family::IndexKeys, data)).transpose()?;
         self.check_append(&latent, &rope, index_keys.as_ref())?;
+        // Whatever an earlier call left unevaluated is evaluated first: if that fails (say, an
+        // engine's array built on another thread's stream), nothing has changed yet.
+        self.storage.eval()?;
         let updates = Families { latent: &latent, rope: &rope, index_keys: index_keys.as_ref() };
         let offset = self.layout.offset();
-        let mut pending = self.storage.prepare_append(updates, batch, offset, tokens, self.geometry.max_tokens, self.reserved)?;
-        pending.eval()?;
+        let pending = self.storage.prepare_append(updates, batch, offset, tokens, self.geometry.max_tokens, self.reserved)?;
+        // Committed before it is evaluated: while the cache still held the old buffer, MLX
+        // could not write in place and would copy the whole history.
+        let before = self.layout.clone();
         self.storage.commit(pending);
         self.layout.append(batch, tokens);
+        if let Err(err) = self.storage.eval() {
+            // The write lies beyond every row's end, so the old layout shows exactly the old
+            // state again (the unevaluated write is retried by the next evaluation).
+            self.layout = before;
+            if self.layout.batch_size() == 0 {
+                self.storage.clear();
+            }
+            return Err(err);
+        }
         Ok(())
     }
 

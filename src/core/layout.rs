@@ -215,7 +215,6 @@ impl RowLayout {
         Relayout { rows, shift, layout }
     }
 
-    /// Adopts a layout produced by a plan once storage has moved.
     /// Adopts a layout produced by a plan once storage has moved; closes any round (plans are
     /// made by a rollback, which ends it, or outside rounds).
     pub fn adopt(&mut self, layout: RowLayout) {
