@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-.PHONY: deps build header check-header lint test test-rust test-c test-valgrind demo examples bench bench-quick bench-deps fuzz clean
+.PHONY: deps build header check-header lint test test-rust test-c test-valgrind demo examples bench bench-quick bench-ab bench-deps fuzz clean
 
 UNAME := $(shell uname -s)
 DEPS := $(CURDIR)/.deps
@@ -85,6 +85,9 @@ test-c: build
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_threads.c -o $(OUT)/test_threads $(LINK) -lpthread
 	$(CXX) -std=c++17 $(CWARN) $(SAN) -g -Iinclude tests/c/test_cpp.cpp -o $(OUT)/test_cpp $(LINK)
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -O1 -Iinclude examples/engine.c -o $(OUT)/engine_asan $(LINK) -lm
+	python3 tools/readme-examples.py README.md $(OUT)/readme
+	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude $(OUT)/readme/readme_decode.c -o $(OUT)/readme_decode $(LINK)
+	$(OUT)/readme_decode
 	$(OUT)/test_api
 	$(OUT)/test_threads
 	$(OUT)/test_cpp
@@ -123,6 +126,24 @@ bench bench-quick: bench-deps
 	PYTHONPATH=$(BENCH_PY) python3 bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/mlx_lm.json \
 	  --title "decode step time, GLM-5.2 shape, $$(nproc)-core CPU$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"
 	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png"
+
+# This tree's benchmark driver against another revision's, side by side in one run (the two
+# builds alternate, so a noisy moment lands on both): `make bench-ab BASE=<git revision>`.
+# The base is built in its own worktree (target/bench-base) with its own target folder.
+BASE ?= HEAD~1
+AB_ARGS ?= --no-concat --points 1x1024,1x16384,1x65536,8x1024
+AB_ROUNDS ?= 3
+bench-ab: deps
+	cargo build --release -p latent-cache-bench
+	rm -rf target/bench-base && git worktree prune
+	git worktree add --detach target/bench-base $(BASE)
+	ln -s $(DEPS) target/bench-base/.deps
+	cd target/bench-base && cargo build --release -p latent-cache-bench --target-dir $(CURDIR)/target/bench-base-target
+	$(PIN) python3 bench/ab.py --new target/release/latent-cache-bench \
+	  --base target/bench-base-target/release/latent-cache-bench --base-name "$(BASE) ($$(git rev-parse --short $(BASE)))" \
+	  --rounds $(AB_ROUNDS) --out $(BENCH_OUT)/ab -- $(AB_ARGS)
+	git worktree remove --force target/bench-base
+	@echo "report: $(BENCH_OUT)/ab/ab.md"
 
 # Fuzzing (libFuzzer through cargo-fuzz, which needs unstable flags: RUSTC_BOOTSTRAP lets the
 # pinned stable toolchain accept them). New inputs go to target/fuzz-corpus; the small seed

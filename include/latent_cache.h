@@ -9,9 +9,11 @@
  *     process, so a freed handle is refused by every call (NULL_ARGUMENT) and a second
  *     latent_cache_free is ignored, even after new caches were created.
  *   - Inputs (host buffers, mlx_array handles, configs) are borrowed for the call only.
- *   - Every mlx_array the library returns is owned by the caller: free it with mlx_array_free
- *     or latent_cache_array_free. Returned arrays are views of the cache's buffers: release them
- *     before the next append to the same cache, or that append copies the stored history.
+ *   - Every mlx_array the library returns is owned by the caller: free it with
+ *     latent_cache_array_free (or mlx-c's mlx_array_free if your engine links mlx-c 0.7.0 itself:
+ *     the library does not export mlx-c). Returned arrays are views of the cache's buffers:
+ *     release them before the next append to the same cache, or that append copies the stored
+ *     history. A view kept across an append still shows the state before that append.
  *   - Outputs are written only when a call returns LATENT_CACHE_STATUS_OK.
  *
  * Errors
@@ -32,14 +34,17 @@
  *   given to latent_cache_set_eval_lock). These calls may evaluate: append_host, read_row_host,
  *   read_host, reserve, merge_rows, extract_row, filter_rows, spec_round_rollback_rows (uneven
  *   counts), latent_cache_eval, and append_latent when it must grow the buffers (never after a
- *   large enough reserve). The others never evaluate. Evaluate the arrays the library returns
+ *   large enough reserve) or when a buffer went unevaluated for 64 appends in a row (an engine
+ *   that evaluates every step never sees this). The others never evaluate. Evaluate the arrays the library returns
  *   through latent_cache_eval, or under the lock you gave it, never concurrently with it.
  *   What an engine may pass in: arrays that are evaluated, made by latent_cache_array_from_host,
  *   or built on a stream any thread may evaluate (mlx_stream_new_thread_unsafe). An array the
  *   engine built on its own thread's stream and left unevaluated can only be evaluated on that
  *   thread: a later call that evaluates the cache on another thread fails with BACKEND (nothing
  *   changes) until that thread evaluates it. What comes back: views on the library's stream,
- *   which any thread may evaluate.
+ *   which any thread may evaluate, and free, at any time (also while another thread appends to
+ *   the same cache; freeing is not an evaluation). Building MLX graphs needs no lock: engine
+ *   threads may build theirs while library calls run; only evaluations are serialized.
  *
  * MLX
  *   One libmlx per process: the mlx_array functions expect arrays of the same MLX runtime the
@@ -89,7 +94,8 @@ typedef enum {
   // The call is not allowed in the cache's current state (speculative round misuse, a
   // non-empty merge destination).
   LATENT_CACHE_STATUS_INVALID_STATE = 6,
-  // The append would exceed `max_tokens`.
+  // Beyond what the cache may hold: `max_tokens`, INT32_MAX positions, or memory MLX's
+  // memory limit does not leave (nothing was allocated).
   LATENT_CACHE_STATUS_CAPACITY = 7,
   // The caller's output buffer is too small; nothing was written.
   LATENT_CACHE_STATUS_BUFFER_TOO_SMALL = 8,
@@ -142,70 +148,15 @@ typedef void (*latent_cache_lock_fn)(void *ctx);
 extern "C" {
 #endif // __cplusplus
 
-// Appends the positions in `latent` `[B, N, kv_lora_rank]`, `rope` `[B, N, rope_head_dim]`
-// and, on a DSA layer, `index_keys` `[B, N, index_head_dim]` (all float32) to every row, and
-// returns views of everything stored: `[B, T, width]` per family.
-//
-// - Inputs are borrowed for the call (the library keeps its own reference until evaluation);
-//   pass `index_keys` with `ctx == NULL` on a layer without DSA.
-// - Each non-NULL output receives a new array owned by the caller (free it with
-//   `mlx_array_free` or `latent_cache_array_free`); NULL outputs are skipped. On a layer
-//   without DSA, `*out_index_keys` receives an array with `ctx == NULL`. Written only on
-//   success.
-// - The write is not evaluated: evaluate once per step, after all layers. Release the returned
-//   views before the next append to this cache, or that append copies the stored history
-//   instead of writing in place. When the buffers must grow, the larger buffers are allocated
-//   during the call (an evaluation under the evaluation lock; `latent_cache_reserve` avoids
-//   it), so running out of memory is a `CAPACITY` status here, not a crash later.
-// - Every 64th consecutive append to a buffer nobody evaluated evaluates it (a DSA layer
-//   whose index keys are never read would otherwise grow an unbounded graph).
-//
-// Returns `OK`; `NULL_ARGUMENT` (cache, latent or rope missing); `DTYPE`; `SHAPE`;
-// `INVALID_ARGUMENT` (index keys missing on a DSA layer, given on another); `CAPACITY`
-// (beyond `max_tokens`, or growth beyond MLX's memory limit); `BACKEND`. On failure nothing
-// changed.
-latent_cache_status latent_cache_append_latent(latent_cache *cache,
-                                               mlx_array latent,
-                                               mlx_array rope,
-                                               mlx_array index_keys,
-                                               mlx_array *out_latent,
-                                               mlx_array *out_rope,
-                                               mlx_array *out_index_keys);
+// The status's name without the `LATENT_CACHE_STATUS_` prefix ("OK", "NULL_ARGUMENT", ...), as
+// a static NUL-terminated string (never NULL, never freed); "UNKNOWN" for a value that is not a
+// `latent_cache_status`. For logs and exception messages.
+const char *latent_cache_status_name(uint32_t status);
 
-// `*out` receives the index keys stored before the coming append, `[B, T, index_head_dim]`
-// (`[0, 0, index_head_dim]` before the first append): a view owned by the caller, to be freed
-// and released before the next append. Written only on success.
-// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a layer without DSA index keys), `BACKEND`.
-latent_cache_status latent_cache_stored_index_keys(const latent_cache *cache, mlx_array *out);
-
-// Views of every stored family (`[B, T, width]`; `[0, 0, width]` before the first append),
-// with the same output rules as `latent_cache_append_latent`.
-// Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
-latent_cache_status latent_cache_state(const latent_cache *cache,
-                                       mlx_array *out_latent,
-                                       mlx_array *out_rope,
-                                       mlx_array *out_index_keys);
-
-// Makes a float32 array `[batch, tokens, width]` holding a copy of `data` (`data_len` floats,
-// which must equal the product). `*out` receives it, owned by the caller. For engines without
-// mlx-c of their own. Returns `OK`, `NULL_ARGUMENT`, `SHAPE`, `CAPACITY` (the copy would take
-// MLX past its memory limit).
-latent_cache_status latent_cache_array_from_host(const float *data,
-                                                 size_t data_len,
-                                                 size_t batch,
-                                                 size_t tokens,
-                                                 size_t width,
-                                                 mlx_array *out);
-
-// Frees an array returned by this library (same as mlx-c's `mlx_array_free`). An array with
-// `ctx == NULL` is accepted and ignored. Never free an array twice.
-void latent_cache_array_free(mlx_array array);
-
-// Evaluates `arrays` (borrowed, `len` entries, none with `ctx == NULL`) in one MLX evaluation,
-// under the process-wide evaluation lock the library itself uses. Engines that evaluate from
-// several threads should evaluate through this call (or never concurrently with the library).
-// Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
-latent_cache_status latent_cache_eval(const mlx_array *arrays, size_t len);
+// GLM-5.2's geometry for a sparse-attention (DSA) layer: kv_lora_rank 512, rope_head_dim 64,
+// index_head_dim 128, unbounded. Set `index_head_dim = 0` for a layer without index keys.
+// Never fails.
+latent_cache_config latent_cache_config_default(void);
 
 // Creates an empty cache with the geometry in `*config`.
 //
@@ -303,34 +254,132 @@ latent_cache_status latent_cache_signature(const latent_cache *cache,
                                            size_t out_len,
                                            size_t *written);
 
-// GLM-5.2's geometry for a sparse-attention (DSA) layer: kv_lora_rank 512, rope_head_dim 64,
-// index_head_dim 128, unbounded. Set `index_head_dim = 0` for a layer without index keys.
-// Never fails.
-latent_cache_config latent_cache_config_default(void);
+// Appends the positions in `latent` `[B, N, kv_lora_rank]`, `rope` `[B, N, rope_head_dim]`
+// and, on a DSA layer, `index_keys` `[B, N, index_head_dim]` (all float32) to every row, and
+// returns views of everything stored: `[B, T, width]` per family.
+//
+// - Inputs are borrowed for the call (the library keeps its own reference until evaluation);
+//   pass `index_keys` with `ctx == NULL` on a layer without DSA.
+// - Each non-NULL output receives a new array owned by the caller (free it with
+//   `mlx_array_free` or `latent_cache_array_free`); NULL outputs are skipped. On a layer
+//   without DSA, `*out_index_keys` receives an array with `ctx == NULL`. Written only on
+//   success.
+// - The write is not evaluated: evaluate once per step, after all layers. Release the returned
+//   views before the next append to this cache, or that append copies the stored history
+//   instead of writing in place. When the buffers must grow, the larger buffers are allocated
+//   during the call (an evaluation under the evaluation lock; `latent_cache_reserve` avoids
+//   it), so running out of memory is a `CAPACITY` status here, not a crash later.
+// - Every 64th consecutive append to a buffer nobody evaluated evaluates it (a DSA layer
+//   whose index keys are never read would otherwise grow an unbounded graph).
+//
+// Returns `OK`; `NULL_ARGUMENT` (cache, latent or rope missing); `DTYPE`; `SHAPE`;
+// `INVALID_ARGUMENT` (index keys missing on a DSA layer, given on another); `CAPACITY`
+// (beyond `max_tokens`, or growth beyond MLX's memory limit); `BACKEND`. On failure nothing
+// changed.
+latent_cache_status latent_cache_append_latent(latent_cache *cache,
+                                               mlx_array latent,
+                                               mlx_array rope,
+                                               mlx_array index_keys,
+                                               mlx_array *out_latent,
+                                               mlx_array *out_rope,
+                                               mlx_array *out_index_keys);
 
-// Makes every MLX evaluation the library performs (appends through the host path, host reads,
-// `latent_cache_eval`) run between `lock(ctx)` and `unlock(ctx)`, instead of under the
-// library's own process-wide lock. Give it the lock your engine holds around its own
-// evaluations, so one lock covers the process. Pass both as NULL to go back to the library's
-// lock.
-//
-// The callbacks are called from whichever thread evaluates, must be safe to call from any
-// thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
-// Install the lock before other threads use the library, or while none of them is evaluating.
-//
-// Returns `OK`, or `INVALID_ARGUMENT` when exactly one of the two is NULL (nothing changes).
-latent_cache_status latent_cache_set_eval_lock(latent_cache_lock_fn lock,
-                                               latent_cache_lock_fn unlock,
-                                               void *ctx);
+// `*out` receives the index keys stored before the coming append, `[B, T, index_head_dim]`
+// (`[0, 0, index_head_dim]` before the first append): a view owned by the caller, to be freed
+// and released before the next append. Written only on success.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a layer without DSA index keys), `BACKEND`.
+latent_cache_status latent_cache_stored_index_keys(const latent_cache *cache, mlx_array *out);
 
-// Copies this thread's last failure message into `out` (at most `out_len - 1` bytes plus a NUL
-// terminator; truncated when longer) and returns the message's full length in bytes, not
-// counting the terminator. Pass `out = NULL, out_len = 0` to learn the length. Returns 0 and
-// writes an empty string when no call on this thread has failed.
+// Views of every stored family (`[B, T, width]`; `[0, 0, width]` before the first append),
+// with the same output rules as `latent_cache_append_latent`.
+// Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
+latent_cache_status latent_cache_state(const latent_cache *cache,
+                                       mlx_array *out_latent,
+                                       mlx_array *out_rope,
+                                       mlx_array *out_index_keys);
+
+// Makes a float32 array `[batch, tokens, width]` holding a copy of `data` (`data_len` floats,
+// which must equal the product). `*out` receives it, owned by the caller. For engines without
+// mlx-c of their own. Returns `OK`, `NULL_ARGUMENT`, `SHAPE`, `CAPACITY` (the copy would take
+// MLX past its memory limit).
+latent_cache_status latent_cache_array_from_host(const float *data,
+                                                 size_t data_len,
+                                                 size_t batch,
+                                                 size_t tokens,
+                                                 size_t width,
+                                                 mlx_array *out);
+
+// Frees an array returned by this library (same as mlx-c's `mlx_array_free`). An array with
+// `ctx == NULL` is accepted and ignored. Never free an array twice.
+void latent_cache_array_free(mlx_array array);
+
+// Evaluates `arrays` (borrowed, `len` entries) in one MLX evaluation, under the process-wide
+// evaluation lock the library itself uses (or the one given to `latent_cache_set_eval_lock`).
+// Entries with `ctx == NULL` are skipped, so the outputs of an append or `state` on a layer
+// without index keys can be passed as they came. Engines that evaluate from several threads
+// should evaluate through this call, or under the lock they handed the library.
+// Returns `OK`, `NULL_ARGUMENT` (`arrays` NULL with `len > 0`), `BACKEND`.
+latent_cache_status latent_cache_eval(const mlx_array *arrays, size_t len);
+
+// Opens a round: records every row's position count. Appends, reads and queries inside the
+// round behave as outside it; `latent_cache_trim` needs `bypass`.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (a round is already open).
+latent_cache_status latent_cache_spec_round_begin(latent_cache *cache);
+
+// Closes the round, keeping everything appended in it.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (no round is open).
+latent_cache_status latent_cache_spec_round_commit(latent_cache *cache);
+
+// Closes the round; every row keeps the first `keep` positions it appended in the round and
+// drops the rest (a trim: moves the offset, copies nothing).
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (no round is open), `OUT_OF_RANGE` (some
+// row appended fewer than `keep`). On failure nothing changed and the round stays open.
+latent_cache_status latent_cache_spec_round_rollback(latent_cache *cache, size_t keep);
+
+// Closes the round; row b keeps the first `keep[b]` positions it appended in the round
+// (`keep` is borrowed, `keep_len` must equal the batch size). Equal drops are a trim; unequal
+// drops shift rows so they stay right-justified (kept values are exact; this copies the
+// shifted rows once).
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (keep_len != batch size),
+// `INVALID_STATE` (no round), `OUT_OF_RANGE` (a keep[b] beyond what row b appended),
+// `BACKEND`. On failure nothing changed and the round stays open.
+latent_cache_status latent_cache_spec_round_rollback_rows(latent_cache *cache,
+                                                          const size_t *keep,
+                                                          size_t keep_len);
+
+// Fills the empty `destination` with every row of every source, in order: a batch source
+// gives all its rows, an empty source that never had rows gives one empty row. Rows are
+// right-justified to the longest. Sources are borrowed and not changed; a source may appear
+// more than once but may not be the destination. All must have the destination's geometry.
 //
-// The message belongs to the calling thread: a failure on another thread never shows here.
-// A later failure on this thread replaces it; successful calls leave it as it was.
-size_t latent_cache_last_error(char *out, size_t out_len);
+// Returns `OK`; `NULL_ARGUMENT` (a NULL or dead handle, `sources` NULL); `INVALID_ARGUMENT`
+// (zero sources, a geometry mismatch, the destination among the sources); `INVALID_STATE`
+// (the destination is not empty or is in a round); `CAPACITY`; `BACKEND`. On failure nothing
+// changed.
+//
+// Locks every handle involved (in a fixed order, so concurrent merges cannot deadlock).
+latent_cache_status latent_cache_merge_rows(latent_cache *destination,
+                                            const latent_cache *const *sources,
+                                            size_t sources_len);
+
+// Creates a new, independent single-row cache holding exactly row `row`'s valid positions (no
+// padding). `*out` receives it, owned by the caller (free with `latent_cache_free`); written
+// only on success. The source is not changed.
+//
+// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size), `BACKEND`.
+latent_cache_status latent_cache_extract_row(const latent_cache *cache,
+                                             size_t row,
+                                             latent_cache **out);
+
+// Keeps the rows listed in `keep` (borrowed, `keep_len` entries), in that order, and drops the
+// left padding no kept row needs.
+//
+// Returns `OK`; `NULL_ARGUMENT`; `INVALID_ARGUMENT` (empty list, a row listed twice);
+// `OUT_OF_RANGE` (a row >= batch size); `INVALID_STATE` (inside a round); `BACKEND`. On
+// failure nothing changed.
+latent_cache_status latent_cache_filter_rows(latent_cache *cache,
+                                             const size_t *keep,
+                                             size_t keep_len);
 
 // `*out` = the physical width T of the stored window (the longest row's position count).
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
@@ -405,65 +454,29 @@ latent_cache_status latent_cache_is_trimmable(const latent_cache *cache, bool *o
 // serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_in_spec_round(const latent_cache *cache, bool *out);
 
-// Fills the empty `destination` with every row of every source, in order: a batch source
-// gives all its rows, an empty source that never had rows gives one empty row. Rows are
-// right-justified to the longest. Sources are borrowed and not changed; a source may appear
-// more than once but may not be the destination. All must have the destination's geometry.
+// Copies this thread's last failure message into `out` (at most `out_len - 1` bytes plus a NUL
+// terminator; truncated when longer) and returns the message's full length in bytes, not
+// counting the terminator. Pass `out = NULL, out_len = 0` to learn the length. Returns 0 and
+// writes an empty string when no call on this thread has failed.
 //
-// Returns `OK`; `NULL_ARGUMENT` (a NULL or dead handle, `sources` NULL); `INVALID_ARGUMENT`
-// (zero sources, a geometry mismatch, the destination among the sources); `INVALID_STATE`
-// (the destination is not empty or is in a round); `CAPACITY`; `BACKEND`. On failure nothing
-// changed.
+// The message belongs to the calling thread: a failure on another thread never shows here.
+// A later failure on this thread replaces it; successful calls leave it as it was.
+size_t latent_cache_last_error(char *out, size_t out_len);
+
+// Makes every MLX evaluation the library performs (appends through the host path, host reads,
+// `latent_cache_eval`) run between `lock(ctx)` and `unlock(ctx)`, instead of under the
+// library's own process-wide lock. Give it the lock your engine holds around its own
+// evaluations, so one lock covers the process. Pass both as NULL to go back to the library's
+// lock.
 //
-// Locks every handle involved (in a fixed order, so concurrent merges cannot deadlock).
-latent_cache_status latent_cache_merge_rows(latent_cache *destination,
-                                            const latent_cache *const *sources,
-                                            size_t sources_len);
-
-// Creates a new, independent single-row cache holding exactly row `row`'s valid positions (no
-// padding). `*out` receives it, owned by the caller (free with `latent_cache_free`); written
-// only on success. The source is not changed.
+// The callbacks are called from whichever thread evaluates, must be safe to call from any
+// thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
+// Install the lock before other threads use the library, or while none of them is evaluating.
 //
-// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size), `BACKEND`.
-latent_cache_status latent_cache_extract_row(const latent_cache *cache,
-                                             size_t row,
-                                             latent_cache **out);
-
-// Keeps the rows listed in `keep` (borrowed, `keep_len` entries), in that order, and drops the
-// left padding no kept row needs.
-//
-// Returns `OK`; `NULL_ARGUMENT`; `INVALID_ARGUMENT` (empty list, a row listed twice);
-// `OUT_OF_RANGE` (a row >= batch size); `INVALID_STATE` (inside a round); `BACKEND`. On
-// failure nothing changed.
-latent_cache_status latent_cache_filter_rows(latent_cache *cache,
-                                             const size_t *keep,
-                                             size_t keep_len);
-
-// Opens a round: records every row's position count. Appends, reads and queries inside the
-// round behave as outside it; `latent_cache_trim` needs `bypass`.
-// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (a round is already open).
-latent_cache_status latent_cache_spec_round_begin(latent_cache *cache);
-
-// Closes the round, keeping everything appended in it.
-// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (no round is open).
-latent_cache_status latent_cache_spec_round_commit(latent_cache *cache);
-
-// Closes the round; every row keeps the first `keep` positions it appended in the round and
-// drops the rest (a trim: moves the offset, copies nothing).
-// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (no round is open), `OUT_OF_RANGE` (some
-// row appended fewer than `keep`). On failure nothing changed and the round stays open.
-latent_cache_status latent_cache_spec_round_rollback(latent_cache *cache, size_t keep);
-
-// Closes the round; row b keeps the first `keep[b]` positions it appended in the round
-// (`keep` is borrowed, `keep_len` must equal the batch size). Equal drops are a trim; unequal
-// drops shift rows so they stay right-justified (kept values are exact; this copies the
-// shifted rows once).
-// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (keep_len != batch size),
-// `INVALID_STATE` (no round), `OUT_OF_RANGE` (a keep[b] beyond what row b appended),
-// `BACKEND`. On failure nothing changed and the round stays open.
-latent_cache_status latent_cache_spec_round_rollback_rows(latent_cache *cache,
-                                                          const size_t *keep,
-                                                          size_t keep_len);
+// Returns `OK`, or `INVALID_ARGUMENT` when exactly one of the two is NULL (nothing changes).
+latent_cache_status latent_cache_set_eval_lock(latent_cache_lock_fn lock,
+                                               latent_cache_lock_fn unlock,
+                                               void *ctx);
 
 // The library's version as a static NUL-terminated string ("MAJOR.MINOR.PATCH"); never NULL,
 // never freed.

@@ -13,10 +13,12 @@
 
 namespace latent_cache_cpp {
 
-// A failed call: its status and this thread's message for it.
+// A failed call: its status and this thread's message for it; what() reads "STATUS_NAME: message".
 class Error : public std::runtime_error {
  public:
-  Error(latent_cache_status status, const std::string &message) : std::runtime_error(message), status_(status) {}
+  Error(latent_cache_status status, const std::string &message)
+      : std::runtime_error(std::string(latent_cache_status_name(static_cast<uint32_t>(status))) + ": " + message),
+        status_(status) {}
   latent_cache_status status() const noexcept { return status_; }
 
  private:

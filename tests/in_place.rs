@@ -104,6 +104,13 @@ fn appends_write_in_place() {
     let peak = peak_during(|| drop(append_latent_and_eval(cache, &data, false)));
     model.append(1, 1, &data);
     assert!(peak >= buffer / 2, "an append while views are held peaked only {peak} bytes; the buffer is {buffer}");
+    // A view kept across an append keeps the values it had: it is the state before that append.
+    let mut before = model.clone();
+    before.trim(1);
+    assert_eq!(unsafe { latent_cache_eval(held.as_ptr(), held.len()) }, Status::Ok, "eval: {}", last_error());
+    for (f, &view) in held.iter().enumerate() {
+        check::assert_view(view, &before, f, "a view kept across the next append");
+    }
     held.iter().for_each(|&v| unsafe { latent_cache_array_free(v) });
     assert_equal(cache, &model, "after an append with held views");
     unsafe { latent_cache_free(cache) };

@@ -14,7 +14,8 @@ pub enum ErrorKind {
     OutOfRange,
     /// The call is not allowed in the cache's current state (round misuse, empty cache).
     State,
-    /// The append would exceed `max_tokens`.
+    /// Beyond what the cache may hold: `max_tokens`, INT32_MAX positions, or memory MLX's
+    /// memory limit does not leave.
     Capacity,
     /// MLX itself failed.
     Backend,

@@ -32,7 +32,7 @@ pub(crate) fn out_ptr<T>(ptr: *mut T, name: &str) -> FfiResult<*mut T> {
 }
 
 /// Checks a caller's output buffer: non-NULL unless `needed` is 0, and at least `needed` long.
-pub(crate) fn out_buffer<T>(ptr: *mut T, len: usize, needed: usize, name: &str) -> FfiResult<()> {
+fn out_buffer<T>(ptr: *mut T, len: usize, needed: usize, name: &str) -> FfiResult<()> {
     if ptr.is_null() && len > 0 {
         return Err(Failure::null(name));
     }
@@ -46,8 +46,17 @@ pub(crate) fn out_buffer<T>(ptr: *mut T, len: usize, needed: usize, name: &str) 
     Ok(())
 }
 
+/// The one copy-out of the C API (host reads, row queries, the signature): copies `values` into
+/// the caller's buffer `(ptr, len)` when it holds them all, then stores their count in
+/// `*written` (checked by `out_ptr`). Nothing is written on failure.
+pub(crate) unsafe fn copy_out<T: Copy>(ptr: *mut T, len: usize, values: &[T], written: *mut usize, name: &str) -> FfiResult {
+    out_buffer(ptr, len, values.len(), name)?;
+    unsafe { write_buffer(ptr, values, written) };
+    Ok(())
+}
+
 /// Copies `values` into a buffer checked by `out_buffer` and stores the count in `written`.
-pub(crate) unsafe fn write_buffer<T: Copy>(ptr: *mut T, values: &[T], written: *mut usize) {
+unsafe fn write_buffer<T: Copy>(ptr: *mut T, values: &[T], written: *mut usize) {
     if !values.is_empty() {
         // SAFETY: out_buffer checked the pointer and that the buffer holds `values.len()`.
         unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), ptr, values.len()) };

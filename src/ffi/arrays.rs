@@ -160,18 +160,20 @@ pub unsafe extern "C" fn latent_cache_array_free(array: mlx_array) {
     )
 }
 
-/// Evaluates `arrays` (borrowed, `len` entries, none with `ctx == NULL`) in one MLX evaluation,
-/// under the process-wide evaluation lock the library itself uses. Engines that evaluate from
-/// several threads should evaluate through this call (or never concurrently with the library).
-/// Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
+/// Evaluates `arrays` (borrowed, `len` entries) in one MLX evaluation, under the process-wide
+/// evaluation lock the library itself uses (or the one given to `latent_cache_set_eval_lock`).
+/// Entries with `ctx == NULL` are skipped, so the outputs of an append or `state` on a layer
+/// without index keys can be passed as they came. Engines that evaluate from several threads
+/// should evaluate through this call, or under the lock they handed the library.
+/// Returns `OK`, `NULL_ARGUMENT` (`arrays` NULL with `len > 0`), `BACKEND`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_eval(arrays: *const mlx_array, len: usize) -> latent_cache_status {
-    ffi_boundary! { unsafe {
-        let handles = in_slice(arrays, len, "arrays")?;
+    ffi_boundary! {
+        let handles = unsafe { in_slice(arrays, len, "arrays") }?;
         let mut borrowed = Vec::with_capacity(handles.len());
-        for (i, &handle) in handles.iter().enumerate() {
-            borrowed.push(borrow(handle, &format!("arrays[{i}]"))?);
+        for (i, &handle) in handles.iter().enumerate().filter(|(_, h)| !h.ctx.is_null()) {
+            borrowed.push(unsafe { borrow(handle, &format!("arrays[{i}]")) }?);
         }
         Ok(eval::eval(borrowed.iter().map(|a| &**a))?)
-    } }
+    }
 }

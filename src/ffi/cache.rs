@@ -1,7 +1,7 @@
 //! The `latent_cache` handle's lifecycle, host-buffer appends and reads, trim and reset.
 use std::ffi::c_char;
 
-use super::args::{in_slice, optional_slice, out_buffer, out_ptr, write, write_buffer};
+use super::args::{copy_out, in_slice, optional_slice, out_ptr, write};
 use super::config::latent_cache_config;
 use super::error::{set_last_error, Failure, FfiResult};
 use super::family::family;
@@ -131,9 +131,7 @@ unsafe fn read_family(
     let written = out_ptr(written, "written")?;
     with_cache(cache, |cache| {
         let values = read(cache, family)?;
-        out_buffer(out, out_len, values.len(), "out")?;
-        unsafe { write_buffer(out, &values, written) };
-        Ok(())
+        unsafe { copy_out(out, out_len, &values, written, "out") }
     })
 }
 
@@ -188,12 +186,10 @@ pub unsafe extern "C" fn latent_cache_signature(
         let written = out_ptr(written, "written")?;
         with_cache(cache, |cache| {
             let mut signature = cache.signature().into_bytes();
-            out_buffer(out, out_len, signature.len() + 1, "out")?;
             signature.push(0);
-            unsafe {
-                write_buffer(out.cast::<u8>(), &signature, written);
-                *written -= 1;
-            }
+            unsafe { copy_out(out.cast::<u8>(), out_len, &signature, written, "out")? };
+            // The count excludes the terminator.
+            unsafe { *written -= 1 };
             Ok(())
         })
     }

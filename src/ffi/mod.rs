@@ -1,25 +1,31 @@
 //! The C ABI: a thin layer over the core. It checks every pointer, locks the handle, calls the
 //! core, and turns the result into a status code and a per-thread message. One file per job:
 //! plumbing (`status`, `error`, `panic`, `args`, `handle`) and the exports grouped by purpose.
+//!
+//! A new export goes into the file of its purpose, its body one `ffi_boundary!` (see `panic`).
+//! cbindgen writes the header in the order of the modules below: the order a user learns the
+//! API (statuses and families, the config, a cache's life and host path, the MLX-array path,
+//! rounds, rows, queries, errors, the evaluation lock, the version), so keep it that way.
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)] // the safety contract of every export is in its C docs
 
-mod args;
 pub mod arrays;
 pub mod cache;
 pub mod config;
-pub mod error;
 pub mod eval_lock;
 pub mod family;
 pub mod handle;
 pub mod last_error;
-#[doc(hidden)] // exposed so tests can drive the boundary itself
-pub mod panic;
 pub mod query;
 pub mod rows;
 pub mod spec;
 pub mod status;
 pub mod version;
+
+mod args;
+pub mod error;
+#[doc(hidden)] // exposed so tests can drive the boundary itself
+pub mod panic;
 
 pub use config::latent_cache_config;
 pub use handle::latent_cache;

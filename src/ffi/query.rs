@@ -1,7 +1,7 @@
 //! Read-only queries: the row layout and the numbers derived from the geometry. Each writes one
 //! output and returns `OK`, or `NULL_ARGUMENT` when the cache or the output pointer is NULL
 //! (the output is then untouched).
-use super::args::{out_buffer, out_ptr, write, write_buffer};
+use super::args::{copy_out, out_ptr, write};
 use super::error::FfiResult;
 use super::handle::{latent_cache, with_cache};
 use super::panic::ffi_boundary;
@@ -25,12 +25,7 @@ unsafe fn query_rows(
     f: impl FnOnce(&LatentCache) -> Vec<usize>,
 ) -> FfiResult {
     let written = out_ptr(written, "written")?;
-    with_cache(cache, |cache| {
-        let values = f(cache);
-        out_buffer(out, out_len, values.len(), "out")?;
-        unsafe { write_buffer(out, &values, written) };
-        Ok(())
-    })
+    with_cache(cache, |cache| unsafe { copy_out(out, out_len, &f(cache), written, "out") })
 }
 
 /// `*out` = the physical width T of the stored window (the longest row's position count).

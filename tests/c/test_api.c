@@ -276,7 +276,7 @@ static void test_rejections(void) {
   FAILS(LATENT_CACHE_STATUS_CAPACITY, latent_cache_reserve(c, 13)); /* beyond max_tokens (12) */
   FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_reserve(NULL, 4));
   FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_state(NULL, NULL, NULL, NULL));
-  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_eval(&none, 1));
+  OK(latent_cache_eval(&none, 1)); /* entries with ctx == NULL (a layer without index keys) are skipped */
   FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_eval(NULL, 2));
   FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_set_eval_lock(NULL, (latent_cache_lock_fn)0x1, NULL));
   OK(latent_cache_reserve(c, 12)); /* room is not content: nothing observable changes */
@@ -428,7 +428,19 @@ static void test_mlx_arrays(void) {
   latent_cache_free(c);
 }
 
+/* Every status has its name (for logs and exceptions); an unknown value is "UNKNOWN". */
+static void test_status_names(void) {
+  CHECK(strcmp(latent_cache_status_name(LATENT_CACHE_STATUS_OK), "OK") == 0);
+  CHECK(strcmp(latent_cache_status_name(LATENT_CACHE_STATUS_NULL_ARGUMENT), "NULL_ARGUMENT") == 0);
+  CHECK(strcmp(latent_cache_status_name(LATENT_CACHE_STATUS_CAPACITY), "CAPACITY") == 0);
+  CHECK(strcmp(latent_cache_status_name(LATENT_CACHE_STATUS_BUFFER_TOO_SMALL), "BUFFER_TOO_SMALL") == 0);
+  CHECK(strcmp(latent_cache_status_name(LATENT_CACHE_STATUS_PANIC), "PANIC") == 0);
+  CHECK(strcmp(latent_cache_status_name(11), "UNKNOWN") == 0);
+  CHECK(strcmp(latent_cache_status_name(0xFFFFFFFFu), "UNKNOWN") == 0);
+}
+
 int main(void) {
+  test_status_names();
   test_config();
   test_append_read_trim();
   test_rejections();

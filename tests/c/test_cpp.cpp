@@ -37,7 +37,8 @@ int main() {
     CHECK(false);
   } catch (const Error &err) {
     CHECK(err.status() == LATENT_CACHE_STATUS_SHAPE);
-    CHECK(std::string(err.what()).size() > 0);
+    CHECK(std::string(err.what()).rfind("SHAPE: ", 0) == 0);  // the status name, then the message
+    CHECK(std::string(err.what()).size() > 7);
   }
   CHECK(cache.offset() == 3);
 
