@@ -9,17 +9,17 @@
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)] // the safety contract of every export is in its C docs
 
-pub mod arrays;
-pub mod cache;
-pub mod config;
-pub mod eval_lock;
+pub mod status;
 pub mod family;
 pub mod handle;
-pub mod last_error;
-pub mod query;
-pub mod rows;
+pub mod config;
+pub mod cache;
+pub mod arrays;
 pub mod spec;
-pub mod status;
+pub mod rows;
+pub mod query;
+pub mod last_error;
+pub mod eval_lock;
 pub mod version;
 
 mod args;
