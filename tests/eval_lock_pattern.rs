@@ -5,9 +5,7 @@
 //! error-checking one that records any re-entry or foreign unlock instead of deadlocking.
 //! Values are checked against the reference model. (Its own test binary: the lock is
 //! process-wide.)
-mod check;
-#[path = "common/model.rs"]
-mod model;
+mod common;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,8 +17,8 @@ use latent_cache::ffi::latent_cache_status as Status;
 use mlx_rs::Array;
 use mlx_sys::mlx_array;
 
-use check::{append_host, assert_equal, host_data, last_error, new_cache, Shared};
-use model::{Model, Rng};
+use common::check::{append_host, assert_equal, host_data, last_error, new_cache, Shared};
+use common::model::{Model, Rng};
 
 /// A non-recursive, error-checking mutex: the owner's thread id, 0 when free.
 struct ErrorCheckingLock {

@@ -3,9 +3,7 @@
 //! test controls) and the call waiting for the handle each complete or are refused, and a cache
 //! created meanwhile (which may get the freed memory) is untouched by them. (Its own test
 //! binary: it installs a process-wide evaluation lock.)
-mod check;
-#[path = "common/model.rs"]
-mod model;
+mod common;
 
 use std::ffi::c_void;
 use std::sync::mpsc;
@@ -18,8 +16,8 @@ use latent_cache::ffi::eval_lock::latent_cache_set_eval_lock;
 use latent_cache::ffi::query::latent_cache_offset;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 
-use check::{append_host, assert_equal, host_data, last_error, new_cache, Shared};
-use model::{Model, Rng};
+use common::check::{append_host, assert_equal, host_data, last_error, new_cache, Shared};
+use common::model::{Model, Rng};
 
 const WIDTHS: [usize; 3] = [8, 4, 3];
 

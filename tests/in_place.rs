@@ -4,17 +4,15 @@
 //! size), and the values stay equal to the reference model. A held view forces the documented
 //! copy, which the same measure sees. (Its own test binary, one test: MLX's peak memory is
 //! process-wide.)
-mod check;
-#[path = "common/model.rs"]
-mod model;
+mod common;
 
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::latent_cache_status as Status;
 use mlx_sys::mlx_array;
 
-use check::{append_host, assert_equal, host_data, last_error, new_cache};
-use model::{Model, Rng};
+use common::check::{append_host, assert_equal, host_data, last_error, new_cache};
+use common::model::{Model, Rng};
 
 const WIDTHS: [usize; 3] = [512, 64, 128];
 const RESERVED: usize = 40_000;
@@ -109,7 +107,7 @@ fn appends_write_in_place() {
     before.trim(1);
     assert_eq!(unsafe { latent_cache_eval(held.as_ptr(), held.len()) }, Status::Ok, "eval: {}", last_error());
     for (f, &view) in held.iter().enumerate() {
-        check::assert_view(view, &before, f, "a view kept across the next append");
+        common::check::assert_view(view, &before, f, "a view kept across the next append");
     }
     held.iter().for_each(|&v| unsafe { latent_cache_array_free(v) });
     assert_equal(cache, &model, "after an append with held views");

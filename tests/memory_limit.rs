@@ -5,9 +5,7 @@
 //! INT32_MAX cannot crash the process; after the limit is restored the caches work again. Also:
 //! reserve allocates during the call. Every check is against the reference model. (Its own test
 //! binary, one test: the memory limit and active-memory counts are process-wide.)
-mod check;
-#[path = "common/model.rs"]
-mod model;
+mod common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -18,8 +16,8 @@ use latent_cache::ffi::rows::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 use mlx_sys::mlx_array;
 
-use check::{append_host, assert_equal, assert_view, host_data, last_error, new_cache};
-use model::{Model, Rng};
+use common::check::{append_host, assert_equal, assert_view, host_data, last_error, new_cache};
+use common::model::{Model, Rng};
 
 const GLM: [usize; 3] = [512, 64, 128];
 const MB: usize = 1 << 20;

@@ -4,6 +4,7 @@
 //! still equal the reference model at the end.
 mod common;
 
+use common::check::append_host;
 use common::model::{Model, Rng};
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
@@ -68,20 +69,7 @@ fn run(ops: usize) {
             0..=4 => {
                 let tokens = rng.range(1, 6);
                 let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(rows * tokens * layer.model.widths[f]));
-                let keys = if layer.dsa { data[2].as_ptr() } else { std::ptr::null() };
-                ok(unsafe {
-                    latent_cache_append_host(
-                        layer.cache,
-                        rows,
-                        tokens,
-                        data[0].as_ptr(),
-                        data[0].len(),
-                        data[1].as_ptr(),
-                        data[1].len(),
-                        keys,
-                        data[2].len(),
-                    )
-                });
+                ok(append_host(layer.cache, rows, tokens, &data));
                 layer.model.append(rows, tokens, &data);
             }
             5 if layer.model.round.is_none() => {

@@ -3,17 +3,15 @@
 //! and on a shared one, the process has at most a few more OS threads than after a warm-up call,
 //! and the shared cache equals the reference model. (Its own test binary: it counts the
 //! process's threads.)
-mod check;
-#[path = "common/model.rs"]
-mod model;
+mod common;
 
 use std::sync::Mutex;
 
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 
-use check::{append_host, assert_equal, host_data, last_error, new_cache, Shared};
-use model::{Model, Rng};
+use common::check::{append_host, assert_equal, host_data, last_error, new_cache, Shared};
+use common::model::{Model, Rng};
 
 const WIDTHS: [usize; 3] = [8, 4, 3];
 const THREADS: usize = 1000;

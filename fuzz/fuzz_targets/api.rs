@@ -7,6 +7,10 @@
 mod model;
 
 #[allow(dead_code)]
+#[path = "../../tests/common/check.rs"]
+mod check;
+
+#[allow(dead_code)]
 #[path = "../../tests/common/api_driver.rs"]
 mod api_driver;
 

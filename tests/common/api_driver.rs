@@ -8,11 +8,11 @@
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::last_error::latent_cache_last_error;
-use latent_cache::ffi::query::*;
 use latent_cache::ffi::rows::*;
 use latent_cache::ffi::spec::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 
+use super::check::assert_equal;
 use super::model::Model;
 
 const WIDTHS: [[usize; 3]; 2] = [[4, 2, 3], [4, 2, 0]];
@@ -51,33 +51,6 @@ fn new_cache(kind: usize) -> *mut Handle {
     let mut cache = std::ptr::null_mut();
     assert_eq!(unsafe { latent_cache_new(&cfg, &mut cache) }, Status::Ok);
     cache
-}
-
-/// The cache must equal the model exactly: layout and every valid value.
-fn assert_equal(cache: *const Handle, model: &Model, dsa: bool, what: &str) {
-    let (mut batch, mut offset, mut written) = (0, 0, 0);
-    assert_eq!(unsafe { latent_cache_batch_size(cache, &mut batch) }, Status::Ok);
-    assert_eq!(unsafe { latent_cache_offset(cache, &mut offset) }, Status::Ok);
-    assert_eq!(batch, model.rows.len(), "batch after {what}");
-    assert_eq!(offset, model.offset(), "offset after {what}");
-    let mut rows = vec![0usize; batch];
-    assert_eq!(unsafe { latent_cache_row_offsets(cache, rows.as_mut_ptr(), batch, &mut written) }, Status::Ok);
-    assert_eq!(rows, model.row_offsets(), "row_offsets after {what}");
-    assert_eq!(unsafe { latent_cache_left_pad(cache, rows.as_mut_ptr(), batch, &mut written) }, Status::Ok);
-    assert_eq!(rows, model.left_pad(), "left_pad after {what}");
-    let mut in_round = false;
-    assert_eq!(unsafe { latent_cache_in_spec_round(cache, &mut in_round) }, Status::Ok);
-    assert_eq!(in_round, model.round.is_some(), "round after {what}");
-    for (row, expected) in model.rows.iter().enumerate() {
-        for f in 0..if dsa { 3 } else { 2 } {
-            let want = &expected.families[f];
-            let mut got = vec![0f32; want.len()];
-            let status = unsafe { latent_cache_read_row_host(cache, f as u32, row, got.as_mut_ptr(), got.len(), &mut written) };
-            assert_eq!(status, Status::Ok);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got[..written]), bits(want), "row {row} family {f} after {what}");
-        }
-    }
 }
 
 fn expect(status: Status, valid: bool, what: &str) {
@@ -223,7 +196,7 @@ pub fn run_bytes(data: &[u8]) {
                 let valid = row < batch;
                 expect(unsafe { latent_cache_extract_row(slot.cache, row, &mut single) }, valid, &what);
                 if valid {
-                    assert_equal(single, &model.extract(row), slot.dsa, &what);
+                    assert_equal(single, &model.extract(row), &what);
                     unsafe { latent_cache_free(single) };
                 }
             }
@@ -232,7 +205,7 @@ pub fn run_bytes(data: &[u8]) {
                 slot.model = Model::new(slot.model.widths);
             }
         }
-        assert_equal(slots[k].cache, &slots[k].model, slots[k].dsa, &what);
+        assert_equal(slots[k].cache, &slots[k].model, &what);
     }
     for slot in slots {
         unsafe { latent_cache_free(slot.cache) };
@@ -248,10 +221,10 @@ fn merge(slots: &mut [Slot], k: usize, other: usize, what: &str) {
     let valid = other == k;
     expect(unsafe { latent_cache_merge_rows(destination, sources.as_ptr(), 2) }, valid, what);
     for slot in slots.iter() {
-        assert_equal(slot.cache, &slot.model, slot.dsa, what);
+        assert_equal(slot.cache, &slot.model, what);
     }
     if valid {
-        assert_equal(destination, &merged, slots[k].dsa, what);
+        assert_equal(destination, &merged, what);
     }
     if valid && merged.rows.len() <= 6 && slots[k].model.round.is_none() {
         unsafe { latent_cache_free(slots[k].cache) };

@@ -1,6 +1,5 @@
 //! Small helpers shared by the thread, handle and memory tests: make a cache, append host data,
 //! and check a cache against the reference model (tests/common/model.rs) through the C ABI.
-//! Include with `#[path = "common/model.rs"] mod model;` then `mod check;`.
 #![allow(dead_code)]
 
 use latent_cache::ffi::cache::*;
@@ -10,7 +9,7 @@ use latent_cache::ffi::query::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 use mlx_sys::mlx_array;
 
-use crate::model::{Model, Rng};
+use super::model::{Model, Rng};
 
 /// A handle or array pointer moved between threads; the header allows handles to move.
 #[derive(Clone, Copy, Debug)]
