@@ -11,7 +11,7 @@ use super::mlx_ops;
 use super::storage::Storage;
 
 /// The rejection of any index-key access on a layer without DSA.
-pub(crate) fn no_index_keys() -> CacheError {
+fn no_index_keys() -> CacheError {
     CacheError::new(ErrorKind::InvalidArgument, "this layer has no DSA index keys (index_head_dim is 0)")
 }
 
@@ -81,12 +81,9 @@ impl LatentCache {
         self.layout.in_round()
     }
 
-    /// The family on this layer, or the index-key rejection.
-    pub(crate) fn check_family(&self, family: Family) -> Result<()> {
-        match self.geometry.width(family) {
-            Some(_) => Ok(()),
-            None => Err(no_index_keys()),
-        }
+    /// The width of a family on this layer, or the index-key rejection.
+    fn width(&self, family: Family) -> Result<usize> {
+        self.geometry.width(family).ok_or_else(no_index_keys)
     }
 
     /// Checks one input array and returns its `(batch, tokens)`.
@@ -137,7 +134,7 @@ impl LatentCache {
         let updates = Families { latent, rope, index_keys };
         let offset = self.layout.offset();
         let pending = self.storage.prepare_append(updates, batch, offset, tokens, self.geometry.max_tokens, self.reserved)?;
-        let views = Storage::pending_views(&pending, offset + tokens)?;
+        let views = self.storage.pending_views(&pending, offset + tokens)?;
         self.storage.commit(pending);
         self.layout.append(batch, tokens);
         Ok(views)
@@ -156,9 +153,7 @@ impl LatentCache {
     ) -> Result<()> {
         self.layout.check_append(batch, tokens, self.geometry.max_tokens)?;
         let to_array = |family: Family, data: &[f32]| -> Result<Array> {
-            self.check_family(family)?;
-            let width = self.geometry.width(family).expect("checked");
-            mlx_ops::from_host(data, &[batch, tokens, width], family.name())
+            mlx_ops::from_host(data, &[batch, tokens, self.width(family)?], family.name())
         };
         let latent = to_array(Family::Latent, latent)?;
         let rope = to_array(Family::Rope, rope)?;
@@ -195,7 +190,7 @@ impl LatentCache {
     /// The index keys stored before the coming append: `[B, T, index_head_dim]`, or
     /// `[0, 0, index_head_dim]` before the first append. An error on a layer without DSA.
     pub fn stored_index_keys(&self) -> Result<Array> {
-        self.check_family(Family::IndexKeys)?;
+        self.width(Family::IndexKeys)?;
         self.storage.view(Family::IndexKeys, self.layout.offset())
     }
 
@@ -237,7 +232,7 @@ impl LatentCache {
 
     /// Row `row`'s valid positions of one family, row-major `[row_offsets[row], width]`.
     pub fn read_row(&self, family: Family, row: usize) -> Result<Vec<f32>> {
-        self.check_family(family)?;
+        self.width(family)?;
         if row >= self.batch_size() {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
@@ -247,7 +242,7 @@ impl LatentCache {
     /// The whole stored window of one family, `[B, T, width]` row-major; padding positions
     /// (before a row's `left_pad`) hold unspecified values.
     pub fn read(&self, family: Family) -> Result<Vec<f32>> {
-        self.check_family(family)?;
+        self.width(family)?;
         let mut out = Vec::new();
         for row in 0..self.batch_size() {
             out.extend(self.storage.read_row(family, row, 0, self.layout.offset())?);

@@ -20,10 +20,10 @@ pub fn f32_bytes(rows: usize, positions: usize, floats_per_position: usize) -> O
     rows.checked_mul(positions)?.checked_mul(floats_per_position)?.checked_mul(std::mem::size_of::<f32>())
 }
 
-/// Refuses (CAPACITY) an allocation of `bytes` (`None`: beyond `usize`) that would take MLX's
+/// Refuses (CAPACITY) an allocation of `bytes` (`None`: beyond `usize`, see `f32_bytes`) that would take MLX's
 /// active memory past its memory limit (`mlx_set_memory_limit`; by default a share of the
 /// device's memory). `what` names the request in the message.
-pub fn check_alloc_bytes(bytes: Option<usize>, what: &str) -> Result<()> {
+pub fn check_alloc(bytes: Option<usize>, what: &str) -> Result<()> {
     let (limit, active) = limit_and_active();
     match bytes {
         Some(bytes) if bytes <= limit.saturating_sub(active) => Ok(()),
@@ -33,9 +33,4 @@ pub fn check_alloc_bytes(bytes: Option<usize>, what: &str) -> Result<()> {
         ),
         None => fail!(Capacity, "{what} needs more bytes than this process can address"),
     }
-}
-
-/// `check_alloc_bytes` for a size already known to fit in `usize`.
-pub fn check_alloc(bytes: usize, what: &str) -> Result<()> {
-    check_alloc_bytes(Some(bytes), what)
 }

@@ -119,7 +119,7 @@ pub fn from_host(data: &[f32], shape: &[usize], name: &str) -> Result<Array> {
             data.len()
         );
     }
-    check_alloc(std::mem::size_of_val(data), name)?;
+    check_alloc(Some(std::mem::size_of_val(data)), name)?;
     Ok(Array::from_slice(data, &dims(shape)))
 }
 

@@ -14,7 +14,7 @@ use super::error::{CacheError, Result};
 use super::eval::{eval, is_evaluated};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
-use super::memory::{check_alloc_bytes, f32_bytes};
+use super::memory::{check_alloc, f32_bytes};
 use super::mlx_ops;
 
 /// Smallest capacity a buffer grows to: small appends should not reallocate every few tokens.
@@ -35,7 +35,23 @@ struct Buffer {
     lazy_writes: usize,
 }
 
+/// The first `offset` positions of `rows` rows of a `width`-wide buffer: a view, no copy.
+fn window(data: &Array, rows: usize, offset: usize, width: usize) -> Result<Array> {
+    mlx_ops::slice(data, &[0, 0, 0], &[rows, offset, width])
+}
+
 impl Buffer {
+    /// `fresh` with this buffer's first `offset` positions of `rows` rows copied in (lazily).
+    fn copy_live(&self, fresh: Array, rows: usize, offset: usize) -> Result<Array> {
+        match &self.data {
+            Some(data) if offset > 0 => {
+                let live = window(data, rows, offset, self.width)?;
+                mlx_ops::slice_update(&fresh, &live, &[0, 0, 0], &[rows, offset, self.width])
+            }
+            _ => Ok(fresh),
+        }
+    }
+
     /// The writes chained on this buffer now (0 once MLX has evaluated it).
     fn chained_writes(&self) -> usize {
         match &self.data {
@@ -92,7 +108,7 @@ impl Storage {
     /// Checks that `rows x capacity` positions of every family fit in MLX's memory now.
     fn check_alloc(&self, rows: usize, capacity: usize, what: &str) -> Result<()> {
         let floats: usize = self.buffers.iter().map(|b| b.width).sum();
-        check_alloc_bytes(f32_bytes(rows, capacity, floats), what)
+        check_alloc(f32_bytes(rows, capacity, floats), what)
     }
 
     /// Checks that one row of `capacity` positions would fit now (a reservation before the
@@ -200,11 +216,11 @@ impl Storage {
     }
 
     /// Views `[rows, offset, width]` of a prepared state, before it is committed.
-    pub fn pending_views(pending: &Pending, offset: usize) -> Result<Families<Array>> {
-        pending.data.as_ref().try_map(|_, (data, _)| {
-            let width = data.shape()[2] as usize;
-            mlx_ops::slice(data, &[0, 0, 0], &[pending.rows, offset, width])
-        })
+    pub fn pending_views(&self, pending: &Pending, offset: usize) -> Result<Families<Array>> {
+        self.buffers
+            .as_ref()
+            .zip(pending.data.as_ref())
+            .try_map(|_, (buffer, (data, _))| window(data, pending.rows, offset, buffer.width))
     }
 
     pub fn commit(&mut self, pending: Pending) {
@@ -225,7 +241,7 @@ impl Storage {
     pub fn view(&self, family: Family, offset: usize) -> Result<Array> {
         let buffer = self.buffer(family);
         match &buffer.data {
-            Some(data) => mlx_ops::slice(data, &[0, 0, 0], &[self.rows, offset, buffer.width]),
+            Some(data) => window(data, self.rows, offset, buffer.width),
             None => mlx_ops::zeros(&[0, 0, buffer.width]),
         }
     }
@@ -257,18 +273,5 @@ impl Storage {
             buffer.data = None;
             buffer.lazy_writes = 0;
         });
-    }
-}
-
-impl Buffer {
-    /// `fresh` with this buffer's first `offset` positions of `rows` rows copied in (lazily).
-    fn copy_live(&self, fresh: Array, rows: usize, offset: usize) -> Result<Array> {
-        match &self.data {
-            Some(data) if offset > 0 => {
-                let live = mlx_ops::slice(data, &[0, 0, 0], &[rows, offset, self.width])?;
-                mlx_ops::slice_update(&fresh, &live, &[0, 0, 0], &[rows, offset, self.width])
-            }
-            _ => Ok(fresh),
-        }
     }
 }

@@ -25,40 +25,30 @@ pub unsafe extern "C" fn latent_cache_merge_rows(
     sources_len: usize,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let destination_handle = Handle::get(destination, "destination")?;
+        let mut handles = vec![(destination as usize, Handle::get(destination, "destination")?)];
         let sources = unsafe { in_slice(sources, sources_len, "sources") }?;
         if sources.is_empty() {
             return Err(Failure::new(latent_cache_status::InvalidArgument, "merge needs at least one source"));
         }
-        // Each distinct handle is locked once, in token order, so concurrent merges cannot
-        // deadlock; `slot[i]` says which lock serves sources[i].
-        let mut tokens = vec![destination as usize];
-        let mut handles = vec![destination_handle];
-        let mut slot = Vec::with_capacity(sources.len());
         for (i, &source) in sources.iter().enumerate() {
             if source == destination.cast_const() {
                 return Err(Failure::new(latent_cache_status::InvalidArgument, format!("sources[{i}] is the destination")));
             }
-            let handle = Handle::get(source, &format!("sources[{i}]"))?;
-            match tokens.iter().position(|&t| t == source as usize) {
-                Some(at) => slot.push(at),
-                None => {
-                    slot.push(tokens.len());
-                    tokens.push(source as usize);
-                    handles.push(handle);
-                }
-            }
+            handles.push((source as usize, Handle::get(source, &format!("sources[{i}]"))?));
         }
-        let mut order: Vec<usize> = (0..handles.len()).collect();
-        order.sort_by_key(|&k| tokens[k]);
-        let mut guards: Vec<Option<_>> = (0..handles.len()).map(|_| None).collect();
-        for k in order {
-            guards[k] = Some(handles[k].lock()?);
+        // Each distinct handle is locked once, in token order, so concurrent merges cannot
+        // deadlock.
+        handles.sort_by_key(|&(token, _)| token);
+        handles.dedup_by_key(|&mut (token, _)| token);
+        let mut guards = Vec::with_capacity(handles.len());
+        for (token, handle) in &handles {
+            guards.push((*token, handle.lock()?));
         }
-        let mut guards: Vec<_> = guards.into_iter().map(|g| g.expect("every handle locked")).collect();
-        let (destination_guard, source_guards) = guards.split_at_mut(1);
-        let source_caches: Vec<&LatentCache> = slot.iter().map(|&k| &*source_guards[k - 1]).collect();
-        Ok(destination_guard[0].merge_rows(&source_caches)?)
+        let at = guards.iter().position(|&(token, _)| token == destination as usize).expect("locked");
+        let (_, mut destination_cache) = guards.remove(at);
+        let source_caches: Vec<&LatentCache> =
+            sources.iter().map(|&s| &*guards.iter().find(|&&(token, _)| token == s as usize).expect("locked").1).collect();
+        Ok(destination_cache.merge_rows(&source_caches)?)
     }
 }
 
