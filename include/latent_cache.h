@@ -116,6 +116,39 @@ typedef enum {
   LATENT_CACHE_FAMILY_INDEX_KEYS = 2,
 } latent_cache_family;
 
+// How a family's positions are stored (the config's `latent_storage`, `rope_storage` and
+// `index_storage`, passed as `uint32_t`). Bytes per position of a `w`-wide family in brackets.
+//
+// - Appends accept float32, bfloat16 and float16 arrays in every mode and convert only the new
+//   positions; host appends take float32. Host reads always return float32.
+// - `state` and an append's outputs return the stored dtype for the float modes (views, free);
+//   for `Q8`, `Q4` and `FP8` they return a float32 decode of the whole window, which costs
+//   O(stored positions) each time it is evaluated. `latent_cache_packed_state` returns the
+//   stored parts themselves, for MLX's quantized matmul.
+// - A mode whose groups do not tile a family's width is refused by `latent_cache_new`
+//   (`INVALID_ARGUMENT`): `Q8`/`Q4` need widths divisible by 64, `FP8` by 128.
+typedef enum {
+  // float32, exact [4w].
+  LATENT_CACHE_STORAGE_F32 = 0,
+  // bfloat16, rounded to nearest even on the write [2w].
+  LATENT_CACHE_STORAGE_BF16 = 1,
+  // float16, rounded to nearest even on the write [2w].
+  LATENT_CACHE_STORAGE_F16 = 2,
+  // MLX's affine 8-bit quantization along the width (`mx.quantize(x.astype(bfloat16),
+  // group_size=64, bits=8)`, mlx-lm's `QuantizedKVCache` layout): uint32-packed codes, a
+  // bfloat16 scale and bias per group of 64 [w + w/16]. Error: at most one step
+  // ((max - min) / 255 of the group: MLX moves the grid so the group's value of largest
+  // magnitude is exact) plus bfloat16 rounding of the input, scale and bias.
+  LATENT_CACHE_STORAGE_Q8 = 3,
+  // As `Q8` with 4-bit codes [w/2 + w/16]; steps of (max - min) / 15 of the group.
+  LATENT_CACHE_STORAGE_Q4 = 4,
+  // E4M3 codes (MLX's `to_fp8`, one byte each) with a float32 scale per position and block of
+  // 128 values, scale = max(|x| of the block) / 448, as DeepSeek's FlashMLA and SGLang store
+  // MLA state [w + w/32]. Relative error at most 2^-4 per value (3 mantissa bits); values
+  // below 2^-6 x scale round to multiples of 2^-9 x scale (E4M3's subnormals).
+  LATENT_CACHE_STORAGE_FP8 = 5,
+} latent_cache_storage;
+
 // One layer's cache, as C names it. Opaque and never dereferenced: a `latent_cache*` is a
 // token from `latent_cache_new` (or `latent_cache_extract_row`), released with
 // `latent_cache_free`.
@@ -135,12 +168,44 @@ typedef struct {
   // Most positions a row may hold; 0 for unbounded (then INT32_MAX, MLX's largest extent).
   // At most INT32_MAX.
   size_t max_tokens;
+  // How the latent is stored: a `latent_cache_storage` value (0, `F32`, is exact).
+  uint32_t latent_storage;
+  // How the rope key is stored: a `latent_cache_storage` value.
+  uint32_t rope_storage;
+  // How the index keys are stored: a `latent_cache_storage` value; ignored on a layer
+  // without index keys.
+  uint32_t index_storage;
   // Must be zero.
-  size_t reserved[4];
+  uint32_t reserved32;
+  // Must be zero.
+  size_t reserved[2];
 } latent_cache_config;
+
+// One family's stored parts, as `latent_cache_packed_state` returns them: views `[B, T, ...]`
+// owned by the caller (release them with `latent_cache_packed_release`, before the next
+// append). The arrays a mode does not have are `ctx == NULL`.
+typedef struct {
+  // The family's mode: a `latent_cache_storage` value.
+  uint32_t storage;
+  // Bits per code: 32 or 16 for the float modes, 8 for `Q8` and `FP8`, 4 for `Q4`.
+  uint32_t bits;
+  // Values sharing one scale: 64 for `Q8`/`Q4`, 128 for `FP8`, 0 for the float modes.
+  uint32_t group_size;
+  // Float modes: the values `[B, T, width]` in the stored dtype. `Q8`/`Q4`: uint32 codes
+  // `[B, T, width * bits / 32]`. `FP8`: uint8 E4M3 codes `[B, T, width]`.
+  mlx_array values;
+  // `Q8`/`Q4`: bfloat16 scales `[B, T, width / 64]`. `FP8`: float32 scales
+  // `[B, T, width / 128]`, value = `from_fp8(code) * scale` per block.
+  mlx_array scales;
+  // `Q8`/`Q4`: bfloat16 biases `[B, T, width / 64]`, value = `code * scale + bias`
+  // (`mx.dequantize` / `mx.quantized_matmul` with `mode = "affine"`).
+  mlx_array biases;
+} latent_cache_packed;
 
 // A lock or unlock callback; receives the `ctx` given to `latent_cache_set_eval_lock`.
 typedef void (*latent_cache_lock_fn)(void *ctx);
+
+
 
 
 
@@ -154,7 +219,8 @@ extern "C" {
 const char *latent_cache_status_name(uint32_t status);
 
 // GLM-5.2's geometry for a sparse-attention (DSA) layer: kv_lora_rank 512, rope_head_dim 64,
-// index_head_dim 128, unbounded. Set `index_head_dim = 0` for a layer without index keys.
+// index_head_dim 128, unbounded, every family in float32. Set `index_head_dim = 0` for a layer
+// without index keys.
 // Never fails.
 latent_cache_config latent_cache_config_default(void);
 
@@ -255,13 +321,17 @@ latent_cache_status latent_cache_signature(const latent_cache *cache,
                                            size_t *written);
 
 // Appends the positions in `latent` `[B, N, kv_lora_rank]`, `rope` `[B, N, rope_head_dim]`
-// and, on a DSA layer, `index_keys` `[B, N, index_head_dim]` (all float32) to every row, and
-// returns views of everything stored: `[B, T, width]` per family.
+// and, on a DSA layer, `index_keys` `[B, N, index_head_dim]` (float32, bfloat16 or float16,
+// converted to each family's `latent_cache_storage` on the write) to every row, and returns
+// the values of everything stored: `[B, T, width]` per family (views in the stored dtype for
+// the float modes; float32 decodes, O(stored) when evaluated, for the quantized ones).
 //
 // - Inputs are borrowed for the call (the library keeps its own reference until evaluation);
 //   pass `index_keys` with `ctx == NULL` on a layer without DSA.
 // - Each non-NULL output receives a new array owned by the caller (free it with
-//   `mlx_array_free` or `latent_cache_array_free`); NULL outputs are skipped. On a layer
+//   `mlx_array_free` or `latent_cache_array_free`); NULL outputs are skipped, and with every
+//   output NULL no value is built at all (what an engine reading `latent_cache_packed_state`
+//   in a quantized mode wants: the decode is never made). On a layer
 //   without DSA, `*out_index_keys` receives an array with `ctx == NULL`. Written only on
 //   success.
 // - The write is not evaluated: evaluate once per step, after all layers. Release the returned
@@ -290,13 +360,27 @@ latent_cache_status latent_cache_append_latent(latent_cache *cache,
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a layer without DSA index keys), `BACKEND`.
 latent_cache_status latent_cache_stored_index_keys(const latent_cache *cache, mlx_array *out);
 
-// Views of every stored family (`[B, T, width]`; `[0, 0, width]` before the first append),
-// with the same output rules as `latent_cache_append_latent`.
+// The values of every stored family (`[B, T, width]`; `[0, 0, width]` before the first
+// append), as `latent_cache_append_latent` returns them and with the same output rules.
 // Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
 latent_cache_status latent_cache_state(const latent_cache *cache,
                                        mlx_array *out_latent,
                                        mlx_array *out_rope,
                                        mlx_array *out_index_keys);
+
+// `*out` receives views of one family's stored parts (`family` a `latent_cache_family`), no
+// copy and no decode: for the float modes the same view `latent_cache_state` returns; for the
+// quantized ones the codes, scales and biases an engine passes to MLX's quantized matmul. The
+// same release rules as `latent_cache_state`. Written only on success.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unknown family, or index keys on a layer
+// without them), `BACKEND`.
+latent_cache_status latent_cache_packed_state(const latent_cache *cache,
+                                              uint32_t family,
+                                              latent_cache_packed *out);
+
+// Frees the arrays of `*packed` (those with `ctx != NULL`) and sets them to `ctx == NULL`, so a
+// second release is harmless. NULL is accepted and ignored.
+void latent_cache_packed_release(latent_cache_packed *packed);
 
 // Makes a float32 array `[batch, tokens, width]` holding a copy of `data` (`data_len` floats,
 // which must equal the product). `*out` receives it, owned by the caller. For engines without
@@ -426,8 +510,11 @@ latent_cache_status latent_cache_rope_head_dim(const latent_cache *cache, size_t
 // serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_index_head_dim(const latent_cache *cache, size_t *out);
 
-// `*out` = bytes one more position costs one row: (kv_lora_rank + rope_head_dim +
-// index_head_dim) x 4 for float32 storage.
+// `*out` = bytes one more position costs one row, in each family's storage mode (see
+// `latent_cache_storage`): (kv_lora_rank + rope_head_dim + index_head_dim) x 4 when every
+// family is float32. GLM-5.2, whole model (78 layers, index keys on 21), per position:
+// float32 190,464; bfloat16 95,232; latent Q8 + rope bfloat16 + index keys Q8 55,272 (index
+// keys FP8: 55,188); latent Q4 + rope bfloat16 + index keys Q8 35,304.
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 // serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_bytes_per_token(const latent_cache *cache, size_t *out);

@@ -3,14 +3,19 @@
 mod common;
 
 use common::model::{Model, Rng};
-use latent_cache::{Family, Geometry, LatentCache};
+use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 
 fn geometry(index_head_dim: usize) -> Geometry {
-    Geometry { kv_lora_rank: 8, rope_head_dim: 4, index_head_dim, max_tokens: 0 }
+    Geometry { kv_lora_rank: 8, rope_head_dim: 4, index_head_dim, ..Geometry::default() }
 }
 
 fn widths(g: &Geometry) -> [usize; 3] {
     [g.kv_lora_rank, g.rope_head_dim, g.index_head_dim]
+}
+
+/// The model of a cache with `g`'s widths and storage modes.
+fn model_of(g: &Geometry) -> Model {
+    Model::with_modes(widths(g), [g.latent_storage, g.rope_storage, g.index_storage])
 }
 
 fn assert_matches(cache: &LatentCache, model: &Model, step: &str) {
@@ -41,12 +46,11 @@ fn random_append(rng: &mut Rng, cache: &mut LatentCache, model: &mut Model, batc
     format!("append {batch}x{tokens}")
 }
 
-fn run_sequence(seed: u64, index_head_dim: usize, steps: usize) {
-    let g = geometry(index_head_dim);
+fn run_sequence(seed: u64, g: Geometry, steps: usize) {
     let mut rng = Rng::new(seed);
     let batch = rng.range(1, 8);
     let mut cache = LatentCache::new(g).unwrap();
-    let mut model = Model::new(widths(&g));
+    let mut model = model_of(&g);
     let mut batch_now = batch;
     for i in 0..steps {
         let step = match rng.range(0, 9) {
@@ -97,7 +101,7 @@ fn run_sequence(seed: u64, index_head_dim: usize, steps: usize) {
             8 if model.round.is_none() && !model.rows.is_empty() && model.rows.len() < 8 => {
                 // A new request joins: prefill it alone, then merge it after the running rows.
                 let mut joiner = LatentCache::new(g).unwrap();
-                let mut joiner_model = Model::new(widths(&g));
+                let mut joiner_model = model_of(&g);
                 random_append(&mut rng, &mut joiner, &mut joiner_model, 1);
                 let mut merged = LatentCache::new(g).unwrap();
                 merged.merge_rows(&[&cache, &joiner]).unwrap();
@@ -122,14 +126,39 @@ fn run_sequence(seed: u64, index_head_dim: usize, steps: usize) {
 #[test]
 fn random_sequences_match_the_model_on_dsa_layers() {
     for seed in 1..=12 {
-        run_sequence(seed, 6, 60);
+        run_sequence(seed, geometry(6), 60);
     }
 }
 
 #[test]
 fn random_sequences_match_the_model_on_plain_layers() {
     for seed in 100..=105 {
-        run_sequence(seed, 0, 60);
+        run_sequence(seed, geometry(0), 60);
+    }
+}
+
+/// The same random sequences (appends, trims, rounds uniform and per row, filters, merges,
+/// extracts) with every storage mode, on widths every mode can hold (FP8 needs 128).
+#[test]
+fn random_sequences_match_the_model_in_every_storage_mode() {
+    use StorageMode::*;
+    for (i, (latent, rope, index)) in
+        [(Bf16, Bf16, Bf16), (F16, F16, F16), (Q8, Bf16, Q8), (Q4, Q4, Q4), (Fp8, Bf16, Fp8), (Q4, F32, Fp8)]
+            .into_iter()
+            .enumerate()
+    {
+        let g = Geometry {
+            kv_lora_rank: 256,
+            rope_head_dim: 64,
+            index_head_dim: 128,
+            latent_storage: latent,
+            rope_storage: rope,
+            index_storage: index,
+            ..Geometry::default()
+        };
+        for seed in 0..3 {
+            run_sequence(200 + 10 * i as u64 + seed, g, 40);
+        }
     }
 }
 

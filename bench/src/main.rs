@@ -1,4 +1,4 @@
-//! `latent-cache-bench [--quick] [--gpu] [--points BxT,...] [--no-concat] [--c-first] [--out FILE]`:
+//! `latent-cache-bench [--quick] [--gpu] [--modes] [--points BxT,...] [--no-concat] [--c-first] [--out FILE]`:
 //! decode steps, speculative rounds and chunked prefill for this library (Rust API, C ABI) and
 //! the seed's concatenate strategy, on a GLM-5.2-shaped model, in one process. Writes one JSON
 //! record per (system, scenario, batch, context) to FILE (default target/bench/rust.json).
@@ -10,11 +10,15 @@
 //! - `--no-concat`: skips the seed strategy (its O(history) copies dominate a run's time).
 //! - `--c-first`: steps the C ABI before the Rust API in each side-by-side pair, to show that
 //!   the order does not decide their ratio.
+//! - `--modes`: the storage modes instead (see `modes.rs`): decode and uniform rounds per mode
+//!   side by side, memory held per position, and accuracy; batch 1 from 1K to 64K (128K with
+//!   `--gpu`).
+mod modes;
 mod systems;
 
 use std::time::Instant;
 
-use systems::{model_bytes_per_token, Concat, Inputs, OursC, OursRust, Step, System};
+use systems::{Concat, Inputs, OursC, OursRust, Step, System};
 
 /// Positions a single fill append writes (bounded so fill inputs stay small).
 const FILL_CHUNK: usize = 4096;
@@ -33,6 +37,7 @@ struct Config {
     /// Largest batch x context at which the Rust API and the C ABI are held in memory together
     /// and stepped alternately.
     side_by_side_limit: usize,
+    modes: bool,
 }
 
 fn config() -> Config {
@@ -41,8 +46,11 @@ fn config() -> Config {
     let out =
         args.iter().position(|a| a == "--out").map(|i| args[i + 1].clone()).unwrap_or_else(|| "target/bench/rust.json".into());
     let gpu = args.iter().any(|a| a == "--gpu");
+    let modes = args.iter().any(|a| a == "--modes");
     let mut points: Vec<(usize, usize)> = if quick {
         vec![(1, 1024), (1, 4096), (8, 1024)]
+    } else if modes {
+        vec![(1, 1024), (1, 4096), (1, 32768), (1, 65536)]
     } else {
         vec![(1, 1024), (1, 4096), (1, 16384), (1, 65536), (8, 1024), (8, 4096), (8, 8192)]
     };
@@ -65,9 +73,16 @@ fn config() -> Config {
         false => CONCAT_LIMIT,
     };
     // A GPU has room for both of our systems at every point; 24 GiB of host memory does not.
-    let side_by_side_limit = if gpu { usize::MAX } else { CONCAT_LIMIT };
+    // The five storage modes at 32K positions hold 14 GB together: still side by side here.
+    let side_by_side_limit = match (gpu, modes) {
+        (true, _) => usize::MAX,
+        (false, true) => 2 * CONCAT_LIMIT,
+        (false, false) => CONCAT_LIMIT,
+    };
     let steps = if quick { 20 } else { 60 };
-    Config { quick, out, points, steps, prefill_to: if quick { 4096 } else { 32768 }, concat_limit, side_by_side_limit }
+    let concat_limit = if modes { 0 } else { concat_limit };
+    let prefill_to = if quick { 4096 } else { 32768 };
+    Config { quick, out, points, steps, prefill_to, concat_limit, side_by_side_limit, modes }
 }
 
 struct Stats {
@@ -90,17 +105,15 @@ struct Point {
     side_by_side: bool,
 }
 
-fn record(out: &mut Vec<String>, system: &str, scenario: &str, at: Point, s: &Stats, samples: usize, held: Option<f64>) {
+fn record(out: &mut Vec<String>, system: &dyn System, scenario: &str, at: Point, s: &Stats, samples: usize, held: Option<f64>) {
+    let (bytes_per_token, system) = (system.bytes_per_token(), system.name());
     let held = held.map_or("null".to_string(), |h| format!("{h:.1}"));
     let Point { batch, context, side_by_side } = at;
     let line = format!(
         "{{\"system\": \"{system}\", \"scenario\": \"{scenario}\", \"batch\": {batch}, \"context\": {context}, \
          \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"samples\": {samples}, \
          \"bytes_per_token\": {}, \"bytes_held_per_token\": {held}, \"side_by_side\": {side_by_side}}}",
-        s.median,
-        s.p10,
-        s.p90,
-        model_bytes_per_token()
+        s.median, s.p10, s.p90, bytes_per_token
     );
     eprintln!("{line}");
     out.push(line);
@@ -158,8 +171,9 @@ fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config,
     let one = Inputs::new(batch, 1, 0.5);
     let four = Inputs::new(batch, 4, 0.75);
     for (scenario, step) in [("decode", Step::Decode), ("decode_all_views", Step::DecodeAllViews), ("spec_round", Step::Decode)] {
-        // Keeping every view copies the index keys each step: shown up to a bounded size only.
-        if step == Step::DecodeAllViews && batch * context > CONCAT_LIMIT {
+        // Keeping every view copies the index keys each step: shown up to a bounded size only
+        // (and not for the storage modes, whose step takes the stored parts).
+        if step == Step::DecodeAllViews && (batch * context > CONCAT_LIMIT || cfg.modes) {
             continue;
         }
         let mut samples = vec![Vec::new(); systems.len()];
@@ -180,7 +194,7 @@ fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config,
         }
         for (k, (system, samples)) in systems.iter().zip(samples).enumerate() {
             let held = (scenario == "decode").then_some(held[k]);
-            record(out, system.name(), scenario, at, &stats(samples), cfg.steps, held);
+            record(out, system.as_ref(), scenario, at, &stats(samples), cfg.steps, held);
         }
     }
     // Each uneven round rebuilds every layer's buffers: bounded like the all-views scenario.
@@ -213,7 +227,7 @@ fn spec_uneven(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Con
             }
         }
         if per_row {
-            record(out, system.name(), "spec_round_uneven", at, &stats(samples), steps, None);
+            record(out, system.as_ref(), "spec_round_uneven", at, &stats(samples), steps, None);
         }
     }
 }
@@ -232,12 +246,12 @@ fn prefill(out: &mut Vec<String>, system: &mut dyn System, cfg: &Config) {
         if checkpoints.contains(&done) {
             let n = window.len();
             let at = Point { batch: 1, context: done, side_by_side: false };
-            record(out, system.name(), "prefill_per_position", at, &stats(std::mem::take(&mut window)), n, None);
+            record(out, system, "prefill_per_position", at, &stats(std::mem::take(&mut window)), n, None);
         }
     }
 }
 
-type Make = fn() -> Box<dyn System>;
+type Make = Box<dyn Fn() -> Box<dyn System>>;
 
 /// A system under test: how to make it, and whether it runs alone (the seed strategy, whose
 /// O(history) copies would slow whatever shares the machine with it) rather than side by side.
@@ -250,11 +264,16 @@ fn main() {
     let cfg = config();
     let mut out = Vec::new();
     eprintln!("bench: {} mode, MLX device {:?}", if cfg.quick { "quick" } else { "full" }, mlx_rs::Device::default());
-    let mut makers: Vec<Maker> = vec![
-        Maker { make: || Box::new(OursRust::new()), runs_alone: false },
-        Maker { make: || Box::new(OursC::new()), runs_alone: false },
-        Maker { make: || Box::new(Concat::new()), runs_alone: true },
-    ];
+    let mut makers: Vec<Maker> = match cfg.modes {
+        true => (0..modes::MODE_SETS.len())
+            .map(|i| Maker { make: Box::new(move || Box::new(modes::OursMode::new(&modes::MODE_SETS[i]))), runs_alone: false })
+            .collect(),
+        false => vec![
+            Maker { make: Box::new(|| Box::new(OursRust::new())), runs_alone: false },
+            Maker { make: Box::new(|| Box::new(OursC::new())), runs_alone: false },
+            Maker { make: Box::new(|| Box::new(Concat::new())), runs_alone: true },
+        ],
+    };
     if std::env::args().any(|a| a == "--c-first") {
         makers.swap(0, 1);
     }
@@ -262,13 +281,13 @@ fn main() {
         // The Rust API and the C ABI run side by side while both fit in memory, one at a time
         // beyond that. The seed strategy always runs alone: its O(history) copies would slow
         // whatever shares the machine's caches with it.
-        let ours: Vec<Make> = makers.iter().filter(|m| !m.runs_alone).map(|m| m.make).collect();
-        let mut groups: Vec<Vec<Make>> = match batch * context <= cfg.side_by_side_limit {
+        let ours: Vec<&Make> = makers.iter().filter(|m| !m.runs_alone).map(|m| &m.make).collect();
+        let mut groups: Vec<Vec<&Make>> = match batch * context <= cfg.side_by_side_limit {
             true => vec![ours],
             false => ours.into_iter().map(|m| vec![m]).collect(),
         };
         if batch * context <= cfg.concat_limit {
-            groups.extend(makers.iter().filter(|m| m.runs_alone).map(|m| vec![m.make]));
+            groups.extend(makers.iter().filter(|m| m.runs_alone).map(|m| vec![&m.make]));
         }
         for group in groups {
             mlx_rs::memory::clear_cache().unwrap();
@@ -276,8 +295,11 @@ fn main() {
             measure(&mut out, &mut systems, &cfg, batch, context);
         }
     }
+    if cfg.modes {
+        out.extend(modes::accuracy());
+    }
     for maker in &makers {
-        if maker.runs_alone && cfg.concat_limit == 0 {
+        if (maker.runs_alone && cfg.concat_limit == 0) || cfg.modes {
             continue;
         }
         mlx_rs::memory::clear_cache().unwrap();

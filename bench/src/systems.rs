@@ -81,14 +81,18 @@ pub trait System {
     }
     /// Makes room for `tokens` positions where the system supports it.
     fn reserve(&mut self, _tokens: usize) {}
+    /// Bytes one position costs the whole model.
+    fn bytes_per_token(&self) -> usize {
+        model_bytes_per_token()
+    }
 }
 
-fn geometry(l: usize) -> Geometry {
+pub fn geometry(l: usize) -> Geometry {
     Geometry {
         kv_lora_rank: WIDTHS[0],
         rope_head_dim: WIDTHS[1],
         index_head_dim: if is_dsa(l) { WIDTHS[2] } else { 0 },
-        max_tokens: 0,
+        ..Geometry::default()
     }
 }
 

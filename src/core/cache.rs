@@ -15,9 +15,10 @@ fn no_index_keys() -> CacheError {
     CacheError::new(ErrorKind::InvalidArgument, "this layer has no DSA index keys (index_head_dim is 0)")
 }
 
-/// Views of everything stored, as returned by an append and by `state`: latent
+/// Values of everything stored, as returned by an append and by `state`: latent
 /// `[B, T, kv_lora_rank]`, rope `[B, T, rope_head_dim]`, index keys `[B, T, index_head_dim]` on
-/// a DSA layer.
+/// a DSA layer. Views in the stored dtype for the float modes; lazy float32 decodes of the
+/// whole window (O(stored) when evaluated) for the quantized ones (see `packed`).
 pub type LatentState = Families<Array>;
 
 #[derive(Debug)]
@@ -90,8 +91,8 @@ impl LatentCache {
     fn check_input(&self, family: Family, array: &Array) -> Result<(usize, usize)> {
         let width = self.geometry.width(family).expect("checked by caller");
         let name = family.name();
-        if array.dtype() != Dtype::Float32 {
-            return fail!(Dtype, "{name} must be float32, got {:?}", array.dtype());
+        if !matches!(array.dtype(), Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16) {
+            return fail!(Dtype, "{name} must be float32, bfloat16 or float16, got {:?}", array.dtype());
         }
         let shape = array.shape();
         if shape.len() != 3 {
@@ -126,15 +127,34 @@ impl LatentCache {
     }
 
     /// Appends `tokens` positions to every row at the right end, atomically for all families,
-    /// and returns views of everything stored. Inputs are borrowed `[B, N, width]` float32.
+    /// and returns the values of everything stored (see `LatentState`). Inputs are borrowed
+    /// `[B, N, width]` float32, bfloat16 or float16, converted to each family's storage mode
+    /// (only the new positions are converted).
     /// The write is lazy; growing the buffers allocates during the call (`reserve` avoids it).
     /// Release the returned views before the next append, or that append copies the buffers.
     pub fn append_latent(&mut self, latent: &Array, rope: &Array, index_keys: Option<&Array>) -> Result<LatentState> {
+        Ok(self.append_inner(latent, rope, index_keys, true)?.expect("views were asked for"))
+    }
+
+    /// `append_latent` without building the returned values: for engines that read the stored
+    /// parts (`packed`) or nothing this step (a quantized mode's decode is never built).
+    pub fn append(&mut self, latent: &Array, rope: &Array, index_keys: Option<&Array>) -> Result<()> {
+        self.append_inner(latent, rope, index_keys, false).map(drop)
+    }
+
+    fn append_inner(
+        &mut self,
+        latent: &Array,
+        rope: &Array,
+        index_keys: Option<&Array>,
+        views: bool,
+    ) -> Result<Option<LatentState>> {
         let (batch, tokens) = self.check_append(latent, rope, index_keys)?;
         let updates = Families { latent, rope, index_keys };
         let offset = self.layout.offset();
         let pending = self.storage.prepare_append(updates, batch, offset, tokens, self.geometry.max_tokens, self.reserved)?;
-        let views = self.storage.pending_views(&pending, offset + tokens)?;
+        // Built before the commit, so a failure here leaves the cache as it was.
+        let views = views.then(|| self.storage.pending_views(&pending, offset + tokens)).transpose()?;
         self.storage.commit(pending);
         self.layout.append(batch, tokens);
         Ok(views)
@@ -194,9 +214,23 @@ impl LatentCache {
         self.storage.view(Family::IndexKeys, self.layout.offset())
     }
 
-    /// Views of every stored family.
+    /// Values of every stored family (see `LatentState`).
     pub fn state(&self) -> Result<LatentState> {
         self.storage.views(self.layout.offset())
+    }
+
+    /// How `family` is stored on this layer.
+    pub fn storage_mode(&self, family: Family) -> Result<crate::core::StorageMode> {
+        self.width(family)?;
+        Ok(self.geometry.storage(family))
+    }
+
+    /// Views of one family's stored parts `[B, T, part_width]` as its mode holds them (see
+    /// `codec::StorageMode::parts`): the values for the float modes; codes, scales (and
+    /// biases) for the quantized ones, for MLX's quantized matmul. No copy, no decode.
+    pub fn packed(&self, family: Family) -> Result<Vec<Array>> {
+        self.width(family)?;
+        self.storage.packed(family, self.layout.offset())
     }
 
     /// Drops the last `n` positions of every row; returns `n`. Moves the offset, copies nothing.

@@ -1,5 +1,6 @@
 //! A layer's geometry: the widths of its state families and its position limit, plus the numbers
 //! derived from them (bytes per token, signature).
+use super::codec::StorageMode;
 use super::error::{fail, Result};
 
 /// The three state families an MLA layer stores per position.
@@ -25,7 +26,7 @@ impl Family {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Geometry {
     pub kv_lora_rank: usize,
     pub rope_head_dim: usize,
@@ -33,6 +34,11 @@ pub struct Geometry {
     pub index_head_dim: usize,
     /// 0 for unbounded.
     pub max_tokens: usize,
+    /// How each family is stored (`F32`, the default, is exact). The index keys' mode is
+    /// ignored on a layer without them.
+    pub latent_storage: StorageMode,
+    pub rope_storage: StorageMode,
+    pub index_storage: StorageMode,
 }
 
 /// The widest family a layer may have: 2^20 values (4 MiB per position of one row). Real MLA
@@ -63,7 +69,21 @@ impl Geometry {
                 return fail!(InvalidArgument, "{name} ({value}) exceeds {max}");
             }
         }
+        for family in Family::ALL {
+            if let Some(width) = self.width(family) {
+                self.storage(family).check_width(family.name(), width)?;
+            }
+        }
         Ok(())
+    }
+
+    /// How `family` is stored.
+    pub fn storage(&self, family: Family) -> StorageMode {
+        match family {
+            Family::Latent => self.latent_storage,
+            Family::Rope => self.rope_storage,
+            Family::IndexKeys => self.index_storage,
+        }
     }
 
     pub fn has_index_keys(&self) -> bool {
@@ -79,17 +99,29 @@ impl Geometry {
         }
     }
 
-    /// Bytes one position of one row occupies in f32 storage.
+    /// Bytes one position of one row occupies, in every family's storage mode.
     pub fn bytes_per_token(&self) -> usize {
-        (self.kv_lora_rank + self.rope_head_dim + self.index_head_dim) * std::mem::size_of::<f32>()
+        Family::ALL.iter().filter_map(|&family| Some(self.storage(family).bytes_per_position(self.width(family)?))).sum()
+    }
+
+    /// The storage modes of this layer's families, `latent/rope[/index_keys]`.
+    pub fn storage_names(&self) -> String {
+        let mut names = format!("{}/{}", self.latent_storage.name(), self.rope_storage.name());
+        if self.has_index_keys() {
+            names = format!("{names}/{}", self.index_storage.name());
+        }
+        names
     }
 
     /// Stable identity of the stored layout: two caches with equal signatures hold
     /// interchangeable state. `max_tokens` is a limit, not a layout, so it is left out.
     pub fn signature(&self) -> String {
         format!(
-            "latent-cache/mla-v1;storage=f32;kv_lora_rank={};rope_head_dim={};index_head_dim={}",
-            self.kv_lora_rank, self.rope_head_dim, self.index_head_dim
+            "latent-cache/mla-v1;storage={};kv_lora_rank={};rope_head_dim={};index_head_dim={}",
+            self.storage_names(),
+            self.kv_lora_rank,
+            self.rope_head_dim,
+            self.index_head_dim
         )
     }
 }

@@ -15,12 +15,7 @@ fn limit_and_active() -> (usize, usize) {
     (limit, active)
 }
 
-/// Bytes `rows x positions x floats_per_position` float32 values occupy; `None` on overflow.
-pub fn f32_bytes(rows: usize, positions: usize, floats_per_position: usize) -> Option<usize> {
-    rows.checked_mul(positions)?.checked_mul(floats_per_position)?.checked_mul(std::mem::size_of::<f32>())
-}
-
-/// Refuses (CAPACITY) an allocation of `bytes` (`None`: beyond `usize`, see `f32_bytes`) that would take MLX's
+/// Refuses (CAPACITY) an allocation of `bytes` (`None`: beyond `usize`) that would take MLX's
 /// active memory past its memory limit (`mlx_set_memory_limit`; by default a share of the
 /// device's memory). `what` names the request in the message.
 pub fn check_alloc(bytes: Option<usize>, what: &str) -> Result<()> {

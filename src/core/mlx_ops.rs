@@ -2,7 +2,7 @@
 //! append costs one slice update per family and nothing else on the host. Every graph the
 //! library builds runs on one process-wide stream (see `stream`), so a handle's calls, and the
 //! evaluation of the arrays they return, may land on any thread.
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
 
 use super::error::{fail, Result};
@@ -100,11 +100,124 @@ pub fn slice_update(src: &Array, update: &Array, start: &[usize], stop: &[usize]
     })
 }
 
-/// An f32 array of zeros, lazily (allocated when evaluated). Callers that allocate check the
-/// size with `memory::check_alloc` first.
-pub fn zeros(shape: &[usize]) -> Result<Array> {
+/// An array of zeros, lazily (allocated when evaluated). Callers that allocate check the size
+/// with `memory::check_alloc` first.
+pub fn zeros(shape: &[usize], dtype: Dtype) -> Result<Array> {
     let shape = dims(shape);
-    call("zeros", |res, s| unsafe { mlx_sys::mlx_zeros(res, shape.as_ptr(), shape.len(), mlx_sys::mlx_dtype__MLX_FLOAT32, s) })
+    call("zeros", |res, s| unsafe { mlx_sys::mlx_zeros(res, shape.as_ptr(), shape.len(), dtype as u32, s) })
+}
+
+/// `a` converted to `dtype` (round to nearest even); `a` itself when it already is.
+pub fn astype(a: &Array, dtype: Dtype) -> Result<Array> {
+    if a.dtype() == dtype {
+        return Ok(a.clone());
+    }
+    call("astype", |res, s| unsafe { mlx_sys::mlx_astype(res, a.as_ptr(), dtype as u32, s) })
+}
+
+/// `a` with a new shape of the same size; a view when `a` is contiguous.
+pub fn reshape(a: &Array, shape: &[usize]) -> Result<Array> {
+    let shape = dims(shape);
+    call("reshape", |res, s| unsafe { mlx_sys::mlx_reshape(res, a.as_ptr(), shape.as_ptr(), shape.len(), s) })
+}
+
+fn binary(
+    op: &str,
+    a: &Array,
+    b: &Array,
+    f: unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32,
+) -> Result<Array> {
+    call(op, |res, s| unsafe { f(res, a.as_ptr(), b.as_ptr(), s) })
+}
+
+pub fn multiply(a: &Array, b: &Array) -> Result<Array> {
+    binary("multiply", a, b, mlx_sys::mlx_multiply)
+}
+
+pub fn divide(a: &Array, b: &Array) -> Result<Array> {
+    binary("divide", a, b, mlx_sys::mlx_divide)
+}
+
+pub fn maximum(a: &Array, b: &Array) -> Result<Array> {
+    binary("maximum", a, b, mlx_sys::mlx_maximum)
+}
+
+/// A float32 scalar.
+pub fn scalar(value: f32) -> Array {
+    // SAFETY: a plain constructor; the handle is owned by the returned Array.
+    unsafe { Array::from_ptr(mlx_sys::mlx_array_new_float(value)) }
+}
+
+/// The largest absolute value along the last axis, kept as an axis of 1.
+pub fn abs_max_last(a: &Array) -> Result<Array> {
+    let abs = call("abs", |res, s| unsafe { mlx_sys::mlx_abs(res, a.as_ptr(), s) })?;
+    call("max", |res, s| unsafe { mlx_sys::mlx_max_axis(res, abs.as_ptr(), -1, true, s) })
+}
+
+fn optional(value: i32) -> mlx_sys::mlx_optional_int {
+    mlx_sys::mlx_optional_int { value, has_value: true }
+}
+
+/// MLX's affine quantization along the last axis: `[packed uint32, scales, biases]`, scales and
+/// biases in `w`'s dtype.
+pub fn quantize(w: &Array, group_size: i32, bits: i32) -> Result<Vec<Array>> {
+    let stream = STREAM.0;
+    // SAFETY: the vector is freed here; each element is copied into an owned Array first.
+    unsafe {
+        let mut out = mlx_sys::mlx_vector_array_new();
+        let null = mlx_sys::mlx_array_new();
+        let rc =
+            mlx_sys::mlx_quantize(&mut out, w.as_ptr(), optional(group_size), optional(bits), c"affine".as_ptr(), null, stream);
+        mlx_sys::mlx_array_free(null);
+        let mut parts = Vec::new();
+        if rc == 0 {
+            for i in 0..mlx_sys::mlx_vector_array_size(out) {
+                let mut part = mlx_sys::mlx_array_new();
+                if mlx_sys::mlx_vector_array_get(&mut part, out, i) != 0 {
+                    mlx_sys::mlx_array_free(part);
+                    break;
+                }
+                parts.push(Array::from_ptr(part));
+            }
+        }
+        mlx_sys::mlx_vector_array_free(out);
+        if rc != 0 || parts.len() != 3 {
+            return fail!(Backend, "MLX quantize failed");
+        }
+        Ok(parts)
+    }
+}
+
+/// The inverse of `quantize`, in the scales' dtype.
+pub fn dequantize(w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> Result<Array> {
+    call("dequantize", |res, s| unsafe {
+        let null = mlx_sys::mlx_array_new();
+        let no_dtype = mlx_sys::mlx_optional_dtype { value: 0, has_value: false };
+        let rc = mlx_sys::mlx_dequantize(
+            res,
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            optional(group_size),
+            optional(bits),
+            c"affine".as_ptr(),
+            null,
+            no_dtype,
+            s,
+        );
+        mlx_sys::mlx_array_free(null);
+        rc
+    })
+}
+
+/// E4M3 codes (uint8) of `a`, saturating at +-448.
+pub fn to_fp8(a: &Array) -> Result<Array> {
+    call("to_fp8", |res, s| unsafe { mlx_sys::mlx_to_fp8(res, a.as_ptr(), s) })
+}
+
+/// The values of E4M3 codes, as `dtype`.
+pub fn from_fp8(a: &Array, dtype: Dtype) -> Result<Array> {
+    call("from_fp8", |res, s| unsafe { mlx_sys::mlx_from_fp8(res, a.as_ptr(), dtype as u32, s) })
 }
 
 /// An f32 array `shape` holding a copy of `data` (the one host-to-array path). The length must

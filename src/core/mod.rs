@@ -1,5 +1,6 @@
 //! The core: plain Rust over mlx-rs, returning `Result`; it knows nothing of C.
 pub mod cache;
+pub mod codec;
 pub mod error;
 pub mod eval;
 pub mod families;
@@ -11,6 +12,7 @@ mod rows;
 pub mod storage;
 
 pub use cache::{LatentCache, LatentState};
+pub use codec::StorageMode;
 pub use error::{CacheError, ErrorKind, Result};
 pub use families::Families;
 pub use geometry::{Family, Geometry};

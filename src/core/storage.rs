@@ -1,7 +1,9 @@
-//! The stored state: one capacity buffer `[rows, capacity, width]` per family, written by
-//! in-place slice updates and read through views `[:, :offset]`. Rows and capacity are shared by
-//! every family and live here once. Growth is geometric (or to a reservation), so an append
-//! costs O(new positions) amortized, never O(history).
+//! The stored state: per family, one capacity buffer `[rows, capacity, part_width]` per part of
+//! its storage mode (one for the float modes; codes, scales and biases for the quantized ones,
+//! see `codec`), written by in-place slice updates and read through views `[:, :offset]`. Rows
+//! and capacity are shared by every family and live here once. Growth is geometric (or to a
+//! reservation), so an append costs O(new positions) amortized, never O(history); only the new
+//! positions are encoded.
 //!
 //! Every mutation is split in two: `prepare_*` builds the new state and may fail; `commit`
 //! swaps it in and cannot fail. Whatever allocates (growth, reserve, row rebuilds) is checked
@@ -10,11 +12,12 @@
 //! left lazy, for the engine's once-per-step evaluation.
 use mlx_rs::Array;
 
+use super::codec::{Part, StorageMode};
 use super::error::{CacheError, Result};
 use super::eval::{eval, is_evaluated};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
-use super::memory::{check_alloc, f32_bytes};
+use super::memory::check_alloc;
 use super::mlx_ops;
 
 /// Smallest capacity a buffer grows to: small appends should not reallocate every few tokens.
@@ -25,29 +28,44 @@ pub(crate) const MIN_CAPACITY: usize = 256;
 /// it never reads) would otherwise grow an unbounded graph. Counted across every operation.
 const MAX_LAZY_WRITES: usize = 64;
 
-/// One family's buffer.
+/// One family's parts, each `[rows, capacity, part_width]`.
+type Parts = Vec<Array>;
+
+/// One family's buffers.
 #[derive(Debug)]
 struct Buffer {
+    mode: StorageMode,
     width: usize,
+    parts: Vec<Part>,
     /// `None` until the first write.
-    data: Option<Array>,
+    data: Option<Parts>,
     /// Writes chained on `data` since it was last seen evaluated.
     lazy_writes: usize,
 }
 
-/// The first `offset` positions of `rows` rows of a `width`-wide buffer: a view, no copy.
-fn window(data: &Array, rows: usize, offset: usize, width: usize) -> Result<Array> {
-    mlx_ops::slice(data, &[0, 0, 0], &[rows, offset, width])
+/// Positions `[lo, hi)` of rows `[row_lo, row_hi)` of every part: views, no copy.
+fn window(data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: usize) -> Result<Parts> {
+    data.iter().zip(parts).map(|(d, p)| mlx_ops::slice(d, &[rows.0, lo, 0], &[rows.1, hi, p.width])).collect()
+}
+
+/// `dest` with `update` (parts of the same family) written at rows `[row, ..)`, positions
+/// `[at, ..)`, lazily.
+fn write(dest: &[Array], update: &[Array], row: usize, at: usize) -> Result<Parts> {
+    dest.iter()
+        .zip(update)
+        .map(|(d, u)| {
+            let shape = u.shape();
+            let (rows, tokens, width) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
+            mlx_ops::slice_update(d, u, &[row, at, 0], &[row + rows, at + tokens, width])
+        })
+        .collect()
 }
 
 impl Buffer {
     /// `fresh` with this buffer's first `offset` positions of `rows` rows copied in (lazily).
-    fn copy_live(&self, fresh: Array, rows: usize, offset: usize) -> Result<Array> {
+    fn copy_live(&self, fresh: Parts, rows: usize, offset: usize) -> Result<Parts> {
         match &self.data {
-            Some(data) if offset > 0 => {
-                let live = window(data, rows, offset, self.width)?;
-                mlx_ops::slice_update(&fresh, &live, &[0, 0, 0], &[rows, offset, self.width])
-            }
+            Some(data) if offset > 0 => write(&fresh, &window(data, &self.parts, (0, rows), 0, offset)?, 0, 0),
             _ => Ok(fresh),
         }
     }
@@ -55,9 +73,14 @@ impl Buffer {
     /// The writes chained on this buffer now (0 once MLX has evaluated it).
     fn chained_writes(&self) -> usize {
         match &self.data {
-            Some(data) if !is_evaluated(data) => self.lazy_writes,
+            Some(data) if !data.iter().all(is_evaluated) => self.lazy_writes,
             _ => 0,
         }
+    }
+
+    /// Decoded values of stored parts (`read_dtype()` of the mode).
+    fn decode(&self, parts: &[Array]) -> Result<Array> {
+        self.mode.decode(parts, self.width)
     }
 }
 
@@ -68,17 +91,17 @@ pub struct Storage {
     buffers: Families<Buffer>,
 }
 
-/// A prepared new state of every family: `(data, lazy writes)` each.
+/// A prepared new state of every family: `(parts, lazy writes)` each.
 pub struct Pending {
     rows: usize,
     capacity: usize,
-    data: Families<(Array, usize)>,
+    data: Families<(Parts, usize)>,
 }
 
 impl Pending {
     /// Evaluates the prepared state (the caller then commits it, or drops it on failure).
     pub fn eval(&mut self) -> Result<()> {
-        eval(self.data.iter().map(|(data, _)| data))?;
+        eval(self.data.iter().flat_map(|(data, _)| data))?;
         self.data.as_mut().map(|_, (_, lazy)| *lazy = 0);
         Ok(())
     }
@@ -97,7 +120,10 @@ pub struct RowPiece<'a> {
 
 impl Storage {
     pub fn new(geometry: &Geometry) -> Self {
-        let buffers = Families::for_geometry(geometry, |_, width| Buffer { width, data: None, lazy_writes: 0 });
+        let buffers = Families::for_geometry(geometry, |family, width| {
+            let mode = geometry.storage(family);
+            Buffer { mode, width, parts: mode.parts(width), data: None, lazy_writes: 0 }
+        });
         Storage { rows: 0, capacity: 0, buffers }
     }
 
@@ -107,8 +133,8 @@ impl Storage {
 
     /// Checks that `rows x capacity` positions of every family fit in MLX's memory now.
     fn check_alloc(&self, rows: usize, capacity: usize, what: &str) -> Result<()> {
-        let floats: usize = self.buffers.iter().map(|b| b.width).sum();
-        check_alloc(f32_bytes(rows, capacity, floats), what)
+        let per_position: usize = self.buffers.iter().map(|b| b.mode.bytes_per_position(b.width)).sum();
+        check_alloc(rows.checked_mul(capacity).and_then(|n| n.checked_mul(per_position)), what)
     }
 
     /// Checks that one row of `capacity` positions would fit now (a reservation before the
@@ -128,16 +154,19 @@ impl Storage {
     }
 
     /// Fresh zeroed buffers of `rows x capacity` for every family, allocated now (evaluated).
-    fn allocate(&self, rows: usize, capacity: usize, what: &str) -> Result<Families<Array>> {
+    fn allocate(&self, rows: usize, capacity: usize, what: &str) -> Result<Families<Parts>> {
         self.check_alloc(rows, capacity, what)?;
-        let fresh = self.buffers.as_ref().try_map(|_, b| mlx_ops::zeros(&[rows, capacity, b.width]))?;
-        eval(fresh.iter())?;
+        let fresh = self.buffers.as_ref().try_map(|_, b| {
+            b.parts.iter().map(|p| mlx_ops::zeros(&[rows, capacity, p.width], p.dtype)).collect::<Result<Parts>>()
+        })?;
+        eval(fresh.iter().flatten())?;
         Ok(fresh)
     }
 
-    /// Writes `updates` (`[rows, tokens, width]` each) at positions `[offset, offset + tokens)`,
-    /// growing first when the buffers are too small (the new buffers are allocated during the
-    /// call; the copy of the `offset` live positions and the write stay lazy).
+    /// Writes `updates` (`[rows, tokens, width]` each, any float dtype) at positions
+    /// `[offset, offset + tokens)`, encoded in each family's mode, growing first when the
+    /// buffers are too small (the new buffers are allocated during the call; the copy of the
+    /// `offset` live positions, the encoding and the write stay lazy).
     pub fn prepare_append(
         &self,
         updates: Families<&Array>,
@@ -148,26 +177,25 @@ impl Storage {
         reserved: usize,
     ) -> Result<Pending> {
         let end = offset + tokens;
-        let window = |width: usize| ([0, offset, 0], [rows, end, width]);
+        let encoded =
+            self.buffers.as_ref().zip(updates).try_map(|_, (buffer, update)| buffer.mode.encode(update, buffer.width))?;
         if self.capacity >= end && self.buffers.latent.data.is_some() {
-            let data = self.buffers.as_ref().zip(updates).try_map(|_, (buffer, update)| {
+            let data = self.buffers.as_ref().zip(encoded).try_map(|_, (buffer, update)| {
                 let data = buffer.data.as_ref().expect("written buffers have data");
                 let mut lazy = buffer.chained_writes();
                 if lazy >= MAX_LAZY_WRITES {
-                    eval([data])?;
+                    eval(data)?;
                     lazy = 0;
                 }
-                let (start, stop) = window(buffer.width);
-                Ok::<_, CacheError>((mlx_ops::slice_update(data, update, &start, &stop)?, lazy + 1))
+                Ok::<_, CacheError>((write(data, &update, 0, offset)?, lazy + 1))
             })?;
             return Ok(Pending { rows, capacity: self.capacity, data });
         }
         let capacity = self.grown_capacity(end, max_tokens, reserved);
         let fresh = self.allocate(rows, capacity, &format!("growing to {capacity} positions x {rows} rows"))?;
-        let data = self.buffers.as_ref().zip(fresh).zip(updates).try_map(|_, ((buffer, fresh), update)| {
+        let data = self.buffers.as_ref().zip(fresh).zip(encoded).try_map(|_, ((buffer, fresh), update)| {
             let base = buffer.copy_live(fresh, rows, offset)?;
-            let (start, stop) = window(buffer.width);
-            Ok::<_, CacheError>((mlx_ops::slice_update(&base, update, &start, &stop)?, buffer.chained_writes() + 1))
+            Ok::<_, CacheError>((write(&base, &update, 0, offset)?, buffer.chained_writes() + 1))
         })?;
         Ok(Pending { rows, capacity, data })
     }
@@ -196,17 +224,10 @@ impl Storage {
         let capacity = capacity.max(1);
         let fresh = self.allocate(rows, capacity, &format!("rebuilding {rows} rows of {capacity} positions"))?;
         let data = self.buffers.as_ref().zip(fresh).try_map(|family, (buffer, mut data)| {
-            let width = buffer.width;
             for piece in pieces.iter().filter(|p| p.hi > p.lo) {
                 let source = piece.source.buffer(family).data.as_ref().expect("a piece with positions has data");
-                let part = mlx_ops::slice(source, &[piece.row, piece.lo, 0], &[piece.row + 1, piece.hi, width])?;
-                let dest_hi = piece.dest_lo + (piece.hi - piece.lo);
-                data = mlx_ops::slice_update(
-                    &data,
-                    &part,
-                    &[piece.dest_row, piece.dest_lo, 0],
-                    &[piece.dest_row + 1, dest_hi, width],
-                )?;
+                let part = window(source, &buffer.parts, (piece.row, piece.row + 1), piece.lo, piece.hi)?;
+                data = write(&data, &part, piece.dest_row, piece.dest_lo)?;
             }
             Ok::<_, CacheError>((data, 0))
         })?;
@@ -215,12 +236,13 @@ impl Storage {
         Ok(pending)
     }
 
-    /// Views `[rows, offset, width]` of a prepared state, before it is committed.
+    /// Values `[rows, offset, width]` of a prepared state, before it is committed: views for
+    /// the float modes, lazy decodes for the quantized ones.
     pub fn pending_views(&self, pending: &Pending, offset: usize) -> Result<Families<Array>> {
         self.buffers
             .as_ref()
             .zip(pending.data.as_ref())
-            .try_map(|_, (buffer, (data, _))| window(data, pending.rows, offset, buffer.width))
+            .try_map(|_, (buffer, (data, _))| buffer.decode(&window(data, &buffer.parts, (0, pending.rows), 0, offset)?))
     }
 
     pub fn commit(&mut self, pending: Pending) {
@@ -236,14 +258,20 @@ impl Storage {
         self.buffers.get(family).expect("callers check the family exists on this layer")
     }
 
-    /// A view of one family's stored window `[rows, offset, width]`; an empty `[0, 0, width]`
-    /// array before the first write.
-    pub fn view(&self, family: Family, offset: usize) -> Result<Array> {
+    /// Views of one family's stored parts `[rows, offset, part_width]` (before the first
+    /// write: empty `[0, 0, part_width]` arrays).
+    pub fn packed(&self, family: Family, offset: usize) -> Result<Parts> {
         let buffer = self.buffer(family);
         match &buffer.data {
-            Some(data) => window(data, self.rows, offset, buffer.width),
-            None => mlx_ops::zeros(&[0, 0, buffer.width]),
+            Some(data) => window(data, &buffer.parts, (0, self.rows), 0, offset),
+            None => buffer.parts.iter().map(|p| mlx_ops::zeros(&[0, 0, p.width], p.dtype)).collect(),
         }
+    }
+
+    /// One family's stored values `[rows, offset, width]`: a view for the float modes, a lazy
+    /// decode (O(stored) when evaluated) for the quantized ones.
+    pub fn view(&self, family: Family, offset: usize) -> Result<Array> {
+        self.buffer(family).decode(&self.packed(family, offset)?)
     }
 
     /// Views of every family's stored window.
@@ -251,18 +279,21 @@ impl Storage {
         self.buffers.as_ref().try_map(|family, _| self.view(family, offset))
     }
 
-    /// Row `row`'s positions `[lo, hi)` of one family, copied to the host.
+    /// Row `row`'s positions `[lo, hi)` of one family, decoded to float32 on the host.
     pub fn read_row(&self, family: Family, row: usize, lo: usize, hi: usize) -> Result<Vec<f32>> {
         let buffer = self.buffer(family);
         match &buffer.data {
-            Some(data) if hi > lo => mlx_ops::to_host(&mlx_ops::slice(data, &[row, lo, 0], &[row + 1, hi, buffer.width])?),
+            Some(data) if hi > lo => {
+                let values = buffer.decode(&window(data, &buffer.parts, (row, row + 1), lo, hi)?)?;
+                mlx_ops::to_host(&mlx_ops::astype(&values, mlx_rs::Dtype::Float32)?)
+            }
             _ => Ok(Vec::new()),
         }
     }
 
     /// Evaluates every buffer (pending writes land in place).
     pub fn eval(&self) -> Result<()> {
-        eval(self.buffers.iter().filter_map(|b| b.data.as_ref()))
+        eval(self.buffers.iter().filter_map(|b| b.data.as_ref()).flatten())
     }
 
     /// Releases every buffer.

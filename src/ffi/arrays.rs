@@ -9,10 +9,12 @@ use mlx_sys::mlx_array;
 
 use super::args::{in_slice, out_ptr, write};
 use super::error::{Failure, FfiResult};
+use super::family::family;
 use super::handle::latent_cache;
 use super::handle::with_cache;
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
+use super::storage::latent_cache_storage;
 use crate::core::{eval, mlx_ops, LatentState};
 
 /// Borrows a caller's array for the call without taking ownership.
@@ -51,13 +53,17 @@ unsafe fn hand_out(state: LatentState, latent: *mut mlx_array, rope: *mut mlx_ar
 }
 
 /// Appends the positions in `latent` `[B, N, kv_lora_rank]`, `rope` `[B, N, rope_head_dim]`
-/// and, on a DSA layer, `index_keys` `[B, N, index_head_dim]` (all float32) to every row, and
-/// returns views of everything stored: `[B, T, width]` per family.
+/// and, on a DSA layer, `index_keys` `[B, N, index_head_dim]` (float32, bfloat16 or float16,
+/// converted to each family's `latent_cache_storage` on the write) to every row, and returns
+/// the values of everything stored: `[B, T, width]` per family (views in the stored dtype for
+/// the float modes; float32 decodes, O(stored) when evaluated, for the quantized ones).
 ///
 /// - Inputs are borrowed for the call (the library keeps its own reference until evaluation);
 ///   pass `index_keys` with `ctx == NULL` on a layer without DSA.
 /// - Each non-NULL output receives a new array owned by the caller (free it with
-///   `mlx_array_free` or `latent_cache_array_free`); NULL outputs are skipped. On a layer
+///   `mlx_array_free` or `latent_cache_array_free`); NULL outputs are skipped, and with every
+///   output NULL no value is built at all (what an engine reading `latent_cache_packed_state`
+///   in a quantized mode wants: the decode is never made). On a layer
 ///   without DSA, `*out_index_keys` receives an array with `ctx == NULL`. Written only on
 ///   success.
 /// - The write is not evaluated: evaluate once per step, after all layers. Release the returned
@@ -89,7 +95,12 @@ pub unsafe extern "C" fn latent_cache_append_latent(
             true => None,
             false => Some(borrow(index_keys, "index_keys")?),
         };
-        let state = with_cache(cache, |cache| Ok(cache.append_latent(&latent, &rope, index_keys.as_deref())?))?;
+        let keys = index_keys.as_deref();
+        if out_latent.is_null() && out_rope.is_null() && out_index_keys.is_null() {
+            // No outputs: nothing to build (a quantized family's decode included).
+            return with_cache(cache, |cache| Ok(cache.append(&latent, &rope, keys)?));
+        }
+        let state = with_cache(cache, |cache| Ok(cache.append_latent(&latent, &rope, keys)?))?;
         hand_out(state, out_latent, out_rope, out_index_keys);
         Ok(())
     } }
@@ -109,8 +120,8 @@ pub unsafe extern "C" fn latent_cache_stored_index_keys(cache: *const latent_cac
     } }
 }
 
-/// Views of every stored family (`[B, T, width]`; `[0, 0, width]` before the first append),
-/// with the same output rules as `latent_cache_append_latent`.
+/// The values of every stored family (`[B, T, width]`; `[0, 0, width]` before the first
+/// append), as `latent_cache_append_latent` returns them and with the same output rules.
 /// Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_state(
@@ -124,6 +135,76 @@ pub unsafe extern "C" fn latent_cache_state(
         hand_out(state, out_latent, out_rope, out_index_keys);
         Ok(())
     } }
+}
+
+/// One family's stored parts, as `latent_cache_packed_state` returns them: views `[B, T, ...]`
+/// owned by the caller (release them with `latent_cache_packed_release`, before the next
+/// append). The arrays a mode does not have are `ctx == NULL`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct latent_cache_packed {
+    /// The family's mode: a `latent_cache_storage` value.
+    pub storage: u32,
+    /// Bits per code: 32 or 16 for the float modes, 8 for `Q8` and `FP8`, 4 for `Q4`.
+    pub bits: u32,
+    /// Values sharing one scale: 64 for `Q8`/`Q4`, 128 for `FP8`, 0 for the float modes.
+    pub group_size: u32,
+    /// Float modes: the values `[B, T, width]` in the stored dtype. `Q8`/`Q4`: uint32 codes
+    /// `[B, T, width * bits / 32]`. `FP8`: uint8 E4M3 codes `[B, T, width]`.
+    pub values: mlx_array,
+    /// `Q8`/`Q4`: bfloat16 scales `[B, T, width / 64]`. `FP8`: float32 scales
+    /// `[B, T, width / 128]`, value = `from_fp8(code) * scale` per block.
+    pub scales: mlx_array,
+    /// `Q8`/`Q4`: bfloat16 biases `[B, T, width / 64]`, value = `code * scale + bias`
+    /// (`mx.dequantize` / `mx.quantized_matmul` with `mode = "affine"`).
+    pub biases: mlx_array,
+}
+
+/// `*out` receives views of one family's stored parts (`family` a `latent_cache_family`), no
+/// copy and no decode: for the float modes the same view `latent_cache_state` returns; for the
+/// quantized ones the codes, scales and biases an engine passes to MLX's quantized matmul. The
+/// same release rules as `latent_cache_state`. Written only on success.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unknown family, or index keys on a layer
+/// without them), `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_packed_state(
+    cache: *const latent_cache,
+    family: u32,
+    out: *mut latent_cache_packed,
+) -> latent_cache_status {
+    ffi_boundary! { unsafe {
+        let out = out_ptr(out, "out")?;
+        let family = self::family(family)?;
+        let (mode, parts) = with_cache(cache, |cache| Ok((cache.storage_mode(family)?, cache.packed(family)?)))?;
+        let mut parts = parts.into_iter().map(give);
+        let packed = latent_cache_packed {
+            storage: latent_cache_storage::of(mode) as u32,
+            bits: mode.bits() as u32,
+            group_size: mode.group_size() as u32,
+            values: parts.next().unwrap_or_else(empty),
+            scales: parts.next().unwrap_or_else(empty),
+            biases: parts.next().unwrap_or_else(empty),
+        };
+        write(out, packed);
+        Ok(())
+    } }
+}
+
+/// Frees the arrays of `*packed` (those with `ctx != NULL`) and sets them to `ctx == NULL`, so a
+/// second release is harmless. NULL is accepted and ignored.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_packed_release(packed: *mut latent_cache_packed) {
+    ffi_boundary!(on_panic = ();
+        // SAFETY: the caller passes a packed state it owns, or NULL.
+        if let Some(packed) = unsafe { packed.as_mut() } {
+            for array in [&mut packed.values, &mut packed.scales, &mut packed.biases] {
+                let taken = std::mem::replace(array, empty());
+                if !taken.ctx.is_null() {
+                    drop(unsafe { Array::from_ptr(taken) });
+                }
+            }
+        }
+    )
 }
 
 /// Makes a float32 array `[batch, tokens, width]` holding a copy of `data` (`data_len` floats,

@@ -2,6 +2,7 @@
 use super::error::{Failure, FfiResult};
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
+use super::storage::storage_mode;
 use crate::core::Geometry;
 
 /// Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
@@ -20,13 +21,22 @@ pub struct latent_cache_config {
     /// Most positions a row may hold; 0 for unbounded (then INT32_MAX, MLX's largest extent).
     /// At most INT32_MAX.
     pub max_tokens: usize,
+    /// How the latent is stored: a `latent_cache_storage` value (0, `F32`, is exact).
+    pub latent_storage: u32,
+    /// How the rope key is stored: a `latent_cache_storage` value.
+    pub rope_storage: u32,
+    /// How the index keys are stored: a `latent_cache_storage` value; ignored on a layer
+    /// without index keys.
+    pub index_storage: u32,
     /// Must be zero.
-    pub reserved: [usize; 4],
+    pub reserved32: u32,
+    /// Must be zero.
+    pub reserved: [usize; 2],
 }
 
 impl latent_cache_config {
     pub(crate) fn geometry(&self) -> FfiResult<Geometry> {
-        if self.reserved.iter().any(|&v| v != 0) {
+        if self.reserved.iter().any(|&v| v != 0) || self.reserved32 != 0 {
             return Err(Failure::new(
                 latent_cache_status::InvalidArgument,
                 "config.reserved must be zero (start from latent_cache_config_default())",
@@ -37,6 +47,9 @@ impl latent_cache_config {
             rope_head_dim: self.rope_head_dim,
             index_head_dim: self.index_head_dim,
             max_tokens: self.max_tokens,
+            latent_storage: storage_mode(self.latent_storage, "latent_storage")?,
+            rope_storage: storage_mode(self.rope_storage, "rope_storage")?,
+            index_storage: storage_mode(self.index_storage, "index_storage")?,
         };
         geometry.validate()?;
         Ok(geometry)
@@ -44,12 +57,22 @@ impl latent_cache_config {
 }
 
 /// GLM-5.2's geometry for a sparse-attention (DSA) layer: kv_lora_rank 512, rope_head_dim 64,
-/// index_head_dim 128, unbounded. Set `index_head_dim = 0` for a layer without index keys.
+/// index_head_dim 128, unbounded, every family in float32. Set `index_head_dim = 0` for a layer
+/// without index keys.
 /// Never fails.
 #[no_mangle]
 pub extern "C" fn latent_cache_config_default() -> latent_cache_config {
     ffi_boundary!(on_panic = GLM_DSA_LAYER; GLM_DSA_LAYER)
 }
 
-const GLM_DSA_LAYER: latent_cache_config =
-    latent_cache_config { kv_lora_rank: 512, rope_head_dim: 64, index_head_dim: 128, max_tokens: 0, reserved: [0; 4] };
+const GLM_DSA_LAYER: latent_cache_config = latent_cache_config {
+    kv_lora_rank: 512,
+    rope_head_dim: 64,
+    index_head_dim: 128,
+    max_tokens: 0,
+    latent_storage: 0,
+    rope_storage: 0,
+    index_storage: 0,
+    reserved32: 0,
+    reserved: [0; 2],
+};

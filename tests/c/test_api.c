@@ -173,7 +173,7 @@ static void test_config(void) {
   cfg.kv_lora_rank = 0;
   FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
   cfg = latent_cache_config_default();
-  cfg.reserved[2] = 1;
+  cfg.reserved[1] = 1;
   FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
   CHECK(c == (latent_cache *)0x1); /* outputs untouched on failure */
   CHECK(strcmp(latent_cache_version(), LATENT_CACHE_VERSION) == 0);
@@ -439,6 +439,79 @@ static void test_status_names(void) {
   CHECK(strcmp(latent_cache_status_name(0xFFFFFFFFu), "UNKNOWN") == 0);
 }
 
+/* bfloat16 round-to-nearest-even, independent of the library. */
+static float bf16_round(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  u &= 0xFFFF0000u;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/* Storage modes as an engine configures them: bytes per token, bfloat16 values as rounded,
+ * 8-bit values within one quantization step, packed parts, and a refused combination. */
+static void test_storage_modes(void) {
+  enum { B = 2, T = 3, L = 128, R = 64, K = 128 };
+  latent_cache_config cfg = latent_cache_config_default();
+  cfg.kv_lora_rank = L;
+  cfg.rope_head_dim = R;
+  cfg.index_head_dim = K;
+  cfg.latent_storage = LATENT_CACHE_STORAGE_Q8;
+  cfg.rope_storage = LATENT_CACHE_STORAGE_BF16;
+  cfg.index_storage = LATENT_CACHE_STORAGE_FP8;
+  latent_cache *c = NULL;
+  OK(latent_cache_new(&cfg, &c));
+  size_t bpt = 0;
+  OK(latent_cache_bytes_per_token(c, &bpt));
+  CHECK(bpt == (L + (L / 64) * 4) + R * 2 + (K + (K / 128) * 4));
+  static float lat[B * T * L], rope[B * T * R], keys[B * T * K];
+  for (size_t i = 0; i < B * T * L; i++) lat[i] = (float)((int)((i * 7919) % 2001) - 1000) / 250.0f;
+  for (size_t i = 0; i < B * T * R; i++) rope[i] = (float)((int)((i * 104729) % 4001) - 2000) / 3.0f;
+  for (size_t i = 0; i < B * T * K; i++) keys[i] = lat[i] * 0.5f;
+  OK(latent_cache_append_host(c, B, T, lat, B * T * L, rope, B * T * R, keys, B * T * K));
+
+  static float out[T * L];
+  size_t n = 0;
+  OK(latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_ROPE, 1, out, T * R, &n));
+  CHECK(n == T * R);
+  for (size_t i = 0; i < T * R; i++) CHECK(out[i] == bf16_round(rope[T * R + i]));
+  OK(latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_LATENT, 0, out, T * L, &n));
+  CHECK(n == T * L);
+  for (size_t g = 0; g < T * L; g += 64) {
+    float lo = lat[g], hi = lat[g];
+    for (size_t i = g; i < g + 64; i++) {
+      lo = lat[i] < lo ? lat[i] : lo;
+      hi = lat[i] > hi ? lat[i] : hi;
+    }
+    float bound = (hi - lo) / 255.0f + 4.0f * 4.0f / 256.0f + (hi - lo) / 256.0f;
+    for (size_t i = g; i < g + 64; i++) CHECK(out[i] - lat[i] <= bound && lat[i] - out[i] <= bound);
+  }
+
+  latent_cache_packed p;
+  memset(&p, 0, sizeof p);
+  OK(latent_cache_packed_state(c, LATENT_CACHE_FAMILY_LATENT, &p));
+  CHECK(p.storage == LATENT_CACHE_STORAGE_Q8 && p.bits == 8 && p.group_size == 64);
+  CHECK(p.values.ctx != NULL && p.scales.ctx != NULL && p.biases.ctx != NULL);
+  latent_cache_packed_release(&p);
+  latent_cache_packed_release(&p); /* harmless */
+  CHECK(p.values.ctx == NULL && p.scales.ctx == NULL && p.biases.ctx == NULL);
+  OK(latent_cache_packed_state(c, LATENT_CACHE_FAMILY_INDEX_KEYS, &p));
+  CHECK(p.storage == LATENT_CACHE_STORAGE_FP8 && p.bits == 8 && p.group_size == 128);
+  CHECK(p.values.ctx != NULL && p.scales.ctx != NULL && p.biases.ctx == NULL);
+  latent_cache_packed_release(&p);
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_packed_state(c, 7, &p));
+  latent_cache_packed_release(NULL);
+
+  latent_cache *d = (latent_cache *)0x1;
+  cfg.rope_storage = LATENT_CACHE_STORAGE_FP8; /* 64 wide: FP8 blocks are 128 */
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &d));
+  cfg.rope_storage = 42;
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &d));
+  CHECK(d == (latent_cache *)0x1);
+  latent_cache_free(c);
+}
+
 int main(void) {
   test_status_names();
   test_config();
@@ -447,6 +520,7 @@ int main(void) {
   test_speculative_rows();
   test_join_and_leave();
   test_mlx_arrays();
+  test_storage_modes();
   if (failures) {
     fprintf(stderr, "test_api: %d failure(s)\n", failures);
     return 1;

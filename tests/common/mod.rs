@@ -1,4 +1,5 @@
 //! Shared by the integration tests.
 pub mod api_driver;
 pub mod check;
+pub mod codec_ref;
 pub mod model;

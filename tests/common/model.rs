@@ -1,7 +1,12 @@
-//! The reference model the tests compare against: plain vectors per row, no MLX. It encodes the
+//! The reference model the tests compare against: plain vectors per row. It encodes the
 //! documented row semantics directly (rows as growable lists, right-justified only on read), so
-//! it shares no logic with the library's layout code.
+//! it shares no logic with the library's layout code. Each family keeps what its storage mode
+//! reads back (`codec_ref::stored`, applied once to the appended values).
 #![allow(dead_code)]
+
+use latent_cache::StorageMode;
+
+use super::codec_ref;
 
 #[derive(Clone, Debug, Default)]
 pub struct Row {
@@ -12,6 +17,7 @@ pub struct Row {
 #[derive(Clone, Debug)]
 pub struct Model {
     pub widths: [usize; 3],
+    pub modes: [StorageMode; 3],
     pub rows: Vec<Row>,
     /// Row lengths when the open round began.
     pub round: Option<Vec<usize>>,
@@ -19,7 +25,11 @@ pub struct Model {
 
 impl Model {
     pub fn new(widths: [usize; 3]) -> Self {
-        Model { widths, rows: Vec::new(), round: None }
+        Self::with_modes(widths, [StorageMode::F32; 3])
+    }
+
+    pub fn with_modes(widths: [usize; 3], modes: [StorageMode; 3]) -> Self {
+        Model { widths, modes, rows: Vec::new(), round: None }
     }
 
     pub fn len(&self, row: usize) -> usize {
@@ -39,11 +49,12 @@ impl Model {
         self.row_offsets().into_iter().map(|len| offset - len).collect()
     }
 
-    /// `data[f]` is `[batch, tokens, width_f]` row-major.
+    /// `data[f]` is `[batch, tokens, width_f]` row-major, as appended (float32).
     pub fn append(&mut self, batch: usize, tokens: usize, data: &[Vec<f32>; 3]) {
         if self.rows.is_empty() {
             self.rows = vec![Row::default(); batch];
         }
+        let data: [Vec<f32>; 3] = std::array::from_fn(|f| codec_ref::stored(self.modes[f], self.widths[f], &data[f]));
         for (b, row) in self.rows.iter_mut().enumerate() {
             for (f, family) in row.families.iter_mut().enumerate() {
                 let w = self.widths[f];
@@ -95,7 +106,7 @@ impl Model {
     }
 
     pub fn merge(sources: &[&Model]) -> Model {
-        let mut out = Model::new(sources[0].widths);
+        let mut out = Model::with_modes(sources[0].widths, sources[0].modes);
         for source in sources {
             if source.rows.is_empty() {
                 out.rows.push(Row::default());
@@ -106,7 +117,7 @@ impl Model {
     }
 
     pub fn extract(&self, row: usize) -> Model {
-        Model { widths: self.widths, rows: vec![self.rows[row].clone()], round: None }
+        Model { widths: self.widths, modes: self.modes, rows: vec![self.rows[row].clone()], round: None }
     }
 }
 

@@ -1,0 +1,138 @@
+//! Storage modes side by side (`latent-cache-bench --modes`): the same GLM-5.2-shaped model with
+//! each family stored as a mode names it, stepped as an engine that attends over the stored
+//! parts would step it: on DSA layers read the stored index keys' parts, append one position
+//! (no values built), take the latent's and rope's stored parts, evaluate once. For float32 the
+//! parts are the plain views, so the f32 row is the library's usual decode step. Plus each
+//! mode's accuracy on Gaussian and heavy-tailed values.
+use latent_cache::core::eval::eval;
+use latent_cache::{Family, Geometry, LatentCache, StorageMode};
+
+use crate::systems::{geometry, is_dsa, Inputs, Step, System, LAYERS};
+
+/// A configuration of the three families' modes, named as the report shows it.
+pub struct ModeSet {
+    pub name: &'static str,
+    pub storage: [StorageMode; 3],
+}
+
+/// The configurations measured: exact; the checkpoint's precision; the 8-bit layouts serving
+/// engines use (affine as mlx-lm, FP8 with block scales as FlashMLA / SGLang), the rope key in
+/// bfloat16 (64 wide, too narrow for FP8's blocks); and the smallest.
+pub const MODE_SETS: [ModeSet; 5] = [
+    ModeSet { name: "latent-cache f32", storage: [StorageMode::F32; 3] },
+    ModeSet { name: "latent-cache bf16", storage: [StorageMode::Bf16; 3] },
+    ModeSet { name: "latent-cache q8 (rope bf16)", storage: [StorageMode::Q8, StorageMode::Bf16, StorageMode::Q8] },
+    ModeSet { name: "latent-cache fp8 (rope bf16)", storage: [StorageMode::Fp8, StorageMode::Bf16, StorageMode::Fp8] },
+    ModeSet { name: "latent-cache q4 (rope bf16, index q8)", storage: [StorageMode::Q4, StorageMode::Bf16, StorageMode::Q8] },
+];
+
+fn layer(l: usize, set: &ModeSet) -> Geometry {
+    let [latent_storage, rope_storage, index_storage] = set.storage;
+    Geometry { latent_storage, rope_storage, index_storage, ..geometry(l) }
+}
+
+pub struct OursMode {
+    name: &'static str,
+    layers: Vec<LatentCache>,
+}
+
+impl OursMode {
+    pub fn new(set: &ModeSet) -> Self {
+        OursMode { name: set.name, layers: (0..LAYERS).map(|l| LatentCache::new(layer(l, set)).unwrap()).collect() }
+    }
+}
+
+impl System for OursMode {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn forward(&mut self, inputs: &Inputs, step: Step) {
+        let mut outputs = Vec::with_capacity(LAYERS * 8);
+        for (l, cache) in self.layers.iter_mut().enumerate() {
+            if step != Step::Fill && is_dsa(l) {
+                outputs.extend(cache.packed(Family::IndexKeys).unwrap());
+            }
+            let keys = is_dsa(l).then_some(&inputs.arrays[2]);
+            cache.append(&inputs.arrays[0], &inputs.arrays[1], keys).unwrap();
+            outputs.extend(cache.packed(Family::Latent).unwrap());
+            outputs.extend(cache.packed(Family::Rope).unwrap());
+            if step == Step::Fill && is_dsa(l) {
+                outputs.extend(cache.packed(Family::IndexKeys).unwrap());
+            }
+        }
+        eval(outputs.iter()).unwrap();
+    }
+
+    fn spec_begin(&mut self) {
+        self.layers.iter_mut().for_each(|c| c.spec_round_begin().unwrap());
+    }
+
+    fn spec_rollback(&mut self, keep: usize) {
+        self.layers.iter_mut().for_each(|c| c.spec_round_rollback_all(keep).unwrap());
+    }
+
+    fn reserve(&mut self, tokens: usize) {
+        self.layers.iter_mut().for_each(|c| c.reserve(tokens).unwrap());
+    }
+
+    fn bytes_per_token(&self) -> usize {
+        self.layers.iter().map(LatentCache::bytes_per_token).sum()
+    }
+}
+
+/// Standard normal samples (Box-Muller over a fixed xorshift stream), and heavy-tailed ones
+/// (a normal times e^normal: rare values tens of times the typical scale, as outlier channels).
+fn samples(n: usize, heavy: bool, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut uniform = move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        ((state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let mut normal = move || ((-2.0 * uniform().ln()).sqrt() * (2.0 * std::f64::consts::PI * uniform()).cos()) as f32;
+    (0..n).map(|_| if heavy { normal() * normal().exp() } else { normal() }).collect()
+}
+
+/// One JSON record per (mode set, distribution, family): the largest absolute error and the
+/// largest error relative to the value among values of magnitude at least 0.1 (inputs have unit
+/// scale), over 256 positions read back through the host path.
+pub fn accuracy() -> Vec<String> {
+    let mut out = Vec::new();
+    let tokens = 256;
+    for set in &MODE_SETS {
+        for (distribution, heavy) in [("gaussian", false), ("heavy-tailed", true)] {
+            let g = layer(0, set);
+            let g = Geometry { index_head_dim: 128, ..g };
+            let mut cache = LatentCache::new(g).unwrap();
+            let data: Vec<Vec<f32>> = [g.kv_lora_rank, g.rope_head_dim, 128]
+                .iter()
+                .enumerate()
+                .map(|(f, w)| samples(tokens * w, heavy, f as u64 + 1))
+                .collect();
+            cache.append_host(1, tokens, &data[0], &data[1], Some(&data[2])).unwrap();
+            for (f, family) in Family::ALL.into_iter().enumerate() {
+                let back = cache.read_row(family, 0).unwrap();
+                let (mut abs, mut rel) = (0f32, 0f32);
+                for (x, y) in data[f].iter().zip(&back) {
+                    let err = (x - y).abs();
+                    abs = abs.max(err);
+                    if x.abs() >= 0.1 {
+                        rel = rel.max(err / x.abs());
+                    }
+                }
+                let line = format!(
+                    "{{\"system\": \"{}\", \"scenario\": \"accuracy\", \"distribution\": \"{distribution}\", \
+                     \"family\": \"{}\", \"storage\": \"{}\", \"max_abs\": {abs:e}, \"max_rel\": {rel:e}}}",
+                    set.name,
+                    family.name(),
+                    g.storage(family).name()
+                );
+                eprintln!("{line}");
+                out.push(line);
+            }
+        }
+    }
+    out
+}
