@@ -122,8 +122,9 @@ bench bench-quick: bench-deps
 	cargo build --release -p latent-cache-bench
 	@mkdir -p $(BENCH_OUT)
 	$(PIN) target/release/latent-cache-bench $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/rust.json
+	$(PIN) target/release/latent-cache-bench --modes $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/modes.json
 	PYTHONPATH=$(BENCH_PY) $(PIN) python3 bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
-	PYTHONPATH=$(BENCH_PY) python3 bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/mlx_lm.json \
+	PYTHONPATH=$(BENCH_PY) python3 bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/mlx_lm.json \
 	  --title "decode step time, GLM-5.2 shape, $$(nproc)-core CPU$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"
 	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png"
 

@@ -10,7 +10,13 @@ OURS = "latent-cache (Rust API)"
 C_ABI = "latent-cache (C ABI)"
 CONCAT = "seed strategy (concatenate)"
 MLX_LM = "mlx-lm caches (Python)"
-SYSTEMS = [OURS, C_ABI, CONCAT, MLX_LM]
+# Labelled variants of the mlx-lm peer (bench/mlx_lm_bench.py says what each models).
+MLX_LM_21 = "mlx-lm caches, index keys on 21 layers (variant)"
+MLX_LM_Q8 = "mlx-lm QuantizedKVCache 8-bit (Python) (variant)"
+SYSTEMS = [OURS, C_ABI, CONCAT, MLX_LM, MLX_LM_21, MLX_LM_Q8]
+# The storage-mode systems of `latent-cache-bench --modes` (bench/src/modes.rs) start with this.
+MODE_PREFIX = "latent-cache "
+MODE_F32 = "latent-cache f32"
 GROWTH_CHUNK = 256  # positions per row: the library's smallest growth step
 
 
@@ -99,6 +105,95 @@ def goals(by, records):
     return out
 
 
+def mode_systems(records):
+    # In the order the driver measured them (f32 first).
+    seen = []
+    for r in records:
+        if r["system"].startswith(MODE_PREFIX) and r["system"] not in seen:
+            seen.append(r["system"])
+    return seen
+
+
+def mode_goals(by, records):
+    out = []
+    modes = mode_systems(records)
+    if not modes:
+        return out
+    ctx = contexts_of([r for r in records if r["system"] in modes], "decode", 1)
+    for m in modes:
+        a, b = by.get((m, "decode", 1, ctx[0])), by.get((m, "decode", 1, ctx[-1]))
+        if a and b and ctx[0] == 1024 and ctx[-1] >= 65536:
+            g = b["median_us"] / a["median_us"]
+            out.append({"goal": f"{m}: step flat from 1K to {ctx[-1] // 1024}K (at most 1.25x)", "met": g <= 1.25,
+                        "detail": f"{g:.2f}x"})
+    for m in modes:
+        if m == MODE_F32:
+            continue
+        limit = 1.1 if "bf16" in m.split(" (")[0] else 1.5
+        worst = None
+        for c in ctx:
+            o, p = by.get((MODE_F32, "decode", 1, c)), by.get((m, "decode", 1, c))
+            if o and p and p.get("side_by_side") and o.get("side_by_side"):
+                r = p["median_us"] / o["median_us"]
+                worst = r if worst is None else max(worst, r)
+        if worst is not None:
+            out.append({"goal": f"{m}: decode step within {limit}x of f32 (points measured side by side)",
+                        "met": worst <= limit, "detail": f"worst {worst:.2f}x"})
+    worst = None
+    for r in records:
+        if r["system"] in modes and r["scenario"] == "decode" and r["bytes_held_per_token"] is not None:
+            allowed = r["bytes_per_token"] * 1.01 + r["bytes_per_token"] * GROWTH_CHUNK / r["context"]
+            excess = r["bytes_held_per_token"] / allowed
+            worst = excess if worst is None else max(worst, excess)
+    if worst is not None:
+        out.append({"goal": "storage modes: memory per stored token within 1% of bytes_per_token plus one growth chunk",
+                    "met": worst <= 1.0, "detail": f"worst point holds {worst:.3f}x the allowance"})
+    return out
+
+
+def modes_section(by, records, accuracy):
+    modes = mode_systems(records)
+    if not modes:
+        return []
+    md = ["", "## Storage modes (`latent-cache-bench --modes`)", "",
+          "Each mode is the whole GLM-5.2-shaped model with its families stored as named. The step reads what "
+          "an engine attending over the stored parts reads: the stored index keys' parts (DSA layers), one "
+          "append with no values built, the latent's and rope's parts (for f32 these are the plain views); "
+          "then one evaluation. Ratios are mode time / f32 time from this run; points marked alone were "
+          "measured one mode at a time (not side by side).", "",
+          "| mode | bytes per token (model) | " + " | ".join(f"decode {c // 1024}K ms" for c in contexts_of(
+              [r for r in records if r["system"] in modes], "decode", 1)) + " | held bytes per token (largest context) |"]
+    ctx = contexts_of([r for r in records if r["system"] in modes], "decode", 1)
+    md.append("|" + "---|" * (3 + len(ctx)))
+    for m in modes:
+        cells, held, bpt = [], "-", "-"
+        for c in ctx:
+            r, o = by.get((m, "decode", 1, c)), by.get((MODE_F32, "decode", 1, c))
+            if not r:
+                cells.append("not run")
+                continue
+            bpt = r["bytes_per_token"]
+            if r["bytes_held_per_token"] is not None:
+                held = f"{r['bytes_held_per_token']:.0f} (at {c // 1024}K)"
+            ratio = f", {r['median_us'] / o['median_us']:.2f}x" if o and m != MODE_F32 else ""
+            alone = "" if r.get("side_by_side") else ", alone"
+            cells.append(f"{r['median_us'] / 1000:.2f}{ratio}{alone}")
+        md.append(f"| {m} | {bpt} | " + " | ".join(cells) + f" | {held} |")
+    if accuracy:
+        md += ["", "Accuracy: largest absolute error, and largest error relative to the value among values of "
+               "magnitude at least 0.1, over 256 positions of unit-scale inputs read back through the host path.", "",
+               "| mode | family (storage) | gaussian max abs | gaussian max rel | heavy-tailed max abs | heavy-tailed max rel |",
+               "|---|---|---|---|---|---|"]
+        keyed = {(a["system"], a["family"], a["distribution"]): a for a in accuracy}
+        for m in modes:
+            for fam in ("latent", "rope", "index_keys"):
+                g, h = keyed.get((m, fam, "gaussian")), keyed.get((m, fam, "heavy-tailed"))
+                if g and h:
+                    md.append(f"| {m} | {fam} ({g['storage']}) | {g['max_abs']:.2e} | {g['max_rel']:.2e} | "
+                              f"{h['max_abs']:.2e} | {h['max_rel']:.2e} |")
+    return md
+
+
 def verdict(goal):
     return {True: "MET", False: "MISSED", None: "NOT MEASURED"}[goal["met"]]
 
@@ -135,10 +230,12 @@ def main():
         del args[i:i + 2]
     out_dir, paths = args[0], args[1:]
     records = load(paths)
+    accuracy = [r for r in records if r["scenario"] == "accuracy"]
+    records = [r for r in records if r["scenario"] != "accuracy"]
     by = index(records)
-    checked = goals(by, records)
+    checked = goals(by, records) + mode_goals(by, records)
     with open(f"{out_dir}/report.json", "w") as f:
-        json.dump({"title": title, "records": records, "goals": checked}, f, indent=1)
+        json.dump({"title": title, "records": records + accuracy, "goals": checked}, f, indent=1)
 
     md = [f"# Benchmark: {title}", "",
           "GLM-5.2 shape: 78 layers, kv_lora_rank 512, rope 64, index keys 128 on 21 layers, float32. "
@@ -182,6 +279,7 @@ def main():
     for r in sorted(records, key=lambda r: (r["system"], r["batch"], r["context"])):
         if r["scenario"] == "decode" and r["bytes_held_per_token"] is not None:
             md.append(f"| {r['system']} | {r['batch']} | {r['context']} | {r['bytes_held_per_token']:.0f} | {r['bytes_per_token']} |")
+    md += modes_section(by, records, accuracy)
     md += ["", "![decode step time](steps.png)", ""]
     with open(f"{out_dir}/report.md", "w") as f:
         f.write("\n".join(md))
