@@ -1,7 +1,8 @@
 /* An engine loop shaped like GLM-5.2 driving one latent cache per layer through the C ABI:
  * 78 layers (DSA index keys on 21 of them), a chunked prefill, decode steps with one MLX
- * evaluation per step, speculative rounds where rows accept different counts, and a batch
- * whose rows join and finish at different times. It prints positions, bytes, time per step,
+ * evaluation per step, speculative rounds where rows of prompts of different lengths accept
+ * different counts (ragged layout: a round costs what it appended), and a batch whose rows join
+ * and finish at different times. It prints positions, bytes, time per step,
  * and checks that what it reads back is exactly what it wrote.
  *
  * Usage: engine [--layers N] [--dsa N] [--prefill N] [--chunk N] [--decode N] */
@@ -50,8 +51,9 @@ static float value_at(int l, int request, size_t pos, int family, size_t ch) {
 static size_t width(int family) { return family == 0 ? RANK : family == 1 ? ROPE : INDEX; }
 
 /* Builds one layer's input arrays for `rows` rows: row b's `tokens` new positions start at
- * pos[b] of request req[b]. */
-static void build_inputs(int l, int dsa, int rows, const int *req, const size_t *pos, size_t tokens, mlx_array out[3]) {
+ * pos[b] of request req[b], after pad[b] padding positions (pad NULL: none). */
+static void build_inputs(int l, int dsa, int rows, const int *req, const size_t *pos, const size_t *pad, size_t tokens,
+                         mlx_array out[3]) {
   static float *buf = NULL;
   static size_t cap = 0;
   for (int f = 0; f < 3; f++) {
@@ -62,17 +64,20 @@ static void build_inputs(int l, int dsa, int rows, const int *req, const size_t 
       buf = realloc(buf, n * sizeof(float));
       cap = n;
     }
-    for (int b = 0; b < rows; b++)
+    for (int b = 0; b < rows; b++) {
+      size_t skip = pad ? pad[b] : 0;
       for (size_t t = 0; t < tokens; t++)
         for (size_t ch = 0; ch < width(f); ch++)
-          buf[((size_t)b * tokens + t) * width(f) + ch] = value_at(l, req[b], pos[b] + t, f, ch);
+          buf[((size_t)b * tokens + t) * width(f) + ch] = t < skip ? 0.0f : value_at(l, req[b], pos[b] + t - skip, f, ch);
+    }
     TRY(latent_cache_array_from_host(buf, n, (size_t)rows, tokens, width(f), &out[f]));
   }
 }
 
 /* One forward over every layer: on DSA layers read the index keys stored so far (a real engine
- * scores them), append, keep the views; then ONE evaluation of everything; release the views. */
-static double forward(layer *layers, mlx_array (*inputs)[3]) {
+ * scores them), append, keep the views; then ONE evaluation of everything; release the views.
+ * With `pad` (a padded batch's first forward) row b's first pad[b] positions are padding. */
+static double forward(layer *layers, mlx_array (*inputs)[3], const size_t *pad, size_t rows) {
   mlx_array *outputs = malloc(sizeof(mlx_array) * (size_t)n_layers * 4);
   size_t n_out = 0;
   double start = now_ms();
@@ -81,8 +86,12 @@ static double forward(layer *layers, mlx_array (*inputs)[3]) {
     /* Keep the latent and RoPE views for attention. On DSA layers the stored keys read above
      * are what selection needs; asking for the append's index-key view too (and evaluating it
      * with them) would make MLX copy the layer's index keys every step. */
-    TRY(latent_cache_append_latent(layers[l].cache, inputs[l][0], inputs[l][1], inputs[l][2], &outputs[n_out],
-                                   &outputs[n_out + 1], NULL));
+    if (pad)
+      TRY(latent_cache_append_latent_padded(layers[l].cache, pad, rows, inputs[l][0], inputs[l][1], inputs[l][2],
+                                            &outputs[n_out], &outputs[n_out + 1], NULL));
+    else
+      TRY(latent_cache_append_latent(layers[l].cache, inputs[l][0], inputs[l][1], inputs[l][2], &outputs[n_out],
+                                     &outputs[n_out + 1], NULL));
     n_out += 2;
   }
   TRY(latent_cache_eval(outputs, n_out));
@@ -94,18 +103,23 @@ static double forward(layer *layers, mlx_array (*inputs)[3]) {
   return elapsed;
 }
 
-static double step(layer *layers, int rows, const int *req, const size_t *pos, size_t tokens) {
+static double padded_step(layer *layers, int rows, const int *req, const size_t *pos, const size_t *pad, size_t tokens) {
   mlx_array (*inputs)[3] = malloc(sizeof(*inputs) * (size_t)n_layers);
-  for (int l = 0; l < n_layers; l++) build_inputs(l, layers[l].dsa, rows, req, pos, tokens, inputs[l]);
-  double ms = forward(layers, inputs);
+  for (int l = 0; l < n_layers; l++) build_inputs(l, layers[l].dsa, rows, req, pos, pad, tokens, inputs[l]);
+  double ms = forward(layers, inputs, pad, (size_t)rows);
   free(inputs);
   return ms;
 }
 
-static layer *new_layers(void) {
+static double step(layer *layers, int rows, const int *req, const size_t *pos, size_t tokens) {
+  return padded_step(layers, rows, req, pos, NULL, tokens);
+}
+
+static layer *new_layers_with(uint32_t layout) {
   layer *layers = calloc((size_t)n_layers, sizeof(layer));
   for (int l = 0; l < n_layers; l++) {
     latent_cache_config cfg = latent_cache_config_default();
+    cfg.layout = layout;
     /* Spread the DSA layers evenly over the stack. */
     layers[l].dsa = n_dsa > 0 && (l * n_dsa) / n_layers != ((l + 1) * n_dsa) / n_layers;
     cfg.index_head_dim = layers[l].dsa ? INDEX : 0;
@@ -113,6 +127,8 @@ static layer *new_layers(void) {
   }
   return layers;
 }
+
+static layer *new_layers(void) { return new_layers_with(LATENT_CACHE_LAYOUT_RIGHT_JUSTIFIED); }
 
 static void free_layers(layer *layers) {
   for (int l = 0; l < n_layers; l++) latent_cache_free(layers[l].cache);
@@ -218,14 +234,18 @@ static void single_sequence(void) {
   free_layers(layers);
 }
 
-/* Phase 3: two rows verify draft tokens in rounds and accept different counts. */
+/* Phase 3: two rows with prompts of different lengths verify draft tokens in rounds and accept
+ * different counts. Ragged layout: each row's positions are [left_pad[b], row_end[b]) of the
+ * window, so a rollback only moves row ends; an engine masks window position t of row b with
+ * left_pad[b] <= t < row_end[b] and gives it RoPE position t - left_pad[b]. */
 static void speculative(void) {
-  enum { DRAFT = 3, ROUNDS = 8, PROMPT = 32 };
-  layer *layers = new_layers();
+  enum { DRAFT = 3, ROUNDS = 8, PROMPT = 32, SHORT_PROMPT = 20 };
+  layer *layers = new_layers_with(LATENT_CACHE_LAYOUT_RAGGED);
   int req[2] = {1, 2};
-  size_t pos[2] = {0, 0}, accepted[2] = {0, 0};
-  step(layers, 2, req, pos, PROMPT);
-  pos[0] = pos[1] = PROMPT;
+  size_t pos[2] = {0, 0}, accepted[2] = {0, 0}, pad[2] = {0, PROMPT - SHORT_PROMPT};
+  padded_step(layers, 2, req, pos, pad, PROMPT); /* one padded batched prefill */
+  pos[0] = PROMPT;
+  pos[1] = SHORT_PROMPT;
   for (int r = 0; r < ROUNDS; r++) {
     for (int l = 0; l < n_layers; l++) TRY(latent_cache_spec_round_begin(layers[l].cache));
     step(layers, 2, req, pos, DRAFT); /* the verify forward appends the drafts */
@@ -240,9 +260,12 @@ static void speculative(void) {
      * append continues right after what it kept. */
     size_t rows[MAX_ROWS];
     rows_of(layers[0].cache, rows);
+    size_t ends[MAX_ROWS], n_ends = 0;
+    TRY(latent_cache_row_ends(layers[0].cache, ends, MAX_ROWS, &n_ends));
     for (int b = 0; b < 2; b++) {
-      if (rows[b] != pos[b] + keep[b]) {
-        fprintf(stderr, "row %d holds %zu positions, expected %zu\n", b, rows[b], pos[b] + keep[b]);
+      if (rows[b] != pos[b] + keep[b] || ends[b] != pad[b] + rows[b]) {
+        fprintf(stderr, "row %d holds %zu positions ending at %zu, expected %zu ending at %zu\n", b, rows[b], ends[b],
+                pos[b] + keep[b], pad[b] + pos[b] + keep[b]);
         exit(1);
       }
       pos[b] = rows[b];
@@ -256,8 +279,9 @@ static void speculative(void) {
   size_t checked = 0;
   for (int l = 0; l < n_layers; l++)
     for (size_t b = 0; b < 2; b++) checked += check_row(layers, l, b, req[b], rows[b]);
-  printf("speculative: %d rounds of %d drafts; row 0 accepted %zu/%d, row 1 accepted %zu/%d; positions per row %zu, %zu "
-         "(left_pad %zu, %zu); %zu values checked\n",
+  printf("speculative (ragged layout, prompts of %d and %d): %d rounds of %d drafts; row 0 accepted %zu/%d, row 1 "
+         "accepted %zu/%d; positions per row %zu, %zu (left_pad %zu, %zu); %zu values checked\n",
+         PROMPT, SHORT_PROMPT,
          ROUNDS, DRAFT, accepted[0], ROUNDS * DRAFT, accepted[1], ROUNDS * DRAFT, rows[0], rows[1], pads[0], pads[1], checked);
   free_layers(layers);
 }

@@ -149,6 +149,27 @@ typedef enum {
   LATENT_CACHE_STORAGE_FP8 = 5,
 } latent_cache_storage;
 
+// How rows sit in the stored window (the config's `layout`, passed as `uint32_t`).
+//
+// Row `b` holds its valid positions at `[left_pad[b], row_end[b])` of the window
+// `[batch_size, offset, width]`, and `row_offsets[b] = row_end[b] - left_pad[b]`.
+//
+// - `RIGHT_JUSTIFIED` (the seed's layout, the default): every row ends at `offset`. A rollback
+//   in which rows keep different counts moves the rows that dropped more, so it costs
+//   O(their stored positions).
+// - `RAGGED`: rows end where they end (`latent_cache_row_ends`). An append writes each row's
+//   new positions at its own end; a rollback in which rows keep different counts only moves row
+//   ends, so a round costs what it appended. Filter, merge and extract place rebuilt rows at
+//   position 0. Build the attention mask per row from `[left_pad[b], row_end[b])` and RoPE
+//   positions as `t - left_pad[b]` for window position `t`: for example
+//   `valid = t >= left_pad[b] && t < row_end[b]`.
+//
+// Caches of different layouts do not merge (`INVALID_ARGUMENT`).
+typedef enum {
+  LATENT_CACHE_LAYOUT_RIGHT_JUSTIFIED = 0,
+  LATENT_CACHE_LAYOUT_RAGGED = 1,
+} latent_cache_layout;
+
 // One layer's cache, as C names it. Opaque and never dereferenced: a `latent_cache*` is a
 // token from `latent_cache_new` (or `latent_cache_extract_row`), released with
 // `latent_cache_free`.
@@ -175,8 +196,9 @@ typedef struct {
   // How the index keys are stored: a `latent_cache_storage` value; ignored on a layer
   // without index keys.
   uint32_t index_storage;
-  // Must be zero.
-  uint32_t reserved32;
+  // How rows sit in the stored window: a `latent_cache_layout` value (0, right-justified,
+  // is the seed's layout).
+  uint32_t layout;
   // Must be zero.
   size_t reserved[2];
 } latent_cache_config;
@@ -219,8 +241,8 @@ extern "C" {
 const char *latent_cache_status_name(uint32_t status);
 
 // GLM-5.2's geometry for a sparse-attention (DSA) layer: kv_lora_rank 512, rope_head_dim 64,
-// index_head_dim 128, unbounded, every family in float32. Set `index_head_dim = 0` for a layer
-// without index keys.
+// index_head_dim 128, unbounded, every family in float32, rows right-justified. Set
+// `index_head_dim = 0` for a layer without index keys.
 // Never fails.
 latent_cache_config latent_cache_config_default(void);
 
@@ -265,6 +287,27 @@ latent_cache_status latent_cache_append_host(latent_cache *cache,
                                              const float *index_keys,
                                              size_t index_keys_len);
 
+// The first append of a padded batch (prompts of different lengths, as mlx-lm's
+// `BatchKVCache(left_padding)`): as `latent_cache_append_host`, and row `b`'s first
+// `left_pad[b]` positions are padding (their values are stored but never valid), so
+// `row_offsets[b] = tokens - left_pad[b]`. `left_pad` has `left_pad_len == batch` entries, each
+// at most `tokens`, at least one of them 0 (the longest prompt). In both layouts.
+//
+// Returns what `latent_cache_append_host` returns, and `INVALID_STATE` (the cache holds rows,
+// or a round is open), `INVALID_ARGUMENT` (`left_pad_len != batch`, or no row without
+// padding), `OUT_OF_RANGE` (a padding longer than `tokens`). On failure nothing changed.
+latent_cache_status latent_cache_append_host_padded(latent_cache *cache,
+                                                    size_t batch,
+                                                    size_t tokens,
+                                                    const size_t *left_pad,
+                                                    size_t left_pad_len,
+                                                    const float *latent,
+                                                    size_t latent_len,
+                                                    const float *rope,
+                                                    size_t rope_len,
+                                                    const float *index_keys,
+                                                    size_t index_keys_len);
+
 // Copies row `row`'s valid positions of one family (`[row_offsets[row], width]`, row-major)
 // into `out`. `family` is a `latent_cache_family` value. `out_len` is in floats and must be at
 // least `row_offsets[row] * width`; `*written` receives the number of floats copied.
@@ -280,7 +323,8 @@ latent_cache_status latent_cache_read_row_host(const latent_cache *cache,
                                                size_t *written);
 
 // Copies one family's whole stored window `[batch_size, offset, width]` (row-major) into `out`.
-// Positions before a row's `left_pad` are padding with unspecified values. `out_len` is in
+// Positions outside a row's `[left_pad, row_end)` (padding, and in a ragged layout the
+// positions after a row's end) hold unspecified values. `out_len` is in
 // floats; `*written` receives the number copied. Same statuses as `latent_cache_read_row_host`
 // (without `OUT_OF_RANGE`).
 latent_cache_status latent_cache_read_host(const latent_cache *cache,
@@ -353,6 +397,23 @@ latent_cache_status latent_cache_append_latent(latent_cache *cache,
                                                mlx_array *out_latent,
                                                mlx_array *out_rope,
                                                mlx_array *out_index_keys);
+
+// The first append of a padded batch over MLX arrays: `latent_cache_append_latent` with row
+// `b`'s first `left_pad[b]` positions as padding (the rules of
+// `latent_cache_append_host_padded`: an empty cache, `left_pad_len` equal to the batch, each
+// entry at most the token count, one of them 0). Same outputs and ownership as
+// `latent_cache_append_latent`.
+// Returns what `latent_cache_append_latent` returns, and `INVALID_STATE`, `INVALID_ARGUMENT`,
+// `OUT_OF_RANGE` as `latent_cache_append_host_padded`. On failure nothing changed.
+latent_cache_status latent_cache_append_latent_padded(latent_cache *cache,
+                                                      const size_t *left_pad,
+                                                      size_t left_pad_len,
+                                                      mlx_array latent,
+                                                      mlx_array rope,
+                                                      mlx_array index_keys,
+                                                      mlx_array *out_latent,
+                                                      mlx_array *out_rope,
+                                                      mlx_array *out_index_keys);
 
 // `*out` receives the index keys stored before the coming append, `[B, T, index_head_dim]`
 // (`[0, 0, index_head_dim]` before the first append): a view owned by the caller, to be freed
@@ -491,6 +552,17 @@ latent_cache_status latent_cache_row_offsets(const latent_cache *cache,
 // Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
 // `BUFFER_TOO_SMALL`; nothing is written on failure. A read: safe alongside any other call.
 latent_cache_status latent_cache_left_pad(const latent_cache *cache,
+                                          size_t *out,
+                                          size_t out_len,
+                                          size_t *written);
+
+// Copies `row_end` (where each row's valid positions end, `batch_size` values) into `out`; same
+// buffer rules as `latent_cache_row_offsets`. Row b's positions are `[left_pad[b], row_end[b])`:
+// every row ends at `offset` when right-justified; in a ragged layout each where it ends (see
+// `latent_cache_layout` for the mask and RoPE positions an engine builds from them).
+// Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
+// `BUFFER_TOO_SMALL`; nothing is written on failure. A read: safe alongside any other call.
+latent_cache_status latent_cache_row_ends(const latent_cache *cache,
                                           size_t *out,
                                           size_t out_len,
                                           size_t *written);

@@ -3,7 +3,7 @@
 mod common;
 
 use common::model::{Model, Rng};
-use latent_cache::{Family, Geometry, LatentCache, StorageMode};
+use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 
 fn geometry(index_head_dim: usize) -> Geometry {
     Geometry { kv_lora_rank: 8, rope_head_dim: 4, index_head_dim, ..Geometry::default() }
@@ -15,7 +15,13 @@ fn widths(g: &Geometry) -> [usize; 3] {
 
 /// The model of a cache with `g`'s widths and storage modes.
 fn model_of(g: &Geometry) -> Model {
-    Model::with_modes(widths(g), [g.latent_storage, g.rope_storage, g.index_storage])
+    let mut model = Model::with_modes(widths(g), [g.latent_storage, g.rope_storage, g.index_storage]);
+    model.ragged = g.layout == LayoutKind::Ragged;
+    model
+}
+
+fn ragged(g: Geometry) -> Geometry {
+    Geometry { layout: LayoutKind::Ragged, ..g }
 }
 
 fn assert_matches(cache: &LatentCache, model: &Model, step: &str) {
@@ -23,6 +29,7 @@ fn assert_matches(cache: &LatentCache, model: &Model, step: &str) {
     assert_eq!(cache.offset(), model.offset(), "offset after {step}");
     assert_eq!(cache.row_offsets(), model.row_offsets(), "row_offsets after {step}");
     assert_eq!(cache.left_pad(), model.left_pad().as_slice(), "left_pad after {step}");
+    assert_eq!(cache.row_ends(), model.row_ends().as_slice(), "row_ends after {step}");
     for (f, family) in Family::ALL.into_iter().enumerate() {
         if model.widths[f] == 0 {
             continue;
@@ -52,11 +59,27 @@ fn run_sequence(seed: u64, g: Geometry, steps: usize) {
     let mut cache = LatentCache::new(g).unwrap();
     let mut model = model_of(&g);
     let mut batch_now = batch;
+    if rng.range(0, 1) == 0 {
+        // A padded batched prefill first: prompts of different lengths, the longest unpadded.
+        let tokens = rng.range(1, 12);
+        let mut pads: Vec<usize> = (0..batch).map(|_| rng.range(0, tokens)).collect();
+        pads[rng.range(0, batch - 1)] = 0;
+        let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(batch * tokens * model.widths[f]));
+        let keys = (model.widths[2] > 0).then_some(data[2].as_slice());
+        cache.append_host_padded(batch, tokens, &pads, &data[0], &data[1], keys).unwrap();
+        model.append_padded(batch, tokens, &pads, &data);
+        assert_matches(&cache, &model, &format!("padded append {pads:?}, seed {seed}"));
+    }
     for i in 0..steps {
         let step = match rng.range(0, 9) {
             0..=3 => random_append(&mut rng, &mut cache, &mut model, batch_now),
             4 => {
-                let shortest = model.row_offsets().into_iter().min().unwrap_or(0);
+                // Inside a round only what every row appended in it may go (a rollback must
+                // restore what the rows held before the round).
+                let shortest = match model.round {
+                    Some(_) => (0..model.rows.len()).map(|r| model.appended_in_round(r)).min().unwrap_or(0),
+                    None => model.row_offsets().into_iter().min().unwrap_or(0),
+                };
                 let n = rng.range(0, shortest);
                 let bypass = model.round.is_some();
                 cache.trim(n, bypass).unwrap();
@@ -137,6 +160,16 @@ fn random_sequences_match_the_model_on_plain_layers() {
     }
 }
 
+#[test]
+fn random_sequences_match_the_model_in_the_ragged_layout() {
+    for seed in 300..=311 {
+        run_sequence(seed, ragged(geometry(6)), 60);
+    }
+    for seed in 320..=323 {
+        run_sequence(seed, ragged(geometry(0)), 60);
+    }
+}
+
 /// The same random sequences (appends, trims, rounds uniform and per row, filters, merges,
 /// extracts) with every storage mode, on widths every mode can hold (FP8 needs 128).
 #[test]
@@ -159,6 +192,7 @@ fn random_sequences_match_the_model_in_every_storage_mode() {
         for seed in 0..3 {
             run_sequence(200 + 10 * i as u64 + seed, g, 40);
         }
+        run_sequence(400 + i as u64, ragged(g), 40);
     }
 }
 

@@ -67,6 +67,16 @@ fn every_call_refuses(stale: *mut Handle, live: *mut Handle) -> Vec<String> {
     let [l, r, i] = &mut outs;
     refused(&mut f, "append_latent", || unsafe { latent_cache_append_latent(stale, inputs[0], inputs[1], inputs[2], l, r, i) });
     unwritten(&mut f, "append_latent", outs.iter().any(|a| !a.ctx.is_null()));
+    let pad = [0usize];
+    let mut outs = [null_array; 3];
+    let [l, r, i] = &mut outs;
+    refused(&mut f, "append_latent_padded", || unsafe {
+        latent_cache_append_latent_padded(stale, pad.as_ptr(), 1, inputs[0], inputs[1], inputs[2], l, r, i)
+    });
+    unwritten(&mut f, "append_latent_padded", outs.iter().any(|a| !a.ctx.is_null()));
+    refused(&mut f, "append_host_padded", || unsafe {
+        latent_cache_append_host_padded(stale, 1, 1, pad.as_ptr(), 1, d.as_ptr(), w[0], d.as_ptr(), w[1], d.as_ptr(), w[2])
+    });
     for a in inputs {
         unsafe { latent_cache_array_free(a) };
     }
@@ -77,6 +87,10 @@ fn every_call_refuses(stale: *mut Handle, live: *mut Handle) -> Vec<String> {
     let [l, r, i] = &mut outs;
     refused(&mut f, "state", || unsafe { latent_cache_state(c, l, r, i) });
     unwritten(&mut f, "state", outs.iter().any(|a| !a.ctx.is_null()));
+    let mut packed =
+        latent_cache_packed { storage: 7, bits: 7, group_size: 7, values: null_array, scales: null_array, biases: null_array };
+    refused(&mut f, "packed_state", || unsafe { latent_cache_packed_state(c, 0, &mut packed) });
+    unwritten(&mut f, "packed_state", packed.storage != 7 || !packed.values.ctx.is_null());
 
     let mut buf = vec![f32::NAN; 4096];
     let mut written = SENTINEL;
@@ -111,7 +125,8 @@ fn every_call_refuses(stale: *mut Handle, live: *mut Handle) -> Vec<String> {
     let mut list = [SENTINEL; 16];
     refused(&mut f, "row_offsets", || unsafe { latent_cache_row_offsets(c, list.as_mut_ptr(), list.len(), &mut written) });
     refused(&mut f, "left_pad", || unsafe { latent_cache_left_pad(c, list.as_mut_ptr(), list.len(), &mut written) });
-    unwritten(&mut f, "row_offsets/left_pad", written != SENTINEL || list.iter().any(|&x| x != SENTINEL));
+    refused(&mut f, "row_ends", || unsafe { latent_cache_row_ends(c, list.as_mut_ptr(), list.len(), &mut written) });
+    unwritten(&mut f, "row_offsets/left_pad/row_ends", written != SENTINEL || list.iter().any(|&x| x != SENTINEL));
     let mut flag = false;
     refused(&mut f, "is_trimmable", || unsafe { latent_cache_is_trimmable(c, &mut flag) });
     refused(&mut f, "in_spec_round", || unsafe { latent_cache_in_spec_round(c, &mut flag) });

@@ -7,6 +7,7 @@ mod common;
 use common::check::{append_host, assert_equal, last_error};
 use common::codec_ref::{error_bound, stored};
 use common::model::{Model, Rng};
+use latent_cache::core::mlx_ops;
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::{latent_cache_config, latent_cache_config_default};
@@ -85,7 +86,7 @@ fn modes_the_widths_cannot_hold_are_refused() {
     assert_eq!(status, Status::InvalidArgument);
     assert!(message.contains("rope_storage 6"), "{message}");
     let mut cfg = config([512, 64, 128], [S::F32; 3]);
-    cfg.reserved32 = 1;
+    cfg.layout = 2;
     assert_eq!(new(&cfg).unwrap_err().0, Status::InvalidArgument);
     // The index keys' mode is not checked on a layer without them.
     let cache = new(&config([512, 64, 0], [S::F32, S::F32, S::Fp8])).unwrap();
@@ -146,11 +147,11 @@ fn borrowed(a: mlx_array) -> std::mem::ManuallyDrop<Array> {
     std::mem::ManuallyDrop::new(unsafe { Array::from_ptr(a) })
 }
 
+/// `a`'s values as float32 on the host, through a row-contiguous copy (views keep the buffer's
+/// strides), evaluated under the library's evaluation lock: the tests run on several threads,
+/// and MLX's evaluations must not overlap.
 fn host(a: &Array) -> Vec<f32> {
-    let a = a.as_dtype(Dtype::Float32).unwrap();
-    a.eval().unwrap();
-    // Through a contiguous copy: views keep the buffer's strides.
-    ops::flatten(&a, None, None).unwrap().as_slice::<f32>().to_vec()
+    mlx_ops::to_host(&a.as_dtype(Dtype::Float32).unwrap().contiguous().unwrap()).unwrap()
 }
 
 #[test]

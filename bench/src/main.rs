@@ -49,6 +49,8 @@ fn config() -> Config {
     let modes = args.iter().any(|a| a == "--modes");
     let mut points: Vec<(usize, usize)> = if quick {
         vec![(1, 1024), (1, 4096), (8, 1024)]
+    } else if modes && gpu {
+        vec![(1, 1024), (1, 4096), (1, 32768), (1, 65536), (1, 131072)]
     } else if modes {
         vec![(1, 1024), (1, 4096), (1, 32768), (1, 65536)]
     } else {

@@ -8,7 +8,7 @@ use super::families::Families;
 use super::geometry::{Family, Geometry};
 use super::layout::RowLayout;
 use super::mlx_ops;
-use super::storage::Storage;
+use super::storage::{Pending, Storage};
 
 /// The rejection of any index-key access on a layer without DSA.
 fn no_index_keys() -> CacheError {
@@ -33,7 +33,8 @@ pub struct LatentCache {
 impl LatentCache {
     pub fn new(geometry: Geometry) -> Result<Self> {
         geometry.validate()?;
-        Ok(LatentCache { geometry, layout: RowLayout::default(), storage: Storage::new(&geometry), reserved: 0 })
+        let layout = RowLayout::new(geometry.layout);
+        Ok(LatentCache { geometry, layout, storage: Storage::new(&geometry), reserved: 0 })
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -54,6 +55,11 @@ impl LatentCache {
 
     pub fn left_pad(&self) -> &[usize] {
         self.layout.left_pad()
+    }
+
+    /// Where each row's valid positions end (`offset` for every row when right-justified).
+    pub fn row_ends(&self) -> &[usize] {
+        self.layout.row_ends()
     }
 
     pub fn bytes_per_token(&self) -> usize {
@@ -104,8 +110,8 @@ impl LatentCache {
         Ok((shape[0] as usize, shape[1] as usize))
     }
 
-    /// Validates an append of the given arrays; returns `(batch, tokens)`.
-    fn check_append(&self, latent: &Array, rope: &Array, index_keys: Option<&Array>) -> Result<(usize, usize)> {
+    /// Validates the arrays of an append; returns `(batch, tokens)`.
+    fn check_arrays(&self, latent: &Array, rope: &Array, index_keys: Option<&Array>) -> Result<(usize, usize)> {
         let dims = self.check_input(Family::Latent, latent)?;
         let rope_dims = self.check_input(Family::Rope, rope)?;
         if rope_dims != dims {
@@ -122,24 +128,63 @@ impl LatentCache {
             (Some(_), false) => return Err(no_index_keys()),
             (None, false) => {}
         }
-        self.layout.check_append(dims.0, dims.1, self.geometry.max_tokens)?;
         Ok(dims)
     }
 
-    /// Appends `tokens` positions to every row at the right end, atomically for all families,
-    /// and returns the values of everything stored (see `LatentState`). Inputs are borrowed
-    /// `[B, N, width]` float32, bfloat16 or float16, converted to each family's storage mode
-    /// (only the new positions are converted).
+    /// Checks where an append of `batch x tokens` may go: after every row's end, or (a padded
+    /// first append) as a fresh batch whose row `b` starts after `left_pad[b]` padding positions.
+    fn check_placement(&self, batch: usize, tokens: usize, left_pad: Option<&[usize]>) -> Result<()> {
+        match left_pad {
+            None => self.layout.check_append(batch, tokens, self.geometry.max_tokens),
+            Some(pad) => self.layout.check_append_padded(batch, tokens, pad, self.geometry.max_tokens),
+        }
+    }
+
+    /// Records a checked append in the layout.
+    fn record_append(&mut self, batch: usize, tokens: usize, left_pad: Option<&[usize]>) {
+        match left_pad {
+            None => self.layout.append(batch, tokens),
+            Some(pad) => self.layout.append_padded(tokens, pad),
+        }
+    }
+
+    /// Prepares the write of a checked append: each row's new positions at its end.
+    fn prepare_write(&self, updates: Families<&Array>, batch: usize, tokens: usize) -> Result<Pending> {
+        let starts = self.layout.append_starts(batch);
+        let limits = (self.geometry.max_tokens, self.reserved);
+        self.storage.prepare_append(updates, batch, self.layout.offset(), &starts, tokens, limits)
+    }
+
+    /// Appends `tokens` positions to every row, each at its own end (the right end of the
+    /// window when rows are right-justified), atomically for all families, and returns the
+    /// values of everything stored (see `LatentState`). Inputs are borrowed `[B, N, width]`
+    /// float32, bfloat16 or float16, converted to each family's storage mode (only the new
+    /// positions are converted).
     /// The write is lazy; growing the buffers allocates during the call (`reserve` avoids it).
     /// Release the returned views before the next append, or that append copies the buffers.
     pub fn append_latent(&mut self, latent: &Array, rope: &Array, index_keys: Option<&Array>) -> Result<LatentState> {
-        Ok(self.append_inner(latent, rope, index_keys, true)?.expect("views were asked for"))
+        Ok(self.append_inner(latent, rope, index_keys, None, true)?.expect("views were asked for"))
     }
 
     /// `append_latent` without building the returned values: for engines that read the stored
     /// parts (`packed`) or nothing this step (a quantized mode's decode is never built).
     pub fn append(&mut self, latent: &Array, rope: &Array, index_keys: Option<&Array>) -> Result<()> {
-        self.append_inner(latent, rope, index_keys, false).map(drop)
+        self.append_inner(latent, rope, index_keys, None, false).map(drop)
+    }
+
+    /// The first append of a padded batch (prompts of different lengths, as mlx-lm's
+    /// `BatchKVCache(left_padding)`): row `b`'s first `left_pad[b]` positions are padding, so
+    /// `row_offsets[b] = tokens - left_pad[b]`. Only on an empty cache, outside a round; at
+    /// least one row has no padding.
+    pub fn append_latent_padded(
+        &mut self,
+        left_pad: &[usize],
+        latent: &Array,
+        rope: &Array,
+        index_keys: Option<&Array>,
+        views: bool,
+    ) -> Result<Option<LatentState>> {
+        self.append_inner(latent, rope, index_keys, Some(left_pad), views)
     }
 
     fn append_inner(
@@ -147,16 +192,17 @@ impl LatentCache {
         latent: &Array,
         rope: &Array,
         index_keys: Option<&Array>,
+        left_pad: Option<&[usize]>,
         views: bool,
     ) -> Result<Option<LatentState>> {
-        let (batch, tokens) = self.check_append(latent, rope, index_keys)?;
-        let updates = Families { latent, rope, index_keys };
-        let offset = self.layout.offset();
-        let pending = self.storage.prepare_append(updates, batch, offset, tokens, self.geometry.max_tokens, self.reserved)?;
+        let (batch, tokens) = self.check_arrays(latent, rope, index_keys)?;
+        self.check_placement(batch, tokens, left_pad)?;
+        let pending = self.prepare_write(Families { latent, rope, index_keys }, batch, tokens)?;
         // Built before the commit, so a failure here leaves the cache as it was.
-        let views = views.then(|| self.storage.pending_views(&pending, offset + tokens)).transpose()?;
+        let end = self.layout.offset() + tokens;
+        let views = views.then(|| self.storage.pending_views(&pending, end)).transpose()?;
         self.storage.commit(pending);
-        self.layout.append(batch, tokens);
+        self.record_append(batch, tokens, left_pad);
         Ok(views)
     }
 
@@ -171,25 +217,49 @@ impl LatentCache {
         rope: &[f32],
         index_keys: Option<&[f32]>,
     ) -> Result<()> {
-        self.layout.check_append(batch, tokens, self.geometry.max_tokens)?;
+        self.append_host_inner(batch, tokens, None, latent, rope, index_keys)
+    }
+
+    /// `append_host` as the first append of a padded batch (see `append_latent_padded`).
+    pub fn append_host_padded(
+        &mut self,
+        batch: usize,
+        tokens: usize,
+        left_pad: &[usize],
+        latent: &[f32],
+        rope: &[f32],
+        index_keys: Option<&[f32]>,
+    ) -> Result<()> {
+        self.append_host_inner(batch, tokens, Some(left_pad), latent, rope, index_keys)
+    }
+
+    fn append_host_inner(
+        &mut self,
+        batch: usize,
+        tokens: usize,
+        left_pad: Option<&[usize]>,
+        latent: &[f32],
+        rope: &[f32],
+        index_keys: Option<&[f32]>,
+    ) -> Result<()> {
+        self.check_placement(batch, tokens, left_pad)?;
         let to_array = |family: Family, data: &[f32]| -> Result<Array> {
             mlx_ops::from_host(data, &[batch, tokens, self.width(family)?], family.name())
         };
         let latent = to_array(Family::Latent, latent)?;
         let rope = to_array(Family::Rope, rope)?;
         let index_keys = index_keys.map(|data| to_array(Family::IndexKeys, data)).transpose()?;
-        self.check_append(&latent, &rope, index_keys.as_ref())?;
+        self.check_arrays(&latent, &rope, index_keys.as_ref())?;
         // Whatever an earlier call left unevaluated is evaluated first: if that fails (say, an
         // engine's array built on another thread's stream), nothing has changed yet.
         self.storage.eval()?;
         let updates = Families { latent: &latent, rope: &rope, index_keys: index_keys.as_ref() };
-        let offset = self.layout.offset();
-        let pending = self.storage.prepare_append(updates, batch, offset, tokens, self.geometry.max_tokens, self.reserved)?;
+        let pending = self.prepare_write(updates, batch, tokens)?;
         // Committed before it is evaluated: while the cache still held the old buffer, MLX
         // could not write in place and would copy the whole history.
         let before = self.layout.clone();
         self.storage.commit(pending);
-        self.layout.append(batch, tokens);
+        self.record_append(batch, tokens, left_pad);
         if let Err(err) = self.storage.eval() {
             // The write lies beyond every row's end, so the old layout shows exactly the old
             // state again (the unevaluated write is retried by the next evaluation).
@@ -270,11 +340,11 @@ impl LatentCache {
         if row >= self.batch_size() {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
-        self.storage.read_row(family, row, self.layout.left_pad()[row], self.layout.offset())
+        self.storage.read_row(family, row, self.layout.left_pad()[row], self.layout.row_ends()[row])
     }
 
-    /// The whole stored window of one family, `[B, T, width]` row-major; padding positions
-    /// (before a row's `left_pad`) hold unspecified values.
+    /// The whole stored window of one family, `[B, T, width]` row-major; positions outside a
+    /// row's `[left_pad, row_end)` hold unspecified values.
     pub fn read(&self, family: Family) -> Result<Vec<f32>> {
         self.width(family)?;
         let mut out = Vec::new();

@@ -2,6 +2,7 @@
 //! derived from them (bytes per token, signature).
 use super::codec::StorageMode;
 use super::error::{fail, Result};
+use super::layout::LayoutKind;
 
 /// The three state families an MLA layer stores per position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +40,8 @@ pub struct Geometry {
     pub latent_storage: StorageMode,
     pub rope_storage: StorageMode,
     pub index_storage: StorageMode,
+    /// How rows sit in the stored window (right-justified, the default, or ragged).
+    pub layout: LayoutKind,
 }
 
 /// The widest family a layer may have: 2^20 values (4 MiB per position of one row). Real MLA
@@ -116,8 +119,9 @@ impl Geometry {
     /// Stable identity of the stored layout: two caches with equal signatures hold
     /// interchangeable state. `max_tokens` is a limit, not a layout, so it is left out.
     pub fn signature(&self) -> String {
+        let ragged = if self.layout == LayoutKind::Ragged { ";layout=ragged" } else { "" };
         format!(
-            "latent-cache/mla-v1;storage={};kv_lora_rank={};rope_head_dim={};index_head_dim={}",
+            "latent-cache/mla-v1;storage={};kv_lora_rank={};rope_head_dim={};index_head_dim={}{ragged}",
             self.storage_names(),
             self.kv_lora_rank,
             self.rope_head_dim,

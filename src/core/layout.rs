@@ -1,16 +1,36 @@
-//! The row layout: how many rows, how wide the stored window is, where each row starts, and the
-//! speculative-round bookkeeping. Pure integer logic, no MLX, so it is tested on its own.
+//! The row layout: how many rows, how wide the stored window is, where each row starts and
+//! ends, and the speculative-round bookkeeping. Pure integer logic, no MLX, so it is tested on
+//! its own.
 //!
-//! Rows are right-justified: row `b` holds its valid positions at `[left_pad[b], offset)` and
-//! `row_offsets[b] = offset - left_pad[b]`. After every operation the common left padding is
-//! removed, so the longest row has `left_pad == 0` and `offset == max(row_offsets)`.
+//! Row `b` holds its valid positions at `[left_pad[b], row_end[b])`, and
+//! `row_offsets[b] = row_end[b] - left_pad[b]`; `offset` is the largest row end (the physical
+//! width of the stored window).
+//! - Right-justified (the seed's layout, the default): every row ends at `offset`. After every
+//!   operation the common left padding is removed, so the longest row has `left_pad == 0`.
+//!   Rows that drop different counts in a rollback must move to stay right-justified.
+//! - Ragged: rows end where they end. Appends write each row's new positions at its own end,
+//!   and an uneven rollback only moves row ends; rebuilt rows (filter, merge, extract) start at
+//!   position 0.
 use super::error::{fail, Result};
+
+/// How rows sit in the stored window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LayoutKind {
+    #[default]
+    RightJustified,
+    Ragged,
+}
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RowLayout {
+    kind: LayoutKind,
+    /// The largest row end.
     offset: usize,
     /// One entry per row; empty before the first append.
     left_pad: Vec<usize>,
+    /// One entry per row: where its valid positions end (`offset` for every row when
+    /// right-justified).
+    row_end: Vec<usize>,
     /// Each row's position count when the open speculative round began.
     round: Option<Vec<usize>>,
 }
@@ -30,15 +50,51 @@ pub struct Relayout {
 pub enum Rollback {
     /// Every row drops the same count: move the offset back, copy nothing.
     Trim(usize),
-    /// Rows drop different counts: shift rows so they stay right-justified.
+    /// Ragged rows drop different counts: only their ends move (adopt this layout), copy nothing.
+    Ends(RowLayout),
+    /// Right-justified rows drop different counts: shift rows so they stay right-justified.
     Relayout(Relayout),
 }
 
 impl RowLayout {
+    /// An empty layout of the given kind.
+    pub fn new(kind: LayoutKind) -> RowLayout {
+        RowLayout { kind, ..RowLayout::default() }
+    }
+
     /// A layout of `row_offsets.len()` rows with the given lengths, right-justified.
     pub fn from_row_offsets(row_offsets: &[usize]) -> RowLayout {
+        Self::packed(LayoutKind::RightJustified, row_offsets)
+    }
+
+    /// Rows with the given lengths as a rebuild lays them out: right-justified to the longest,
+    /// or (ragged) each starting at position 0.
+    pub fn packed(kind: LayoutKind, row_offsets: &[usize]) -> RowLayout {
         let offset = row_offsets.iter().copied().max().unwrap_or(0);
-        RowLayout { offset, left_pad: row_offsets.iter().map(|&len| offset - len).collect(), round: None }
+        let (left_pad, row_end) = match kind {
+            LayoutKind::RightJustified => {
+                (row_offsets.iter().map(|&len| offset - len).collect(), vec![offset; row_offsets.len()])
+            }
+            LayoutKind::Ragged => (vec![0; row_offsets.len()], row_offsets.to_vec()),
+        };
+        RowLayout { kind, offset, left_pad, row_end, round: None }
+    }
+
+    pub fn kind(&self) -> LayoutKind {
+        self.kind
+    }
+
+    /// Where each row's valid positions end.
+    pub fn row_ends(&self) -> &[usize] {
+        &self.row_end
+    }
+
+    /// Where an append's new positions start in each of `batch` rows.
+    pub fn append_starts(&self, batch: usize) -> Vec<usize> {
+        match self.row_end.is_empty() {
+            true => vec![0; batch],
+            false => self.row_end.clone(),
+        }
     }
 
     /// Rows in the layout; 0 before the first append.
@@ -56,11 +112,11 @@ impl RowLayout {
     }
 
     pub fn row_offsets(&self) -> Vec<usize> {
-        self.left_pad.iter().map(|pad| self.offset - pad).collect()
+        self.left_pad.iter().zip(&self.row_end).map(|(pad, end)| end - pad).collect()
     }
 
     pub fn shortest_row(&self) -> usize {
-        self.left_pad.iter().map(|pad| self.offset - pad).min().unwrap_or(0)
+        self.row_offsets().into_iter().min().unwrap_or(0)
     }
 
     pub fn in_round(&self) -> bool {
@@ -90,12 +146,53 @@ impl RowLayout {
         Ok(())
     }
 
-    /// Records a checked append (see [`check_append`](Self::check_append)).
+    /// Records a checked append (see [`check_append`](Self::check_append)): every row grows by
+    /// `tokens`, so the largest end does too.
     pub fn append(&mut self, batch: usize, tokens: usize) {
         if self.left_pad.is_empty() {
             self.left_pad = vec![0; batch];
+            self.row_end = vec![0; batch];
         }
+        self.row_end.iter_mut().for_each(|end| *end += tokens);
         self.offset += tokens;
+    }
+
+    /// Checks the first append of a padded batch: `batch` rows of `tokens` positions, row `b`'s
+    /// first `left_pad[b]` of them padding (mlx-lm's `BatchKVCache(left_padding)`).
+    pub fn check_append_padded(&self, batch: usize, tokens: usize, left_pad: &[usize], max_tokens: usize) -> Result<()> {
+        if self.batch_size() != 0 || self.in_round() {
+            return fail!(State, "a padded append must be the first append of an empty cache, outside a round");
+        }
+        self.check_append(batch, tokens, max_tokens)?;
+        if left_pad.len() != batch {
+            return fail!(InvalidArgument, "left_pad has {} entries for {batch} rows", left_pad.len());
+        }
+        if let Some((b, &pad)) = left_pad.iter().enumerate().find(|(_, &pad)| pad > tokens) {
+            return fail!(OutOfRange, "left_pad[{b}] is {pad} but the append has {tokens} positions");
+        }
+        if left_pad.iter().all(|&pad| pad > 0) {
+            return fail!(InvalidArgument, "at least one row (the longest prompt) must have no left padding");
+        }
+        Ok(())
+    }
+
+    /// Records a checked padded first append.
+    pub fn append_padded(&mut self, tokens: usize, left_pad: &[usize]) {
+        self.left_pad = left_pad.to_vec();
+        self.row_end = vec![tokens; left_pad.len()];
+        self.offset = tokens;
+    }
+
+    /// Positions every row appended in the open round (0 outside rounds): a trim inside a
+    /// round may drop only these.
+    fn appended_in_round(&self) -> usize {
+        match &self.round {
+            Some(start) => {
+                let now = self.row_offsets();
+                now.iter().enumerate().map(|(b, &len)| len.saturating_sub(start.get(b).copied().unwrap_or(0))).min().unwrap_or(0)
+            }
+            None => 0,
+        }
     }
 
     pub fn check_trim(&self, n: usize, bypass: bool) -> Result<()> {
@@ -105,20 +202,20 @@ impl RowLayout {
         if n > self.shortest_row() {
             return fail!(OutOfRange, "cannot trim {n} positions: the shortest row holds {}", self.shortest_row());
         }
+        if self.in_round() && n > self.appended_in_round() {
+            return fail!(
+                State,
+                "cannot trim {n} positions inside a round: a row appended only {} in it, and a rollback must restore what it held before",
+                self.appended_in_round()
+            );
+        }
         Ok(())
     }
 
     /// Drops the last `n` positions of every row (checked by [`check_trim`](Self::check_trim)).
     pub fn trim(&mut self, n: usize) {
+        self.row_end.iter_mut().for_each(|end| *end -= n);
         self.offset -= n;
-        // A bypass trim inside a round may cut into positions from before the round; those are
-        // gone, so the round's starting counts can be no larger than what remains.
-        let now = self.row_offsets();
-        if let Some(start) = &mut self.round {
-            for (start, len) in start.iter_mut().zip(now) {
-                *start = (*start).min(len);
-            }
-        }
     }
 
     /// Positions the longest row may still take under `max_tokens` (usize::MAX when unbounded).
@@ -173,6 +270,13 @@ impl RowLayout {
         if drops.iter().all(|&d| d == min_drop) {
             return Ok(Rollback::Trim(min_drop));
         }
+        if self.kind == LayoutKind::Ragged {
+            let mut layout = self.clone();
+            layout.row_end.iter_mut().zip(&drops).for_each(|(end, d)| *end -= d);
+            layout.offset = layout.row_end.iter().copied().max().unwrap_or(0);
+            layout.round = None;
+            return Ok(Rollback::Ends(layout));
+        }
         let lengths: Vec<usize> = now.iter().zip(&drops).map(|(len, d)| len - d).collect();
         Ok(Rollback::Relayout(self.relayout((0..keep.len()).collect(), lengths, &drops)))
     }
@@ -200,7 +304,12 @@ impl RowLayout {
             }
         }
         let now = self.row_offsets();
-        let lengths = rows.iter().map(|&r| now[r]).collect();
+        let lengths: Vec<usize> = rows.iter().map(|&r| now[r]).collect();
+        if self.kind == LayoutKind::Ragged {
+            // Kept rows start at position 0: new position j is old position j + left_pad.
+            let shift = rows.iter().map(|&r| self.left_pad[r] as isize).collect();
+            return Ok(Relayout { rows: rows.to_vec(), shift, layout: RowLayout::packed(self.kind, &lengths) });
+        }
         let drops = vec![0; rows.len()];
         Ok(self.relayout(rows.to_vec(), lengths, &drops))
     }
@@ -222,7 +331,8 @@ impl RowLayout {
         self.round = None;
     }
 
+    /// Empties the layout, keeping its kind.
     pub fn reset(&mut self) {
-        *self = RowLayout::default();
+        *self = RowLayout::new(self.kind);
     }
 }

@@ -100,6 +100,19 @@ pub fn slice_update(src: &Array, update: &Array, start: &[usize], stop: &[usize]
     })
 }
 
+/// `a` with `values` written at `indices` along `axis` (`indices` broadcast against `values`).
+/// MLX writes in place when nothing else references `a`'s buffer at evaluation time.
+pub fn put_along_axis(a: &Array, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
+    call("put_along_axis", |res, s| unsafe {
+        mlx_sys::mlx_put_along_axis(res, a.as_ptr(), indices.as_ptr(), values.as_ptr(), axis, s)
+    })
+}
+
+/// An int32 array holding a copy of `data` (small index arrays the library builds itself).
+pub fn indices(data: &[i32], shape: &[usize]) -> Array {
+    Array::from_slice(data, &dims(shape))
+}
+
 /// An array of zeros, lazily (allocated when evaluated). Callers that allocate check the size
 /// with `memory::check_alloc` first.
 pub fn zeros(shape: &[usize], dtype: Dtype) -> Result<Array> {

@@ -16,4 +16,4 @@ pub use codec::StorageMode;
 pub use error::{CacheError, ErrorKind, Result};
 pub use families::Families;
 pub use geometry::{Family, Geometry};
-pub use layout::RowLayout;
+pub use layout::{LayoutKind, RowLayout};

@@ -26,6 +26,7 @@ impl LatentCache {
                 self.layout.trim(n);
                 self.layout.finish_rollback();
             }
+            Rollback::Ends(layout) => self.layout.adopt(layout),
             Rollback::Relayout(plan) => self.apply_relayout(&plan)?,
         }
         Ok(())
@@ -33,6 +34,9 @@ impl LatentCache {
 
     /// Rollback with one keep count for every row.
     pub fn spec_round_rollback_all(&mut self, keep: usize) -> Result<()> {
+        if self.batch_size() == 0 && keep > 0 && self.in_spec_round() {
+            return fail!(OutOfRange, "the round appended nothing; cannot keep {keep}");
+        }
         self.spec_round_rollback(&vec![keep; self.batch_size()])
     }
 
@@ -42,7 +46,8 @@ impl LatentCache {
             .map(|b| {
                 let lo = new.left_pad()[b];
                 let at = |pos: usize| (pos as isize + plan.shift[b]) as usize;
-                RowPiece { source: &self.storage, row: plan.rows[b], lo: at(lo), hi: at(new.offset()), dest_row: b, dest_lo: lo }
+                let hi = new.row_ends()[b];
+                RowPiece { source: &self.storage, row: plan.rows[b], lo: at(lo), hi: at(hi), dest_row: b, dest_lo: lo }
             })
             .collect();
         let capacity = self.storage.capacity().max(new.offset());
@@ -64,16 +69,17 @@ impl LatentCache {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
         let mut out = LatentCache::new(self.geometry)?;
-        let (lo, hi) = (self.layout.left_pad()[row], self.layout.offset());
+        let (lo, hi) = (self.layout.left_pad()[row], self.layout.row_ends()[row]);
         out.fill_from(&[(&self.storage, row, lo, hi)], &[hi - lo])?;
         Ok(out)
     }
 
     /// Fills this empty cache from `(source, row, lo, hi)` pieces, one per new row, with the
-    /// given row lengths (right-justified).
+    /// given row lengths (laid out as this cache's layout rebuilds rows). Room for the
+    /// reservation, or for one growth step.
     fn fill_from(&mut self, rows: &[(&Storage, usize, usize, usize)], lengths: &[usize]) -> Result<()> {
-        let layout = RowLayout::from_row_offsets(lengths);
-        let mut capacity = layout.offset() + MIN_CAPACITY;
+        let layout = RowLayout::packed(self.layout.kind(), lengths);
+        let mut capacity = (layout.offset() + MIN_CAPACITY).max(self.reserved);
         if self.geometry.max_tokens != 0 {
             capacity = capacity.min(self.geometry.max_tokens).max(layout.offset());
         }
@@ -112,9 +118,9 @@ impl LatentCache {
                 rows.push((&source.storage, 0, 0, 0));
                 lengths.push(0);
             }
-            for (row, &pad) in source.left_pad().iter().enumerate() {
-                rows.push((&source.storage, row, pad, source.offset()));
-                lengths.push(source.offset() - pad);
+            for (row, (&pad, &end)) in source.left_pad().iter().zip(source.row_ends()).enumerate() {
+                rows.push((&source.storage, row, pad, end));
+                lengths.push(end - pad);
             }
         }
         let longest = lengths.iter().copied().max().unwrap_or(0);

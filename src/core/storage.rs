@@ -48,6 +48,20 @@ fn window(data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: u
     data.iter().zip(parts).map(|(d, p)| mlx_ops::slice(d, &[rows.0, lo, 0], &[rows.1, hi, p.width])).collect()
 }
 
+/// `dest` with `update` (parts of the same family, `[rows, tokens, part_width]`) written so
+/// that row `b`'s positions start at `starts[b]`, lazily: one slice update per part when every
+/// row starts at the same position, one scatter per part otherwise (ragged rows).
+fn write_rows(dest: &[Array], update: &[Array], starts: &[usize]) -> Result<Parts> {
+    if starts.iter().all(|&s| s == starts[0]) {
+        return write(dest, update, 0, starts[0]);
+    }
+    let tokens = update[0].shape()[1] as usize;
+    // Position of row b's j-th new value; broadcast over each part's width.
+    let at: Vec<i32> = starts.iter().flat_map(|&s| (s..s + tokens).map(|p| p as i32)).collect();
+    let at = mlx_ops::indices(&at, &[starts.len(), tokens, 1]);
+    dest.iter().zip(update).map(|(d, u)| mlx_ops::put_along_axis(d, &at, u, 1)).collect()
+}
+
 /// `dest` with `update` (parts of the same family) written at rows `[row, ..)`, positions
 /// `[at, ..)`, lazily.
 fn write(dest: &[Array], update: &[Array], row: usize, at: usize) -> Result<Parts> {
@@ -163,19 +177,21 @@ impl Storage {
         Ok(fresh)
     }
 
-    /// Writes `updates` (`[rows, tokens, width]` each, any float dtype) at positions
-    /// `[offset, offset + tokens)`, encoded in each family's mode, growing first when the
+    /// Writes `updates` (`[rows, tokens, width]` each, any float dtype) at row `b`'s positions
+    /// `[starts[b], starts[b] + tokens)`, encoded in each family's mode, growing first when the
     /// buffers are too small (the new buffers are allocated during the call; the copy of the
-    /// `offset` live positions, the encoding and the write stay lazy).
+    /// `offset` live positions, the encoding and the write stay lazy). `offset` is the current
+    /// stored width; no row may end past `offset + tokens`.
     pub fn prepare_append(
         &self,
         updates: Families<&Array>,
         rows: usize,
         offset: usize,
+        starts: &[usize],
         tokens: usize,
-        max_tokens: usize,
-        reserved: usize,
+        limits: (usize, usize),
     ) -> Result<Pending> {
+        let (max_tokens, reserved) = limits;
         let end = offset + tokens;
         let encoded =
             self.buffers.as_ref().zip(updates).try_map(|_, (buffer, update)| buffer.mode.encode(update, buffer.width))?;
@@ -187,7 +203,7 @@ impl Storage {
                     eval(data)?;
                     lazy = 0;
                 }
-                Ok::<_, CacheError>((write(data, &update, 0, offset)?, lazy + 1))
+                Ok::<_, CacheError>((write_rows(data, &update, starts)?, lazy + 1))
             })?;
             return Ok(Pending { rows, capacity: self.capacity, data });
         }
@@ -195,7 +211,7 @@ impl Storage {
         let fresh = self.allocate(rows, capacity, &format!("growing to {capacity} positions x {rows} rows"))?;
         let data = self.buffers.as_ref().zip(fresh).zip(encoded).try_map(|_, ((buffer, fresh), update)| {
             let base = buffer.copy_live(fresh, rows, offset)?;
-            Ok::<_, CacheError>((write(&base, &update, 0, offset)?, buffer.chained_writes() + 1))
+            Ok::<_, CacheError>((write_rows(&base, &update, starts)?, buffer.chained_writes() + 1))
         })?;
         Ok(Pending { rows, capacity, data })
     }

@@ -26,6 +26,14 @@ unsafe fn borrow(array: mlx_array, name: &str) -> FfiResult<ManuallyDrop<Array>>
     Ok(ManuallyDrop::new(unsafe { Array::from_ptr(array) }))
 }
 
+/// Borrows an optional array: `ctx == NULL` is "absent" (index keys on a layer without DSA).
+unsafe fn borrow_optional(array: mlx_array, name: &str) -> FfiResult<Option<ManuallyDrop<Array>>> {
+    match array.ctx.is_null() {
+        true => Ok(None),
+        false => unsafe { borrow(array, name) }.map(Some),
+    }
+}
+
 /// Hands an array to the caller, who frees it.
 fn give(array: Array) -> mlx_array {
     let handle = array.as_ptr();
@@ -91,10 +99,7 @@ pub unsafe extern "C" fn latent_cache_append_latent(
     ffi_boundary! { unsafe {
         let latent = borrow(latent, "latent")?;
         let rope = borrow(rope, "rope")?;
-        let index_keys = match index_keys.ctx.is_null() {
-            true => None,
-            false => Some(borrow(index_keys, "index_keys")?),
-        };
+        let index_keys = borrow_optional(index_keys, "index_keys")?;
         let keys = index_keys.as_deref();
         if out_latent.is_null() && out_rope.is_null() && out_index_keys.is_null() {
             // No outputs: nothing to build (a quantized family's decode included).
@@ -102,6 +107,41 @@ pub unsafe extern "C" fn latent_cache_append_latent(
         }
         let state = with_cache(cache, |cache| Ok(cache.append_latent(&latent, &rope, keys)?))?;
         hand_out(state, out_latent, out_rope, out_index_keys);
+        Ok(())
+    } }
+}
+
+/// The first append of a padded batch over MLX arrays: `latent_cache_append_latent` with row
+/// `b`'s first `left_pad[b]` positions as padding (the rules of
+/// `latent_cache_append_host_padded`: an empty cache, `left_pad_len` equal to the batch, each
+/// entry at most the token count, one of them 0). Same outputs and ownership as
+/// `latent_cache_append_latent`.
+/// Returns what `latent_cache_append_latent` returns, and `INVALID_STATE`, `INVALID_ARGUMENT`,
+/// `OUT_OF_RANGE` as `latent_cache_append_host_padded`. On failure nothing changed.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_append_latent_padded(
+    cache: *mut latent_cache,
+    left_pad: *const usize,
+    left_pad_len: usize,
+    latent: mlx_array,
+    rope: mlx_array,
+    index_keys: mlx_array,
+    out_latent: *mut mlx_array,
+    out_rope: *mut mlx_array,
+    out_index_keys: *mut mlx_array,
+) -> latent_cache_status {
+    ffi_boundary! { unsafe {
+        let left_pad = in_slice(left_pad, left_pad_len, "left_pad")?;
+        let latent = borrow(latent, "latent")?;
+        let rope = borrow(rope, "rope")?;
+        let index_keys = borrow_optional(index_keys, "index_keys")?;
+        let views = !(out_latent.is_null() && out_rope.is_null() && out_index_keys.is_null());
+        let state = with_cache(cache, |cache| {
+            Ok(cache.append_latent_padded(left_pad, &latent, &rope, index_keys.as_deref(), views)?)
+        })?;
+        if let Some(state) = state {
+            hand_out(state, out_latent, out_rope, out_index_keys);
+        }
         Ok(())
     } }
 }

@@ -84,6 +84,38 @@ pub unsafe extern "C" fn latent_cache_append_host(
     }
 }
 
+/// The first append of a padded batch (prompts of different lengths, as mlx-lm's
+/// `BatchKVCache(left_padding)`): as `latent_cache_append_host`, and row `b`'s first
+/// `left_pad[b]` positions are padding (their values are stored but never valid), so
+/// `row_offsets[b] = tokens - left_pad[b]`. `left_pad` has `left_pad_len == batch` entries, each
+/// at most `tokens`, at least one of them 0 (the longest prompt). In both layouts.
+///
+/// Returns what `latent_cache_append_host` returns, and `INVALID_STATE` (the cache holds rows,
+/// or a round is open), `INVALID_ARGUMENT` (`left_pad_len != batch`, or no row without
+/// padding), `OUT_OF_RANGE` (a padding longer than `tokens`). On failure nothing changed.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_append_host_padded(
+    cache: *mut latent_cache,
+    batch: usize,
+    tokens: usize,
+    left_pad: *const usize,
+    left_pad_len: usize,
+    latent: *const f32,
+    latent_len: usize,
+    rope: *const f32,
+    rope_len: usize,
+    index_keys: *const f32,
+    index_keys_len: usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let left_pad = unsafe { in_slice(left_pad, left_pad_len, "left_pad") }?;
+        let latent = unsafe { in_slice(latent, latent_len, "latent") }?;
+        let rope = unsafe { in_slice(rope, rope_len, "rope") }?;
+        let index_keys = unsafe { optional_slice(index_keys, index_keys_len, "index_keys") }?;
+        with_cache(cache, |cache| Ok(cache.append_host_padded(batch, tokens, left_pad, latent, rope, index_keys)?))
+    }
+}
+
 /// Copies row `row`'s valid positions of one family (`[row_offsets[row], width]`, row-major)
 /// into `out`. `family` is a `latent_cache_family` value. `out_len` is in floats and must be at
 /// least `row_offsets[row] * width`; `*written` receives the number of floats copied.
@@ -104,7 +136,8 @@ pub unsafe extern "C" fn latent_cache_read_row_host(
 }
 
 /// Copies one family's whole stored window `[batch_size, offset, width]` (row-major) into `out`.
-/// Positions before a row's `left_pad` are padding with unspecified values. `out_len` is in
+/// Positions outside a row's `[left_pad, row_end)` (padding, and in a ragged layout the
+/// positions after a row's end) hold unspecified values. `out_len` is in
 /// floats; `*written` receives the number copied. Same statuses as `latent_cache_read_row_host`
 /// (without `OUT_OF_RANGE`).
 #[no_mangle]

@@ -1,5 +1,6 @@
 //! `latent_cache_config`: a layer's geometry as C passes it to `latent_cache_new`.
 use super::error::{Failure, FfiResult};
+use super::layout::layout_kind;
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use super::storage::storage_mode;
@@ -28,15 +29,16 @@ pub struct latent_cache_config {
     /// How the index keys are stored: a `latent_cache_storage` value; ignored on a layer
     /// without index keys.
     pub index_storage: u32,
-    /// Must be zero.
-    pub reserved32: u32,
+    /// How rows sit in the stored window: a `latent_cache_layout` value (0, right-justified,
+    /// is the seed's layout).
+    pub layout: u32,
     /// Must be zero.
     pub reserved: [usize; 2],
 }
 
 impl latent_cache_config {
     pub(crate) fn geometry(&self) -> FfiResult<Geometry> {
-        if self.reserved.iter().any(|&v| v != 0) || self.reserved32 != 0 {
+        if self.reserved.iter().any(|&v| v != 0) {
             return Err(Failure::new(
                 latent_cache_status::InvalidArgument,
                 "config.reserved must be zero (start from latent_cache_config_default())",
@@ -50,6 +52,7 @@ impl latent_cache_config {
             latent_storage: storage_mode(self.latent_storage, "latent_storage")?,
             rope_storage: storage_mode(self.rope_storage, "rope_storage")?,
             index_storage: storage_mode(self.index_storage, "index_storage")?,
+            layout: layout_kind(self.layout)?,
         };
         geometry.validate()?;
         Ok(geometry)
@@ -57,8 +60,8 @@ impl latent_cache_config {
 }
 
 /// GLM-5.2's geometry for a sparse-attention (DSA) layer: kv_lora_rank 512, rope_head_dim 64,
-/// index_head_dim 128, unbounded, every family in float32. Set `index_head_dim = 0` for a layer
-/// without index keys.
+/// index_head_dim 128, unbounded, every family in float32, rows right-justified. Set
+/// `index_head_dim = 0` for a layer without index keys.
 /// Never fails.
 #[no_mangle]
 pub extern "C" fn latent_cache_config_default() -> latent_cache_config {
@@ -73,6 +76,6 @@ const GLM_DSA_LAYER: latent_cache_config = latent_cache_config {
     latent_storage: 0,
     rope_storage: 0,
     index_storage: 0,
-    reserved32: 0,
+    layout: 0,
     reserved: [0; 2],
 };

@@ -74,6 +74,22 @@ pub unsafe extern "C" fn latent_cache_left_pad(
     ffi_boundary! { unsafe { query_rows(cache, out, out_len, written, |cache| cache.left_pad().to_vec()) } }
 }
 
+/// Copies `row_end` (where each row's valid positions end, `batch_size` values) into `out`; same
+/// buffer rules as `latent_cache_row_offsets`. Row b's positions are `[left_pad[b], row_end[b])`:
+/// every row ends at `offset` when right-justified; in a ragged layout each where it ends (see
+/// `latent_cache_layout` for the mask and RoPE positions an engine builds from them).
+/// Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
+/// `BUFFER_TOO_SMALL`; nothing is written on failure. A read: safe alongside any other call.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_row_ends(
+    cache: *const latent_cache,
+    out: *mut usize,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! { unsafe { query_rows(cache, out, out_len, written, |cache| cache.row_ends().to_vec()) } }
+}
+
 /// `*out` = the configured kv_lora_rank.
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 /// serialized with other calls on the handle, like every call.

@@ -512,6 +512,61 @@ static void test_storage_modes(void) {
   latent_cache_free(c);
 }
 
+/* The ragged layout as an engine drives it: a padded batched prefill, a round where rows keep
+ * different counts (only row ends move), each row's values intact, and no merge across layouts. */
+static void test_ragged_layout(void) {
+  enum { B = 2, T = 4 };
+  latent_cache_config cfg = latent_cache_config_default();
+  cfg.kv_lora_rank = RANK;
+  cfg.rope_head_dim = ROPE;
+  cfg.index_head_dim = 0;
+  cfg.layout = LATENT_CACHE_LAYOUT_RAGGED;
+  latent_cache *c = NULL, *rj = NULL;
+  OK(latent_cache_new(&cfg, &c));
+  float lat[B * (T + 3) * RANK], rope[B * (T + 3) * ROPE];
+  for (size_t i = 0; i < sizeof lat / sizeof lat[0]; i++) lat[i] = (float)i;
+  for (size_t i = 0; i < sizeof rope / sizeof rope[0]; i++) rope[i] = (float)i + 0.5f;
+  size_t pad[B] = {0, 3}, bad_pad[B] = {1, 2};
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT,
+        latent_cache_append_host_padded(c, B, T, bad_pad, B, lat, B * T * RANK, rope, B * T * ROPE, NULL, 0));
+  OK(latent_cache_append_host_padded(c, B, T, pad, B, lat, B * T * RANK, rope, B * T * ROPE, NULL, 0));
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE,
+        latent_cache_append_host_padded(c, B, T, pad, B, lat, B * T * RANK, rope, B * T * ROPE, NULL, 0));
+  size_t ends[B], offs[B], n = 0;
+  OK(latent_cache_row_ends(c, ends, B, &n));
+  OK(latent_cache_row_offsets(c, offs, B, &n));
+  CHECK(n == B && ends[0] == T && ends[1] == T && offs[0] == T && offs[1] == T - 3);
+
+  OK(latent_cache_spec_round_begin(c));
+  OK(latent_cache_append_host(c, B, 3, lat, B * 3 * RANK, rope, B * 3 * ROPE, NULL, 0));
+  size_t keep[B] = {2, 0};
+  OK(latent_cache_spec_round_rollback_rows(c, keep, B));
+  OK(latent_cache_row_ends(c, ends, B, &n));
+  OK(latent_cache_row_offsets(c, offs, B, &n));
+  CHECK(ends[0] == T + 2 && ends[1] == T && offs[0] == T + 2 && offs[1] == T - 3);
+  /* Row 1 continues right after what it kept: its next position is written at its own end. */
+  OK(latent_cache_append_host(c, B, 1, lat, B * RANK, rope, B * ROPE, NULL, 0));
+  static float out[(T + 3) * RANK];
+  OK(latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_LATENT, 1, out, sizeof out / sizeof out[0], &n));
+  CHECK(n == (T - 3 + 1) * RANK);
+  /* Row 1: its one prompt position (the last of its padded prefill), then its new position. */
+  for (size_t ch = 0; ch < RANK; ch++) {
+    CHECK(out[ch] == lat[(1 * T + 3) * RANK + ch]);
+    CHECK(out[RANK + ch] == lat[1 * RANK + ch]);
+  }
+
+  cfg.layout = LATENT_CACHE_LAYOUT_RIGHT_JUSTIFIED;
+  OK(latent_cache_new(&cfg, &rj));
+  const latent_cache *sources[1] = {c};
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_merge_rows(rj, sources, 1));
+  cfg.layout = 9;
+  latent_cache *d = (latent_cache *)0x1;
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &d));
+  CHECK(d == (latent_cache *)0x1);
+  latent_cache_free(rj);
+  latent_cache_free(c);
+}
+
 int main(void) {
   test_status_names();
   test_config();
@@ -521,6 +576,7 @@ int main(void) {
   test_join_and_leave();
   test_mlx_arrays();
   test_storage_modes();
+  test_ragged_layout();
   if (failures) {
     fprintf(stderr, "test_api: %d failure(s)\n", failures);
     return 1;

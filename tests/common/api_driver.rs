@@ -1,5 +1,5 @@
-//! Decodes arbitrary bytes into a sequence of C API calls on two caches (a DSA layer with a
-//! position limit, a plain layer without), including invalid calls, and checks every result
+//! Decodes arbitrary bytes into a sequence of C API calls on two caches (a right-justified DSA
+//! layer with a position limit, a ragged plain layer without), including invalid calls, and checks every result
 //! against the reference model: a call the documented rules accept must succeed and leave the
 //! cache equal to the model; a call they reject must fail with a message and change nothing.
 //! Shared by the fuzz target (fuzz/) and the corpus replay in `make test`.
@@ -48,6 +48,7 @@ fn new_cache(kind: usize) -> *mut Handle {
     cfg.rope_head_dim = WIDTHS[kind][1];
     cfg.index_head_dim = WIDTHS[kind][2];
     cfg.max_tokens = MAX_TOKENS[kind];
+    cfg.layout = kind as u32; // cache 1 is ragged
     let mut cache = std::ptr::null_mut();
     assert_eq!(unsafe { latent_cache_new(&cfg, &mut cache) }, Status::Ok);
     cache
@@ -66,14 +67,22 @@ fn expect(status: Status, valid: bool, what: &str) {
 pub fn run_bytes(data: &[u8]) {
     let mut bytes = Bytes { data, at: 0 };
     let mut slots: Vec<Slot> = (0..2)
-        .map(|k| Slot { cache: new_cache(k), model: Model::new(WIDTHS[k]), dsa: k == 0, max_tokens: MAX_TOKENS[k] })
+        .map(|k| {
+            let mut model = Model::new(WIDTHS[k]);
+            model.ragged = k == 1;
+            Slot { cache: new_cache(k), model, dsa: k == 0, max_tokens: MAX_TOKENS[k] }
+        })
         .collect();
     let mut step = 0;
     while !bytes.done() && step < 200 {
         step += 1;
         let k = bytes.next() % 2;
-        let op = bytes.next() % 13;
+        let op = bytes.next() % 14;
         let what = format!("step {step} op {op} on cache {k}");
+        if std::env::var("DRIVER_TRACE").is_ok() {
+            let m = &slots[k].model;
+            eprintln!("{what}: rows {:?} pads {:?} round {:?}", m.row_offsets(), m.pads, m.round);
+        }
         if op == 11 {
             merge(&mut slots, k, bytes.next() % 2, &what);
             continue;
@@ -126,7 +135,12 @@ pub fn run_bytes(data: &[u8]) {
                 let n = bytes.next() % 8;
                 let bypass = bytes.next() % 2 == 1;
                 let shortest = model.row_offsets().into_iter().min().unwrap_or(0);
-                let valid = n <= shortest && (model.round.is_none() || bypass);
+                // Inside a round a bypass trim may drop only what every row appended in it.
+                let in_round = match model.round {
+                    Some(_) => (0..batch).map(|r| model.appended_in_round(r)).min().unwrap_or(0),
+                    None => 0,
+                };
+                let valid = n <= shortest && (model.round.is_none() || (bypass && n <= in_round));
                 expect(unsafe { latent_cache_trim(slot.cache, n, bypass) }, valid, &what);
                 if valid {
                     model.trim(n);
@@ -150,17 +164,16 @@ pub fn run_bytes(data: &[u8]) {
                     6 => vec![bytes.next() % 4; batch],
                     _ => (0..len).map(|_| bytes.next() % 4).collect(),
                 };
+                let uniform = keep.first().copied().unwrap_or(bytes.next() % 2);
+                // A uniform rollback of an empty batch may keep nothing (the round appended nothing).
                 let valid = model.round.is_some()
                     && keep.len() == batch
-                    && keep.iter().enumerate().all(|(r, &n)| n <= model.appended_in_round(r));
+                    && keep.iter().enumerate().all(|(r, &n)| n <= model.appended_in_round(r))
+                    && !(op == 6 && batch == 0 && uniform > 0);
                 let status = match op {
-                    6 => unsafe {
-                        latent_cache_spec_round_rollback(slot.cache, keep.first().copied().unwrap_or(bytes.next() % 2))
-                    },
+                    6 => unsafe { latent_cache_spec_round_rollback(slot.cache, uniform) },
                     _ => unsafe { latent_cache_spec_round_rollback_rows(slot.cache, keep.as_ptr(), keep.len()) },
                 };
-                // A uniform rollback on an empty batch keeps nothing of nothing: valid in a round.
-                let valid = valid || (op == 6 && batch == 0 && model.round.is_some());
                 expect(status, valid, &what);
                 if valid {
                     model.rollback(&keep);
@@ -200,9 +213,46 @@ pub fn run_bytes(data: &[u8]) {
                     unsafe { latent_cache_free(single) };
                 }
             }
+            12 => {
+                // The first append of a padded batch.
+                let rows = 1 + bytes.next() % 3;
+                let tokens = bytes.next() % 5;
+                let pads: Vec<usize> = (0..rows - bytes.next() % 2).map(|_| bytes.next() % 6).collect();
+                let data: [Vec<f32>; 3] = std::array::from_fn(|f| {
+                    let w = if f == 2 && !slot.dsa { 0 } else { model.widths[f] };
+                    (0..rows * tokens * w).map(|i| (step * 1000 + i) as f32 * 0.25).collect()
+                });
+                let valid = batch == 0
+                    && model.round.is_none()
+                    && tokens > 0
+                    && pads.len() == rows
+                    && pads.iter().all(|&p| p <= tokens)
+                    && pads.contains(&0)
+                    && (slot.max_tokens == 0 || tokens <= slot.max_tokens);
+                let keys = if slot.dsa { data[2].as_ptr() } else { std::ptr::null() };
+                let status = unsafe {
+                    latent_cache_append_host_padded(
+                        slot.cache,
+                        rows,
+                        tokens,
+                        pads.as_ptr(),
+                        pads.len(),
+                        data[0].as_ptr(),
+                        data[0].len(),
+                        data[1].as_ptr(),
+                        data[1].len(),
+                        keys,
+                        data[2].len(),
+                    )
+                };
+                expect(status, valid, &what);
+                if valid {
+                    model.append_padded(rows, tokens, &pads, &data);
+                }
+            }
             _ => {
                 expect(unsafe { latent_cache_reset(slot.cache) }, true, &what);
-                slot.model = Model::new(slot.model.widths);
+                slot.model = slot.model.empty_like();
             }
         }
         assert_equal(slots[k].cache, &slots[k].model, &what);

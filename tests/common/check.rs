@@ -82,6 +82,8 @@ pub fn assert_equal(cache: *const Handle, model: &Model, what: &str) {
     assert_eq!(rows, model.row_offsets(), "row_offsets after {what}");
     assert_eq!(unsafe { latent_cache_left_pad(cache, rows.as_mut_ptr(), batch, &mut written) }, Status::Ok);
     assert_eq!(rows, model.left_pad(), "left_pad after {what}");
+    assert_eq!(unsafe { latent_cache_row_ends(cache, rows.as_mut_ptr(), batch, &mut written) }, Status::Ok);
+    assert_eq!(rows, model.row_ends(), "row_ends after {what}");
     let mut in_round = false;
     assert_eq!(unsafe { latent_cache_in_spec_round(cache, &mut in_round) }, Status::Ok);
     assert_eq!(in_round, model.round.is_some(), "round after {what}");

@@ -5,6 +5,7 @@
 //! them). `error_bound` gives each mode's documented worst case against the float32 input.
 #![allow(dead_code)]
 
+use latent_cache::core::mlx_ops;
 use latent_cache::StorageMode;
 use mlx_rs::{ops, Array, Dtype};
 
@@ -47,7 +48,9 @@ fn mlx_affine(values: &[f32], width: usize, bits: i32) -> Vec<f32> {
     let x = Array::from_slice(values, &[(values.len() / width) as i32, width as i32]).as_dtype(Dtype::Bfloat16).unwrap();
     let (w, scales, biases) = ops::quantize(&x, 64, bits).unwrap();
     let back = ops::dequantize(&w, &scales, &biases, 64, bits).unwrap().as_dtype(Dtype::Float32).unwrap();
-    back.as_slice::<f32>().to_vec()
+    // Evaluated under the library's evaluation lock: tests run on several threads, and MLX's
+    // evaluations must not overlap (on a GPU they crash).
+    mlx_ops::to_host(&back).unwrap()
 }
 
 /// The largest error `mode` may make on any value of `values` (one position's group or block

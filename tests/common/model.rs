@@ -1,6 +1,7 @@
 //! The reference model the tests compare against: plain vectors per row. It encodes the
-//! documented row semantics directly (rows as growable lists, right-justified only on read), so
-//! it shares no logic with the library's layout code. Each family keeps what its storage mode
+//! documented row semantics directly (rows as growable lists, placed in the window only on read:
+//! right-justified, or ragged from each row's own padding), so it shares no logic with the
+//! library's layout code. Each family keeps what its storage mode
 //! reads back (`codec_ref::stored`, applied once to the appended values).
 #![allow(dead_code)]
 
@@ -18,6 +19,10 @@ pub struct Row {
 pub struct Model {
     pub widths: [usize; 3],
     pub modes: [StorageMode; 3],
+    /// Rows end where they end (ragged layout) instead of at the window's right end.
+    pub ragged: bool,
+    /// Ragged: each row's padding before its first position (0 after a rebuild).
+    pub pads: Vec<usize>,
     pub rows: Vec<Row>,
     /// Row lengths when the open round began.
     pub round: Option<Vec<usize>>,
@@ -29,7 +34,12 @@ impl Model {
     }
 
     pub fn with_modes(widths: [usize; 3], modes: [StorageMode; 3]) -> Self {
-        Model { widths, modes, rows: Vec::new(), round: None }
+        Model { widths, modes, ragged: false, pads: Vec::new(), rows: Vec::new(), round: None }
+    }
+
+    /// An empty model of the same configuration.
+    pub fn empty_like(&self) -> Model {
+        Model { rows: Vec::new(), pads: Vec::new(), round: None, ..self.clone() }
     }
 
     pub fn len(&self, row: usize) -> usize {
@@ -41,24 +51,43 @@ impl Model {
     }
 
     pub fn offset(&self) -> usize {
-        self.row_offsets().into_iter().max().unwrap_or(0)
+        self.row_ends().into_iter().max().unwrap_or(0)
     }
 
     pub fn left_pad(&self) -> Vec<usize> {
-        let offset = self.offset();
-        self.row_offsets().into_iter().map(|len| offset - len).collect()
+        if self.ragged {
+            return self.pads.clone();
+        }
+        let longest = self.row_offsets().into_iter().max().unwrap_or(0);
+        self.row_offsets().into_iter().map(|len| longest - len).collect()
+    }
+
+    /// Where each row's positions end in the window.
+    pub fn row_ends(&self) -> Vec<usize> {
+        if self.ragged {
+            return self.pads.iter().zip(self.row_offsets()).map(|(p, len)| p + len).collect();
+        }
+        let longest = self.row_offsets().into_iter().max().unwrap_or(0);
+        vec![longest; self.rows.len()]
     }
 
     /// `data[f]` is `[batch, tokens, width_f]` row-major, as appended (float32).
     pub fn append(&mut self, batch: usize, tokens: usize, data: &[Vec<f32>; 3]) {
+        self.append_padded(batch, tokens, &vec![0; batch], data);
+    }
+
+    /// `append` where row `b`'s first `pads[b]` positions are padding (a padded first append,
+    /// or `pads` all 0).
+    pub fn append_padded(&mut self, batch: usize, tokens: usize, pads: &[usize], data: &[Vec<f32>; 3]) {
         if self.rows.is_empty() {
             self.rows = vec![Row::default(); batch];
+            self.pads = pads.to_vec();
         }
         let data: [Vec<f32>; 3] = std::array::from_fn(|f| codec_ref::stored(self.modes[f], self.widths[f], &data[f]));
         for (b, row) in self.rows.iter_mut().enumerate() {
             for (f, family) in row.families.iter_mut().enumerate() {
                 let w = self.widths[f];
-                family.extend_from_slice(&data[f][b * tokens * w..(b + 1) * tokens * w]);
+                family.extend_from_slice(&data[f][(b * tokens + pads[b]) * w..(b + 1) * tokens * w]);
             }
         }
     }
@@ -101,23 +130,26 @@ impl Model {
         self.len(r) - start.get(r).copied().unwrap_or(0)
     }
 
+    /// Keeps rows `keep` in that order; a rebuild places ragged rows at position 0.
     pub fn filter(&mut self, keep: &[usize]) {
         self.rows = keep.iter().map(|&r| self.rows[r].clone()).collect();
+        self.pads = vec![0; self.rows.len()];
     }
 
     pub fn merge(sources: &[&Model]) -> Model {
-        let mut out = Model::with_modes(sources[0].widths, sources[0].modes);
+        let mut out = sources[0].empty_like();
         for source in sources {
             if source.rows.is_empty() {
                 out.rows.push(Row::default());
             }
             out.rows.extend(source.rows.iter().cloned());
         }
+        out.pads = vec![0; out.rows.len()];
         out
     }
 
     pub fn extract(&self, row: usize) -> Model {
-        Model { widths: self.widths, modes: self.modes, rows: vec![self.rows[row].clone()], round: None }
+        Model { rows: vec![self.rows[row].clone()], pads: vec![0], ..self.empty_like() }
     }
 }
 
