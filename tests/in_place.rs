@@ -2,13 +2,15 @@
 //! buffer, through the host path and through MLX arrays (views released, then evaluated), never
 //! makes MLX hold a second copy of the buffer (its peak memory stays far below the buffer's
 //! size), and the values stay equal to the reference model. A held view forces the documented
-//! copy, which the same measure sees. (Its own test binary, one test: MLX's peak memory is
-//! process-wide.)
+//! copy, which the same measure sees. A rollback in which right-justified rows keep different
+//! counts moves only the rows that shift, in place. (Its own test binary, one test: MLX's peak
+//! memory is process-wide.)
 mod common;
 
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::latent_cache_status as Status;
+use latent_cache::ffi::spec::*;
 use mlx_sys::mlx_array;
 
 use common::check::{append_host, assert_equal, host_data, last_error, new_cache};
@@ -112,4 +114,34 @@ fn appends_write_in_place() {
     held.iter().for_each(|&v| unsafe { latent_cache_array_free(v) });
     assert_equal(cache, &model, "after an append with held views");
     unsafe { latent_cache_free(cache) };
+
+    // An uneven rollback of right-justified rows: three rows keep everything, the fourth drops
+    // three positions and shifts. Only its positions move; the buffers are not rebuilt.
+    let (rows, reserved) = (4, 10_000);
+    let batch = new_cache(WIDTHS, 0);
+    let mut model = Model::new(WIDTHS);
+    let data = host_data(&mut rng, WIDTHS, rows, 200);
+    assert_eq!(append_host(batch, rows, 200, &data), Status::Ok);
+    model.append(rows, 200, &data);
+    assert_eq!(unsafe { latent_cache_reserve(batch, reserved) }, Status::Ok, "reserve: {}", last_error());
+    let buffer = rows * reserved * WIDTHS.iter().sum::<usize>() * 4;
+    assert_eq!(unsafe { latent_cache_spec_round_begin(batch) }, Status::Ok);
+    model.begin();
+    let data = host_data(&mut rng, WIDTHS, rows, 4);
+    assert_eq!(append_host(batch, rows, 4, &data), Status::Ok);
+    model.append(rows, 4, &data);
+    let keep = [4, 4, 4, 1];
+    let peak = peak_during(|| {
+        let status = unsafe { latent_cache_spec_round_rollback_rows(batch, keep.as_ptr(), keep.len()) };
+        assert_eq!(status, Status::Ok, "rollback: {}", last_error());
+        let mut state = [mlx_array { ctx: std::ptr::null_mut() }; 3];
+        let [l, r, k] = &mut state;
+        assert_eq!(unsafe { latent_cache_state(batch, l, r, k) }, Status::Ok);
+        assert_eq!(unsafe { latent_cache_eval(state.as_ptr(), 3) }, Status::Ok, "eval: {}", last_error());
+        state.iter().for_each(|&v| unsafe { latent_cache_array_free(v) });
+    });
+    model.rollback(&keep);
+    assert!(peak < buffer / 10, "the uneven rollback peaked {peak} bytes above the cache; the buffers hold {buffer}");
+    assert_equal(batch, &model, "after an uneven rollback in place");
+    unsafe { latent_cache_free(batch) };
 }

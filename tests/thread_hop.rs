@@ -219,7 +219,11 @@ impl Slot {
             3..=5 => self.append_latent(what),
             6 => self.state_views(what),
             7 => {
-                let shortest = self.model.row_offsets().into_iter().min().unwrap_or(0);
+                // Inside a round only what every row appended in it may be trimmed.
+                let shortest = match in_round {
+                    true => (0..self.model.rows.len()).map(|r| self.model.appended_in_round(r)).min().unwrap_or(0),
+                    false => self.model.row_offsets().into_iter().min().unwrap_or(0),
+                };
                 let n = self.rng.range(0, shortest);
                 self.pool.run(w, move || ok(unsafe { latent_cache_trim(cache.get(), n, in_round) }, &name));
                 self.model.trim(n);

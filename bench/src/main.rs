@@ -13,12 +13,20 @@
 //! - `--modes`: the storage modes instead (see `modes.rs`): decode and uniform rounds per mode
 //!   side by side, memory held per position, and accuracy; batch 1 from 1K to 64K (128K with
 //!   `--gpu`).
+//! - `--rounds`: the two row layouts instead (right-justified and ragged, Rust API), side by
+//!   side: decode, uniform rounds and rounds where rows keep different counts, at batch 8 with
+//!   1K and 4K positions per row (and 16K with `--gpu`: 25 GB per system).
 mod modes;
 mod systems;
 
 use std::time::Instant;
 
+use latent_cache::LayoutKind;
 use systems::{Concat, Inputs, OursC, OursRust, Step, System};
+
+/// The row layouts as `--rounds` names them.
+const RIGHT_JUSTIFIED: &str = "latent-cache right-justified";
+const RAGGED: &str = "latent-cache ragged";
 
 /// Positions a single fill append writes (bounded so fill inputs stay small).
 const FILL_CHUNK: usize = 4096;
@@ -38,6 +46,7 @@ struct Config {
     /// and stepped alternately.
     side_by_side_limit: usize,
     modes: bool,
+    rounds: bool,
 }
 
 fn config() -> Config {
@@ -47,8 +56,13 @@ fn config() -> Config {
         args.iter().position(|a| a == "--out").map(|i| args[i + 1].clone()).unwrap_or_else(|| "target/bench/rust.json".into());
     let gpu = args.iter().any(|a| a == "--gpu");
     let modes = args.iter().any(|a| a == "--modes");
+    let rounds = args.iter().any(|a| a == "--rounds");
     let mut points: Vec<(usize, usize)> = if quick {
         vec![(1, 1024), (1, 4096), (8, 1024)]
+    } else if rounds && gpu {
+        vec![(8, 1024), (8, 4096), (8, 16384)]
+    } else if rounds {
+        vec![(8, 1024), (8, 4096)]
     } else if modes && gpu {
         vec![(1, 1024), (1, 4096), (1, 32768), (1, 65536), (1, 131072)]
     } else if modes {
@@ -76,15 +90,15 @@ fn config() -> Config {
     };
     // A GPU has room for both of our systems at every point; 24 GiB of host memory does not.
     // The five storage modes at 32K positions hold 14 GB together: still side by side here.
-    let side_by_side_limit = match (gpu, modes) {
+    let side_by_side_limit = match (gpu, modes || rounds) {
         (true, _) => usize::MAX,
         (false, true) => 2 * CONCAT_LIMIT,
         (false, false) => CONCAT_LIMIT,
     };
     let steps = if quick { 20 } else { 60 };
-    let concat_limit = if modes { 0 } else { concat_limit };
+    let concat_limit = if modes || rounds { 0 } else { concat_limit };
     let prefill_to = if quick { 4096 } else { 32768 };
-    Config { quick, out, points, steps, prefill_to, concat_limit, side_by_side_limit, modes }
+    Config { quick, out, points, steps, prefill_to, concat_limit, side_by_side_limit, modes, rounds }
 }
 
 struct Stats {
@@ -175,7 +189,7 @@ fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config,
     for (scenario, step) in [("decode", Step::Decode), ("decode_all_views", Step::DecodeAllViews), ("spec_round", Step::Decode)] {
         // Keeping every view copies the index keys each step: shown up to a bounded size only
         // (and not for the storage modes, whose step takes the stored parts).
-        if step == Step::DecodeAllViews && (batch * context > CONCAT_LIMIT || cfg.modes) {
+        if step == Step::DecodeAllViews && (batch * context > CONCAT_LIMIT || cfg.modes || cfg.rounds) {
             continue;
         }
         let mut samples = vec![Vec::new(); systems.len()];
@@ -199,36 +213,44 @@ fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config,
             record(out, system.as_ref(), scenario, at, &stats(samples), cfg.steps, held);
         }
     }
-    // Each uneven round rebuilds every layer's buffers: bounded like the all-views scenario.
-    if batch > 1 && batch * context <= CONCAT_LIMIT {
+    // Each uneven right-justified round rebuilds every layer's buffers: bounded like the
+    // all-views scenario, except when the layouts are compared.
+    if batch > 1 && (batch * context <= CONCAT_LIMIT || cfg.rounds) {
         spec_uneven(out, systems, cfg, at, &four);
     }
 }
 
 /// A batched speculative round where rows accept different counts (append 4, row b keeps
 /// b % 3 + 1): the right-justified layout moves the rows that dropped more, so this step costs
-/// O(stored positions) where the uniform round is a trim. Systems without per-row rollback skip.
+/// O(stored positions) where the uniform round is a trim; the ragged layout moves row ends.
+/// Systems are stepped in turn; those without per-row rollback skip.
 fn spec_uneven(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config, at: Point, four: &Inputs) {
     let keep: Vec<usize> = (0..at.batch).map(|b| b % 3 + 1).collect();
     let steps = cfg.steps.min(20);
-    for system in systems.iter_mut() {
-        let mut samples = Vec::new();
-        let mut per_row = true;
-        for i in 0..steps + 2 {
+    let mut samples: Vec<Option<Vec<f64>>> = vec![Some(Vec::new()); systems.len()];
+    for i in 0..steps + 2 {
+        for (system, slot) in systems.iter_mut().zip(samples.iter_mut()) {
+            if slot.is_none() {
+                continue;
+            }
             system.spec_begin();
+            let mut per_row = true;
             let us = timed(|| {
                 system.forward(four, Step::Decode);
                 per_row = system.spec_rollback_rows(&keep);
             });
-            if !per_row {
-                system.spec_rollback(1);
-                break;
-            }
-            if i >= 2 {
-                samples.push(us);
+            match (per_row, slot.as_mut()) {
+                (false, _) => {
+                    system.spec_rollback(1);
+                    *slot = None;
+                }
+                (true, Some(samples)) if i >= 2 => samples.push(us),
+                _ => {}
             }
         }
-        if per_row {
+    }
+    for (system, samples) in systems.iter().zip(samples) {
+        if let Some(samples) = samples {
             record(out, system.as_ref(), "spec_round_uneven", at, &stats(samples), steps, None);
         }
     }
@@ -266,11 +288,18 @@ fn main() {
     let cfg = config();
     let mut out = Vec::new();
     eprintln!("bench: {} mode, MLX device {:?}", if cfg.quick { "quick" } else { "full" }, mlx_rs::Device::default());
-    let mut makers: Vec<Maker> = match cfg.modes {
-        true => (0..modes::MODE_SETS.len())
+    let mut makers: Vec<Maker> = match (cfg.modes, cfg.rounds) {
+        (true, _) => (0..modes::MODE_SETS.len())
             .map(|i| Maker { make: Box::new(move || Box::new(modes::OursMode::new(&modes::MODE_SETS[i]))), runs_alone: false })
             .collect(),
-        false => vec![
+        (false, true) => vec![
+            Maker {
+                make: Box::new(|| Box::new(OursRust::with_layout(RIGHT_JUSTIFIED, LayoutKind::RightJustified))),
+                runs_alone: false,
+            },
+            Maker { make: Box::new(|| Box::new(OursRust::with_layout(RAGGED, LayoutKind::Ragged))), runs_alone: false },
+        ],
+        (false, false) => vec![
             Maker { make: Box::new(|| Box::new(OursRust::new())), runs_alone: false },
             Maker { make: Box::new(|| Box::new(OursC::new())), runs_alone: false },
             Maker { make: Box::new(|| Box::new(Concat::new())), runs_alone: true },
@@ -301,7 +330,7 @@ fn main() {
         out.extend(modes::accuracy());
     }
     for maker in &makers {
-        if (maker.runs_alone && cfg.concat_limit == 0) || cfg.modes {
+        if (maker.runs_alone && cfg.concat_limit == 0) || cfg.modes || cfg.rounds {
             continue;
         }
         mlx_rs::memory::clear_cache().unwrap();

@@ -8,7 +8,7 @@ use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::spec::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_config, latent_cache_status};
-use latent_cache::{Geometry, LatentCache};
+use latent_cache::{Geometry, LatentCache, LayoutKind};
 use mlx_rs::Array;
 use mlx_sys::mlx_array;
 
@@ -97,18 +97,24 @@ pub fn geometry(l: usize) -> Geometry {
 }
 
 pub struct OursRust {
+    name: &'static str,
     layers: Vec<LatentCache>,
 }
 
 impl OursRust {
     pub fn new() -> Self {
-        OursRust { layers: (0..LAYERS).map(|l| LatentCache::new(geometry(l)).unwrap()).collect() }
+        Self::with_layout("latent-cache (Rust API)", LayoutKind::RightJustified)
+    }
+
+    /// The same model with rows laid out as `layout` says, reported as `name`.
+    pub fn with_layout(name: &'static str, layout: LayoutKind) -> Self {
+        OursRust { name, layers: (0..LAYERS).map(|l| LatentCache::new(Geometry { layout, ..geometry(l) }).unwrap()).collect() }
     }
 }
 
 impl System for OursRust {
     fn name(&self) -> &'static str {
-        "latent-cache (Rust API)"
+        self.name
     }
 
     fn forward(&mut self, inputs: &Inputs, step: Step) {

@@ -108,6 +108,17 @@ pub fn put_along_axis(a: &Array, indices: &Array, values: &Array, axis: i32) -> 
     })
 }
 
+/// A copy of a `[rows, positions, width]` view in a buffer of its own, bit for bit, so the
+/// buffer it views is no longer referenced (and MLX may write that one in place). MLX's `copy`
+/// shares the input's buffer, and a slice update covering a whole array returns the update
+/// itself; so the values are written into fresh zeros one position longer, and viewed back.
+pub fn copy(a: &Array) -> Result<Array> {
+    let shape: Vec<usize> = a.shape().iter().map(|&d| d as usize).collect();
+    let longer = [shape[0], shape[1] + 1, shape[2]];
+    let fresh = slice_update(&zeros(&longer, a.dtype())?, a, &[0, 0, 0], &shape)?;
+    slice(&fresh, &[0, 0, 0], &shape)
+}
+
 /// An int32 array holding a copy of `data` (small index arrays the library builds itself).
 pub fn indices(data: &[i32], shape: &[usize]) -> Array {
     Array::from_slice(data, &dims(shape))

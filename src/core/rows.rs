@@ -1,7 +1,7 @@
 //! Speculative rounds and batch row operations on `LatentCache`: rollback (equal drops move the
-//! offset; unequal drops rebuild rows so they stay right-justified), filter, extract and merge.
-//! Every rebuild assembles new storage from row pieces, evaluated during the call, and is
-//! committed only once it exists.
+//! offset; unequal drops move ragged row ends, or shift right-justified rows in place), filter,
+//! extract and merge. Every rebuild assembles new storage from row pieces, evaluated during the
+//! call, and is committed only once it exists.
 use super::cache::LatentCache;
 use super::error::{fail, Result};
 use super::layout::{Relayout, Rollback, RowLayout};
@@ -50,8 +50,15 @@ impl LatentCache {
                 RowPiece { source: &self.storage, row: plan.rows[b], lo: at(lo), hi: at(hi), dest_row: b, dest_lo: lo }
             })
             .collect();
-        let capacity = self.storage.capacity().max(new.offset());
-        let pending = self.storage.prepare_assemble(plan.rows.len(), capacity, &pieces)?;
+        let same_rows = plan.rows.iter().enumerate().all(|(b, &row)| b == row) && plan.rows.len() == self.batch_size();
+        let pending = if same_rows && new.offset() <= self.storage.capacity() {
+            // A rollback: only the rows that shift move, in place, and only their positions.
+            let moving: Vec<RowPiece<'_>> = pieces.into_iter().filter(|p| p.lo != p.dest_lo && p.hi > p.lo).collect();
+            self.storage.prepare_move(&moving)?
+        } else {
+            let capacity = self.storage.capacity().max(new.offset());
+            self.storage.prepare_assemble(plan.rows.len(), capacity, &pieces)?
+        };
         self.storage.commit(pending);
         self.layout.adopt(plan.layout.clone());
         Ok(())

@@ -252,6 +252,36 @@ impl Storage {
         Ok(pending)
     }
 
+    /// Moves row pieces within this storage, in place: each piece's positions are first copied
+    /// out (the copies are allocated and evaluated during the call, so a failure changes
+    /// nothing), then written at their new place lazily. Once committed, nothing but the writes
+    /// holds the old buffers, so MLX writes in place: the cost is the pieces' positions, not the
+    /// buffers'. Every piece's source is this storage.
+    pub fn prepare_move(&self, pieces: &[RowPiece<'_>]) -> Result<Pending> {
+        let positions: usize = pieces.iter().map(|p| p.hi - p.lo).sum();
+        let per_position: usize = self.buffers.iter().map(|b| b.mode.bytes_per_position(b.width)).sum();
+        check_alloc(positions.checked_mul(per_position), &format!("moving {positions} positions"))?;
+        let copies = self.buffers.as_ref().try_map(|_, buffer| {
+            let data = buffer.data.as_ref().expect("rows with positions have data");
+            pieces
+                .iter()
+                .map(|p| window(data, &buffer.parts, (p.row, p.row + 1), p.lo, p.hi)?.iter().map(mlx_ops::copy).collect())
+                .collect::<Result<Vec<Parts>>>()
+        })?;
+        eval(copies.iter().flatten().flatten())?;
+        let data = self.buffers.as_ref().zip(copies).try_map(|_, (buffer, copies)| {
+            let mut data = buffer.data.clone().expect("rows with positions have data");
+            if buffer.chained_writes() + pieces.len() > MAX_LAZY_WRITES {
+                eval(&data)?;
+            }
+            for (piece, copy) in pieces.iter().zip(&copies) {
+                data = write(&data, copy, piece.dest_row, piece.dest_lo)?;
+            }
+            Ok::<_, CacheError>((data, buffer.chained_writes() + pieces.len()))
+        })?;
+        Ok(Pending { rows: self.rows, capacity: self.capacity, data })
+    }
+
     /// Values `[rows, offset, width]` of a prepared state, before it is committed: views for
     /// the float modes, lazy decodes for the quantized ones.
     pub fn pending_views(&self, pending: &Pending, offset: usize) -> Result<Families<Array>> {
