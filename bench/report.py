@@ -14,9 +14,11 @@ MLX_LM = "mlx-lm caches (Python)"
 MLX_LM_21 = "mlx-lm caches, index keys on 21 layers (variant)"
 MLX_LM_Q8 = "mlx-lm QuantizedKVCache 8-bit (Python) (variant)"
 SYSTEMS = [OURS, C_ABI, CONCAT, MLX_LM, MLX_LM_21, MLX_LM_Q8]
-# The storage-mode systems of `latent-cache-bench --modes` (bench/src/modes.rs) start with this.
-MODE_PREFIX = "latent-cache "
+# The storage-mode systems of `latent-cache-bench --modes` (bench/src/modes.rs).
+MODE_PREFIXES = tuple(f"latent-cache {m}" for m in ("f32", "bf16", "f16", "q8", "q4", "fp8"))
 MODE_F32 = "latent-cache f32"
+# The row layouts of `latent-cache-bench --rounds`.
+RIGHT_JUSTIFIED, RAGGED = "latent-cache right-justified", "latent-cache ragged"
 GROWTH_CHUNK = 256  # positions per row: the library's smallest growth step
 
 
@@ -66,8 +68,8 @@ def goals(by, records):
         # ok is None when this run did not measure the point (the quick variant).
         out.append({"goal": name, "met": ok, "detail": detail})
 
-    ctx1 = contexts_of(records, "decode", 1)
-    longest = max(c for c in ctx1 if c <= 65536)
+    ctx1 = contexts_of([r for r in records if r["system"] == OURS], "decode", 1)
+    longest = max((c for c in ctx1 if c <= 65536), default=1024)
     a, b = by.get((OURS, "decode", 1, 1024)), by.get((OURS, "decode", 1, longest))
     if a and b:
         g = b["median_us"] / a["median_us"]
@@ -109,7 +111,7 @@ def mode_systems(records):
     # In the order the driver measured them (f32 first).
     seen = []
     for r in records:
-        if r["system"].startswith(MODE_PREFIX) and r["system"] not in seen:
+        if r["system"].startswith(MODE_PREFIXES) and r["system"] not in seen:
             seen.append(r["system"])
     return seen
 
@@ -149,6 +151,40 @@ def mode_goals(by, records):
         out.append({"goal": "storage modes: memory per stored token within 1% of bytes_per_token plus one growth chunk",
                     "met": worst <= 1.0, "detail": f"worst point holds {worst:.3f}x the allowance"})
     return out
+
+
+def rounds_goals(by, records):
+    out = []
+    ctx = contexts_of([r for r in records if r["system"] == RAGGED], "spec_round_uneven", 8)
+    if ctx:
+        c = ctx[-1]
+        u, e = by.get((RAGGED, "spec_round", 8, c)), by.get((RAGGED, "spec_round_uneven", 8, c))
+        if u and e:
+            r = e["median_us"] / u["median_us"]
+            goal = "ragged layout: a round where rows keep different counts within 3x a uniform round (batch 8, "
+            out.append({"goal": goal + f"{c // 1024}K per row; the goal names 16K)", "met": r <= 3.0, "detail": f"{r:.2f}x"})
+    return out
+
+
+def rounds_section(by, records):
+    ctx = contexts_of([r for r in records if r["system"] in (RIGHT_JUSTIFIED, RAGGED)], "spec_round_uneven", 8)
+    if not ctx:
+        return []
+    md = ["", "## Row layouts (`latent-cache-bench --rounds`), batch 8", "",
+          "Both layouts on the same model, stepped in turn. Uniform round: append 4 to every row, every row keeps 2. "
+          "Uneven round: append 4, row b keeps b % 3 + 1. Right-justified rows that drop more shift (in place, only "
+          "their positions: about 3/4 of the rows move per round here); ragged rows only move their ends.", "",
+          "| positions per row | layout | decode ms | uniform round ms | uneven round ms | uneven / uniform |",
+          "|---|---|---|---|---|---|"]
+    for c in ctx:
+        for system in (RIGHT_JUSTIFIED, RAGGED):
+            d, u, e = (by.get((system, scen, 8, c)) for scen in ("decode", "spec_round", "spec_round_uneven"))
+            if not (u and e):
+                continue
+            dm = f"{d['median_us'] / 1000:.2f}" if d else "-"
+            md.append(f"| {c} | {system.split(' ', 1)[1]} | {dm} | {u['median_us'] / 1000:.2f} | "
+                      f"{e['median_us'] / 1000:.2f} | {e['median_us'] / u['median_us']:.2f}x |")
+    return md
 
 
 def modes_section(by, records, accuracy):
@@ -233,7 +269,7 @@ def main():
     accuracy = [r for r in records if r["scenario"] == "accuracy"]
     records = [r for r in records if r["scenario"] != "accuracy"]
     by = index(records)
-    checked = goals(by, records) + mode_goals(by, records)
+    checked = goals(by, records) + mode_goals(by, records) + rounds_goals(by, records)
     with open(f"{out_dir}/report.json", "w") as f:
         json.dump({"title": title, "records": records + accuracy, "goals": checked}, f, indent=1)
 
@@ -243,22 +279,23 @@ def main():
           "position, keep the views; then one evaluation. Times are medians with p10-p90; ratios are "
           "peer time / our time, from this one run.", ""]
     md += ["## Goals", ""] + [f"- {verdict(g)}: {g['goal']}: {g['detail']}" for g in checked] + [""]
+    peers = [r for r in records if r["system"] in SYSTEMS]
     for scenario, heading in (("decode", "Decode step"), ("spec_round", "Speculative round per step (append 4, roll back 2)")):
         for batch in (1, 8):
-            ctx = contexts_of(records, scenario, batch)
+            ctx = contexts_of(peers, scenario, batch)
             if ctx:
                 md += [f"## {heading}, batch {batch}", "", table(by, scenario, batch, ctx, SYSTEMS), ""]
     def section(scenario, batch, heading, text, systems, unit="ms"):
-        ctx = contexts_of(records, scenario, batch)
+        ctx = contexts_of([r for r in records if r["system"] in systems], scenario, batch)
         if ctx:
             md.extend([f"## {heading}", ""] + ([text, ""] if text else []) +
                       [table(by, scenario, batch, ctx, systems, unit), ""])
 
     section("spec_round_uneven", 8,
             "Speculative round where rows accept different counts, batch 8 (append 4, row b keeps b % 3 + 1)",
-            "Rows stay right-justified, so the rows that dropped more move: this round costs O(stored positions) "
-            "where the uniform round above is a trim. Only this library has per-row rollback among the systems "
-            "measured.", [OURS, C_ABI])
+            "Rows stay right-justified, so the rows that dropped more move: this round costs O(stored positions "
+            "of the rows that move) where the uniform round above is a trim (the ragged layout avoids it: see Row "
+            "layouts). Only this library has per-row rollback among the systems measured.", [OURS, C_ABI])
     section("decode_all_views", 1, "Decode keeping the append's index-key view too, batch 1",
             "Reading the stored index keys and also evaluating the index keys the append returns, in one "
             "evaluation, makes MLX copy that layer's index-key buffer (a view of the old buffer is alive "
@@ -280,6 +317,7 @@ def main():
         if r["scenario"] == "decode" and r["bytes_held_per_token"] is not None:
             md.append(f"| {r['system']} | {r['batch']} | {r['context']} | {r['bytes_held_per_token']:.0f} | {r['bytes_per_token']} |")
     md += modes_section(by, records, accuracy)
+    md += rounds_section(by, records)
     md += ["", "![decode step time](steps.png)", ""]
     with open(f"{out_dir}/report.md", "w") as f:
         f.write("\n".join(md))

@@ -67,12 +67,11 @@ fn config() -> Config {
         vec![(1, 1024), (1, 4096), (1, 32768), (1, 65536), (1, 131072)]
     } else if modes {
         vec![(1, 1024), (1, 4096), (1, 32768), (1, 65536)]
+    } else if gpu {
+        vec![(1, 1024), (1, 4096), (1, 16384), (1, 65536), (1, 131072), (8, 1024), (8, 4096), (8, 8192)]
     } else {
         vec![(1, 1024), (1, 4096), (1, 16384), (1, 65536), (8, 1024), (8, 4096), (8, 8192)]
     };
-    if gpu && !quick {
-        points.insert(4, (1, 131072));
-    }
     // `--points 1x16384,8x1024` replaces the (batch x context) points.
     if let Some(i) = args.iter().position(|a| a == "--points") {
         points = args[i + 1]
