@@ -101,7 +101,9 @@ pub fn slice_update(src: &Array, update: &Array, start: &[usize], stop: &[usize]
 }
 
 /// `a` with `values` written at `indices` along `axis` (`indices` broadcast against `values`).
-/// MLX writes in place when nothing else references `a`'s buffer at evaluation time.
+/// MLX writes in place when nothing else references `a`'s buffer at evaluation time. (Measured
+/// faster than a scatter of whole vectors, and than one slice update per row, for ragged
+/// appends at batch 8.)
 pub fn put_along_axis(a: &Array, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
     call("put_along_axis", |res, s| unsafe {
         mlx_sys::mlx_put_along_axis(res, a.as_ptr(), indices.as_ptr(), values.as_ptr(), axis, s)
