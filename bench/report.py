@@ -173,17 +173,20 @@ def rounds_section(by, records):
     md = ["", "## Row layouts (`latent-cache-bench --rounds`), batch 8", "",
           "Both layouts on the same model, stepped in turn. Uniform round: append 4 to every row, every row keeps 2. "
           "Uneven round: append 4, row b keeps b % 3 + 1. Right-justified rows that drop more shift (in place, only "
-          "their positions: about 3/4 of the rows move per round here); ragged rows only move their ends.", "",
-          "| positions per row | layout | decode ms | uniform round ms | uneven round ms | uneven / uniform |",
-          "|---|---|---|---|---|---|"]
+          "their positions); ragged rows only move their ends. MB moved: the positions of the rows that shift, "
+          "copied out and written back, every layer (the last measured round).", "",
+          "| positions per row | layout | decode ms | uniform round ms | uneven round ms | uneven / uniform | MB moved per uneven round |",
+          "|---|---|---|---|---|---|---|"]
     for c in ctx:
         for system in (RIGHT_JUSTIFIED, RAGGED):
             d, u, e = (by.get((system, scen, 8, c)) for scen in ("decode", "spec_round", "spec_round_uneven"))
             if not (u and e):
                 continue
             dm = f"{d['median_us'] / 1000:.2f}" if d else "-"
+            moved = e.get("bytes_moved_per_round")
+            mb = "-" if moved is None else f"{moved / 1e6:.1f}"
             md.append(f"| {c} | {system.split(' ', 1)[1]} | {dm} | {u['median_us'] / 1000:.2f} | "
-                      f"{e['median_us'] / 1000:.2f} | {e['median_us'] / u['median_us']:.2f}x |")
+                      f"{e['median_us'] / 1000:.2f} | {e['median_us'] / u['median_us']:.2f}x | {mb} |")
     return md
 
 

@@ -248,9 +248,16 @@ fn spec_uneven(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Con
             }
         }
     }
-    for (system, samples) in systems.iter().zip(samples) {
+    let moved: Vec<Option<usize>> = systems.iter().map(|s| s.bytes_moved()).collect();
+    for (k, (system, samples)) in systems.iter().zip(samples).enumerate() {
         if let Some(samples) = samples {
             record(out, system.as_ref(), "spec_round_uneven", at, &stats(samples), steps, None);
+            if let Some(bytes) = moved[k] {
+                // The bytes the last measured round moved, as one more field of that record.
+                let line = out.pop().unwrap();
+                let line = format!("{}, \"bytes_moved_per_round\": {bytes}}}", &line[..line.len() - 1]);
+                out.push(line);
+            }
         }
     }
 }

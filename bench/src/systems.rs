@@ -81,6 +81,10 @@ pub trait System {
     }
     /// Makes room for `tokens` positions where the system supports it.
     fn reserve(&mut self, _tokens: usize) {}
+    /// Bytes the last per-row rollback moved, where the system knows it.
+    fn bytes_moved(&self) -> Option<usize> {
+        None
+    }
     /// Bytes one position costs the whole model.
     fn bytes_per_token(&self) -> usize {
         model_bytes_per_token()
@@ -99,6 +103,8 @@ pub fn geometry(l: usize) -> Geometry {
 pub struct OursRust {
     name: &'static str,
     layers: Vec<LatentCache>,
+    /// Bytes the last per-row rollback moved (copied out and written back), every layer.
+    moved: usize,
 }
 
 impl OursRust {
@@ -108,7 +114,8 @@ impl OursRust {
 
     /// The same model with rows laid out as `layout` says, reported as `name`.
     pub fn with_layout(name: &'static str, layout: LayoutKind) -> Self {
-        OursRust { name, layers: (0..LAYERS).map(|l| LatentCache::new(Geometry { layout, ..geometry(l) }).unwrap()).collect() }
+        let layers = (0..LAYERS).map(|l| LatentCache::new(Geometry { layout, ..geometry(l) }).unwrap()).collect();
+        OursRust { name, layers, moved: 0 }
     }
 }
 
@@ -143,6 +150,7 @@ impl System for OursRust {
     }
 
     fn spec_rollback_rows(&mut self, keep: &[usize]) -> bool {
+        self.moved = self.layers.iter().map(|c| moved_positions(c, keep) * c.bytes_per_token() * 2).sum();
         self.layers.iter_mut().for_each(|c| c.spec_round_rollback(keep).unwrap());
         true
     }
@@ -150,6 +158,23 @@ impl System for OursRust {
     fn reserve(&mut self, tokens: usize) {
         self.layers.iter_mut().for_each(|c| c.reserve(tokens).unwrap());
     }
+
+    fn bytes_moved(&self) -> Option<usize> {
+        Some(self.moved)
+    }
+}
+
+/// Positions a rollback keeping `keep[b]` of the 4 positions each row appended in the round
+/// moves: none in the ragged layout; in the right-justified one, every kept position of each row
+/// whose end shifts (the documented layout arithmetic: rows stay right-justified to the longest).
+fn moved_positions(cache: &LatentCache, keep: &[usize]) -> usize {
+    if cache.geometry().layout == LayoutKind::Ragged {
+        return 0;
+    }
+    let drops: Vec<usize> = keep.iter().map(|k| 4 - k).collect();
+    let lengths: Vec<usize> = cache.row_offsets().iter().zip(&drops).map(|(len, d)| len - d).collect();
+    let (offset, new_offset) = (cache.offset(), lengths.iter().copied().max().unwrap_or(0));
+    lengths.iter().zip(&drops).filter(|(_, &d)| offset - d != new_offset).map(|(len, _)| len).sum()
 }
 
 pub struct OursC {
