@@ -31,12 +31,14 @@
  *   however many threads call it. Calls on one handle from several threads at once are
  *   serialized (each call locks the handle); different handles run in parallel.
  *   Evaluation: every evaluation the library performs takes one process-wide lock (or the lock
- *   given to latent_cache_set_eval_lock). These calls may evaluate: append_host, read_row_host,
- *   read_host, reserve, merge_rows, extract_row, filter_rows, spec_round_rollback_rows (uneven
- *   counts), latent_cache_eval, and append_latent when it must grow the buffers (never after a
- *   large enough reserve) or when a buffer went unevaluated for 64 appends in a row (an engine
- *   that evaluates every step never sees this). The others never evaluate. Evaluate the arrays the library returns
- *   through latent_cache_eval, or under the lock you gave it, never concurrently with it.
+ *   given to latent_cache_set_eval_lock). These calls may evaluate: append_host,
+ *   append_host_padded, read_row_host, read_host, reserve, merge_rows, extract_row, filter_rows,
+ *   spec_round_rollback_rows (uneven counts, right-justified rows), latent_cache_eval, and
+ *   append_latent / append_latent_padded when they must grow the buffers (never after a large
+ *   enough reserve) or when a buffer went unevaluated for 64 appends in a row (an engine that
+ *   evaluates every step never sees this). The others never evaluate. Evaluate the arrays the
+ *   library returns through latent_cache_eval, or under the lock you gave it, never
+ *   concurrently with it.
  *   What an engine may pass in: arrays that are evaluated, made by latent_cache_array_from_host,
  *   or built on a stream any thread may evaluate (mlx_stream_new_thread_unsafe). An array the
  *   engine built on its own thread's stream and left unevaluated can only be evaluated on that
