@@ -1,12 +1,14 @@
-// latent_cache.hpp: a small C++17 RAII layer over latent_cache.h. Handles free themselves,
-// failures throw latent_cache::Error carrying the status and the library's message, and reads
-// return std::vector. Hand-written; the C header stays the source of truth.
+// latent_cache.hpp: a C++17 RAII layer over the whole of latent_cache.h. Caches, returned arrays
+// and packed states free themselves and are move-only; failures throw latent_cache_cpp::Error
+// carrying the status and the library's message; host reads return std::vector. Hand-written;
+// the C header stays the source of truth for every rule (ownership, threads, evaluation).
 #ifndef LATENT_CACHE_HPP
 #define LATENT_CACHE_HPP
 
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "latent_cache.h"
@@ -32,6 +34,96 @@ inline void check(latent_cache_status status) {
   throw Error(status, message);
 }
 
+inline const char *version() noexcept { return latent_cache_version(); }
+
+// An mlx_array the library handed over: freed when destroyed (latent_cache_array_free). Empty
+// (ctx == NULL) where the library returns no array, such as index keys on a layer without DSA.
+class Array {
+ public:
+  Array() noexcept = default;
+  explicit Array(mlx_array raw) noexcept : raw_(raw) {}
+  Array(Array &&other) noexcept : raw_(other.release()) {}
+  Array &operator=(Array &&other) noexcept {
+    if (this != &other) {
+      reset();
+      raw_ = other.release();
+    }
+    return *this;
+  }
+  Array(const Array &) = delete;
+  Array &operator=(const Array &) = delete;
+  ~Array() { reset(); }
+
+  // A float32 array [batch, tokens, width] holding a copy of `data`.
+  static Array from_host(const std::vector<float> &data, size_t batch, size_t tokens, size_t width) {
+    mlx_array raw{nullptr};
+    check(latent_cache_array_from_host(data.data(), data.size(), batch, tokens, width, &raw));
+    return Array(raw);
+  }
+
+  // The handle, still owned by this object (pass it to mlx-c or to the library's calls).
+  mlx_array get() const noexcept { return raw_; }
+  bool empty() const noexcept { return raw_.ctx == nullptr; }
+  // Gives up ownership: the caller frees the returned handle.
+  mlx_array release() noexcept { return std::exchange(raw_, mlx_array{nullptr}); }
+  void reset() noexcept { latent_cache_array_free(release()); }
+
+ private:
+  mlx_array raw_{nullptr};
+};
+
+// Evaluates arrays (empty ones are skipped) under the library's evaluation lock.
+inline void eval(const std::vector<const Array *> &arrays) {
+  std::vector<mlx_array> raw;
+  raw.reserve(arrays.size());
+  for (const Array *a : arrays) raw.push_back(a->get());
+  check(latent_cache_eval(raw.data(), raw.size()));
+}
+
+// Hands the library the engine's evaluation lock (both callbacks NULL restores its own).
+inline void set_eval_lock(latent_cache_lock_fn lock, latent_cache_lock_fn unlock, void *ctx) {
+  check(latent_cache_set_eval_lock(lock, unlock, ctx));
+}
+
+// The values of every stored family, as an append or `state` returns them.
+struct State {
+  Array latent, rope, index_keys;
+};
+
+// One family's stored parts (latent_cache_packed_state): released when destroyed.
+class Packed {
+ public:
+  Packed() noexcept = default;
+  Packed(Packed &&other) noexcept : raw_(std::exchange(other.raw_, empty_packed())) {}
+  Packed &operator=(Packed &&other) noexcept {
+    if (this != &other) {
+      latent_cache_packed_release(&raw_);
+      raw_ = std::exchange(other.raw_, empty_packed());
+    }
+    return *this;
+  }
+  Packed(const Packed &) = delete;
+  Packed &operator=(const Packed &) = delete;
+  ~Packed() { latent_cache_packed_release(&raw_); }
+
+  uint32_t storage() const noexcept { return raw_.storage; }
+  uint32_t bits() const noexcept { return raw_.bits; }
+  uint32_t group_size() const noexcept { return raw_.group_size; }
+  // Borrowed views, valid while this object lives.
+  mlx_array values() const noexcept { return raw_.values; }
+  mlx_array scales() const noexcept { return raw_.scales; }
+  mlx_array biases() const noexcept { return raw_.biases; }
+  latent_cache_packed *out() noexcept { return &raw_; }
+
+ private:
+  static latent_cache_packed empty_packed() noexcept {
+    latent_cache_packed p{};
+    p.values.ctx = p.scales.ctx = p.biases.ctx = nullptr;
+    return p;
+  }
+  latent_cache_packed raw_ = empty_packed();
+};
+
 // One layer's cache. Movable, not copyable; frees the handle when destroyed.
 class Cache {
  public:
@@ -41,52 +133,173 @@ class Cache {
     handle_.reset(raw);
   }
 
+  // Takes ownership of a handle the C API returned (latent_cache_extract_row).
+  static Cache adopt(latent_cache *raw) { return Cache(raw); }
+
   latent_cache *get() const noexcept { return handle_.get(); }
 
+  // Host path.
   void append(size_t batch, size_t tokens, const std::vector<float> &latent, const std::vector<float> &rope,
               const std::vector<float> &index_keys = {}) {
     check(latent_cache_append_host(get(), batch, tokens, latent.data(), latent.size(), rope.data(), rope.size(),
-                                   index_keys.empty() ? nullptr : index_keys.data(), index_keys.size()));
+                                   keys(index_keys), index_keys.size()));
+  }
+
+  void append_padded(size_t batch, size_t tokens, const std::vector<size_t> &left_pad,
+                     const std::vector<float> &latent, const std::vector<float> &rope,
+                     const std::vector<float> &index_keys = {}) {
+    check(latent_cache_append_host_padded(get(), batch, tokens, left_pad.data(), left_pad.size(), latent.data(),
+                                          latent.size(), rope.data(), rope.size(), keys(index_keys),
+                                          index_keys.size()));
   }
 
   std::vector<float> read_row(latent_cache_family family, size_t row) const {
-    size_t width = 0, written = 0;
-    switch (family) {
-      case LATENT_CACHE_FAMILY_LATENT: check(latent_cache_kv_lora_rank(get(), &width)); break;
-      case LATENT_CACHE_FAMILY_ROPE: check(latent_cache_rope_head_dim(get(), &width)); break;
-      default: check(latent_cache_index_head_dim(get(), &width)); break;
-    }
     std::vector<size_t> rows = row_offsets();
-    std::vector<float> out(row < rows.size() ? rows[row] * width : 0);
+    std::vector<float> out(row < rows.size() ? rows[row] * width(family) : 0);
+    size_t written = 0;
     check(latent_cache_read_row_host(get(), static_cast<uint32_t>(family), row, out.data(), out.size(), &written));
     out.resize(written);
     return out;
   }
 
-  std::vector<size_t> row_offsets() const { return rows(latent_cache_row_offsets); }
-  std::vector<size_t> left_pad() const { return rows(latent_cache_left_pad); }
-
-  size_t offset() const {
-    size_t out = 0;
-    check(latent_cache_offset(get(), &out));
+  // The whole window [batch, offset, width]; positions outside a row's valid range are unspecified.
+  std::vector<float> read(latent_cache_family family) const {
+    std::vector<float> out(batch_size() * offset() * width(family));
+    size_t written = 0;
+    check(latent_cache_read_host(get(), static_cast<uint32_t>(family), out.data(), out.size(), &written));
+    out.resize(written);
     return out;
   }
 
+  // MLX-array path. `index_keys` may be empty on a layer without DSA.
+  State append_latent(const Array &latent, const Array &rope, const Array &index_keys = Array()) {
+    State s;
+    mlx_array l{nullptr}, r{nullptr}, k{nullptr};
+    check(latent_cache_append_latent(get(), latent.get(), rope.get(), index_keys.get(), &l, &r, &k));
+    s.latent = Array(l), s.rope = Array(r), s.index_keys = Array(k);
+    return s;
+  }
+
+  // Appends without building any returned value (the stored parts are read with packed_state).
+  void append_latent_only(const Array &latent, const Array &rope, const Array &index_keys = Array()) {
+    check(latent_cache_append_latent(get(), latent.get(), rope.get(), index_keys.get(), nullptr, nullptr, nullptr));
+  }
+
+  State append_latent_padded(const std::vector<size_t> &left_pad, const Array &latent, const Array &rope,
+                             const Array &index_keys = Array()) {
+    State s;
+    mlx_array l{nullptr}, r{nullptr}, k{nullptr};
+    check(latent_cache_append_latent_padded(get(), left_pad.data(), left_pad.size(), latent.get(), rope.get(),
+                                            index_keys.get(), &l, &r, &k));
+    s.latent = Array(l), s.rope = Array(r), s.index_keys = Array(k);
+    return s;
+  }
+
+  Array stored_index_keys() const {
+    mlx_array raw{nullptr};
+    check(latent_cache_stored_index_keys(get(), &raw));
+    return Array(raw);
+  }
+
+  State state() const {
+    State s;
+    mlx_array l{nullptr}, r{nullptr}, k{nullptr};
+    check(latent_cache_state(get(), &l, &r, &k));
+    s.latent = Array(l), s.rope = Array(r), s.index_keys = Array(k);
+    return s;
+  }
+
+  Packed packed_state(latent_cache_family family) const {
+    Packed p;
+    check(latent_cache_packed_state(get(), static_cast<uint32_t>(family), p.out()));
+    return p;
+  }
+
+  // Rounds, trims, rows.
   void trim(size_t n, bool bypass = false) { check(latent_cache_trim(get(), n, bypass)); }
+  void reset() { check(latent_cache_reset(get())); }
+  void reserve(size_t tokens) { check(latent_cache_reserve(get(), tokens)); }
   void spec_round_begin() { check(latent_cache_spec_round_begin(get())); }
   void spec_round_commit() { check(latent_cache_spec_round_commit(get())); }
+  void spec_round_rollback(size_t keep) { check(latent_cache_spec_round_rollback(get(), keep)); }
   void spec_round_rollback(const std::vector<size_t> &keep) {
     check(latent_cache_spec_round_rollback_rows(get(), keep.data(), keep.size()));
   }
+  void filter_rows(const std::vector<size_t> &rows) { check(latent_cache_filter_rows(get(), rows.data(), rows.size())); }
+  // Fills this empty cache with every row of `sources`, in order.
+  void merge_rows(const std::vector<const Cache *> &sources) {
+    std::vector<const latent_cache *> raw;
+    raw.reserve(sources.size());
+    for (const Cache *c : sources) raw.push_back(c->get());
+    check(latent_cache_merge_rows(get(), raw.data(), raw.size()));
+  }
+  Cache extract_row(size_t row) const {
+    latent_cache *raw = nullptr;
+    check(latent_cache_extract_row(get(), row, &raw));
+    return Cache(raw);
+  }
+
+  // Queries.
+  std::vector<size_t> row_offsets() const { return rows(latent_cache_row_offsets); }
+  std::vector<size_t> left_pad() const { return rows(latent_cache_left_pad); }
+  std::vector<size_t> row_ends() const { return rows(latent_cache_row_ends); }
+  size_t offset() const { return size(latent_cache_offset); }
+  size_t batch_size() const { return size(latent_cache_batch_size); }
+  size_t kv_lora_rank() const { return size(latent_cache_kv_lora_rank); }
+  size_t rope_head_dim() const { return size(latent_cache_rope_head_dim); }
+  size_t index_head_dim() const { return size(latent_cache_index_head_dim); }
+  size_t bytes_per_token() const { return size(latent_cache_bytes_per_token); }
+  size_t max_append_tokens() const { return size(latent_cache_max_append_tokens); }
+  size_t minimum_reusable_offset() const { return size(latent_cache_minimum_reusable_offset); }
+  bool is_trimmable() const { return flag(latent_cache_is_trimmable); }
+  bool in_spec_round() const { return flag(latent_cache_in_spec_round); }
+  std::string signature() const {
+    // A too-small buffer writes nothing, so grow until the string and its NUL fit.
+    for (size_t size = 128;; size *= 2) {
+      std::string out(size, '\0');
+      size_t written = 0;
+      latent_cache_status status = latent_cache_signature(get(), out.data(), out.size(), &written);
+      if (status == LATENT_CACHE_STATUS_BUFFER_TOO_SMALL && size < (1u << 20)) continue;
+      check(status);
+      out.resize(written);  // the count excludes the NUL
+      return out;
+    }
+  }
 
  private:
-  using RowQuery = latent_cache_status (*)(const latent_cache *, size_t *, size_t, size_t *);
+  explicit Cache(latent_cache *raw) : handle_(raw) {}
 
+  static const float *keys(const std::vector<float> &index_keys) {
+    return index_keys.empty() ? nullptr : index_keys.data();
+  }
+
+  size_t width(latent_cache_family family) const {
+    switch (family) {
+      case LATENT_CACHE_FAMILY_LATENT: return kv_lora_rank();
+      case LATENT_CACHE_FAMILY_ROPE: return rope_head_dim();
+      default: return index_head_dim();
+    }
+  }
+
+  using RowQuery = latent_cache_status (*)(const latent_cache *, size_t *, size_t, size_t *);
   std::vector<size_t> rows(RowQuery query) const {
-    size_t batch = 0, written = 0;
-    check(latent_cache_batch_size(get(), &batch));
-    std::vector<size_t> out(batch);
+    std::vector<size_t> out(batch_size());
+    size_t written = 0;
     check(query(get(), out.data(), out.size(), &written));
+    return out;
+  }
+
+  using SizeQuery = latent_cache_status (*)(const latent_cache *, size_t *);
+  size_t size(SizeQuery query) const {
+    size_t out = 0;
+    check(query(get(), &out));
+    return out;
+  }
+
+  using FlagQuery = latent_cache_status (*)(const latent_cache *, bool *);
+  bool flag(FlagQuery query) const {
+    bool out = false;
+    check(query(get(), &out));
     return out;
   }
 

@@ -1,13 +1,17 @@
-// C++ client test: the RAII header over the C ABI, under ASan/UBSan. Errors arrive as
-// exceptions with the right status, and a rejected call leaves the cache as it was.
+// C++ client test: the RAII header over the whole C ABI, under ASan/UBSan (and LeakSanitizer: every
+// array, packed state and cache the wrapper owns is freed). Errors arrive as exceptions with the
+// right status, and a rejected call leaves the cache as it was.
 #include <cstdio>
 #include <vector>
 
 #include "latent_cache.h"
 #include "latent_cache.hpp"
 
+using latent_cache_cpp::Array;
 using latent_cache_cpp::Cache;
 using latent_cache_cpp::Error;
+using latent_cache_cpp::Packed;
+using latent_cache_cpp::State;
 
 static int failures = 0;
 #define CHECK(cond)                                                                 \
@@ -54,6 +58,66 @@ int main() {
 
   Cache moved = std::move(cache);
   CHECK(moved.offset() == 6);
+
+  // Queries.
+  CHECK(moved.batch_size() == 2 && moved.kv_lora_rank() == 4 && moved.rope_head_dim() == 2 && moved.index_head_dim() == 0);
+  CHECK(moved.bytes_per_token() == (4 + 2) * 4);
+  CHECK(moved.row_ends() == (std::vector<size_t>{6, 6}));
+  CHECK(moved.is_trimmable() && !moved.in_spec_round() && moved.minimum_reusable_offset() == 0);
+  CHECK(moved.signature().find("kv_lora_rank=4") != std::string::npos);
+  CHECK(moved.read(LATENT_CACHE_FAMILY_LATENT).size() == 2 * 6 * 4);
+
+  // Rows: extract, merge, filter; a uniform rollback.
+  Cache single = moved.extract_row(1);
+  CHECK(single.row_offsets() == (std::vector<size_t>{6}));
+  Cache merged(config);
+  merged.merge_rows({&moved, &single});
+  CHECK(merged.row_offsets() == (std::vector<size_t>{4, 6, 6}));
+  merged.filter_rows({2, 0});
+  CHECK(merged.row_offsets() == (std::vector<size_t>{6, 4}));
+  merged.spec_round_begin();
+  merged.append(2, 2, std::vector<float>(2 * 2 * 4, 1.0f), std::vector<float>(2 * 2 * 2, 1.0f));
+  merged.spec_round_rollback(size_t{1});
+  CHECK(merged.row_offsets() == (std::vector<size_t>{7, 5}));
+  merged.reserve(64);
+  merged.trim(1);
+  merged.reset();
+  CHECK(merged.batch_size() == 0);
+
+  // The MLX-array path: arrays own themselves, State and Packed release their views.
+  {
+    latent_cache_config ragged = config;
+    ragged.layout = LATENT_CACHE_LAYOUT_RAGGED;
+    Cache c(ragged);
+    Array l = Array::from_host(latent, 2, 3, 4), r = Array::from_host(rope, 2, 3, 2);
+    State s = c.append_latent_padded({0, 2}, l, r);
+    CHECK(!s.latent.empty() && !s.rope.empty() && s.index_keys.empty());
+    latent_cache_cpp::eval({&s.latent, &s.rope, &s.index_keys});
+    s = State();  // released before the next append
+    CHECK(c.row_offsets() == (std::vector<size_t>{3, 1}));
+    CHECK(c.left_pad() == (std::vector<size_t>{0, 2}));
+    c.spec_round_begin();
+    c.append_latent_only(l, r);
+    c.spec_round_rollback(std::vector<size_t>{3, 0});
+    CHECK(c.row_ends() == (std::vector<size_t>{6, 3}));
+    State now = c.state();
+    CHECK(!now.latent.empty());
+    Packed p = c.packed_state(LATENT_CACHE_FAMILY_LATENT);
+    CHECK(p.storage() == LATENT_CACHE_STORAGE_F32 && p.bits() == 32 && p.values().ctx != nullptr);
+    Packed moved_packed = std::move(p);
+    CHECK(moved_packed.values().ctx != nullptr && p.values().ctx == nullptr);
+    try {
+      (void)c.stored_index_keys();  // no index keys on this layer
+      CHECK(false);
+    } catch (const Error &err) {
+      CHECK(err.status() == LATENT_CACHE_STATUS_INVALID_ARGUMENT);
+    }
+    Array handed = Array::from_host(latent, 2, 3, 4);
+    mlx_array raw = handed.release();
+    CHECK(handed.empty());
+    latent_cache_array_free(raw);
+  }
+  CHECK(std::string(latent_cache_cpp::version()) == LATENT_CACHE_VERSION);
   if (failures) {
     std::fprintf(stderr, "test_cpp: %d failure(s)\n", failures);
     return 1;
