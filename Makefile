@@ -28,7 +28,8 @@ CC ?= cc
 CXX ?= c++
 CWARN := -Wall -Wextra -Werror
 SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-LINK := -Ltarget/release -llatent_cache -Wl,-rpath,$(CURDIR)/target/release
+# C and C++ programs link the library as it ships (target/ship, built by packaging/ship.mk).
+LINK := -Ltarget/ship/lib -llatent_cache -Wl,-rpath,$(CURDIR)/target/ship/lib
 # LeakSanitizer checks the C clients' runs, our library's allocations included (it shares the
 # process's malloc). Live handles stay reachable through the handle registry, so leaked handles
 # are caught by the soak test's memory accounting instead.
@@ -63,7 +64,7 @@ lint: deps
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
-test: build check-header lint test-rust test-c test-valgrind
+test: build check-header lint test-rust test-c test-valgrind check-symbols test-install
 
 test-rust: deps
 	cargo test --release -p latent-cache
@@ -75,9 +76,9 @@ test-valgrind: deps
 	SOAK_OPS=3000 cargo test --release -p latent-cache --test soak \
 	  --config "target.'cfg(all())'.runner = [$(foreach w,$(VALGRIND),'$(w)',)]"
 
-# C and C++ clients against the built library, under ASan/UBSan; the header must compile as
+# C and C++ clients against the shipped library, under ASan/UBSan; the header must compile as
 # C11 and C++17, included twice.
-test-c: build
+test-c: ship
 	@mkdir -p $(OUT)
 	$(CC) -std=c11 $(CWARN) -Iinclude -fsyntax-only tests/c/header_twice.c
 	$(CXX) -std=c++17 $(CWARN) -Iinclude -x c++ -fsyntax-only tests/c/header_twice.c
@@ -90,12 +91,15 @@ test-c: build
 	$(OUT)/readme_decode
 	$(OUT)/test_api
 	$(OUT)/test_threads
+	$(CXX) -std=c++17 $(CWARN) $(SAN) -g -Iinclude examples/decode.cpp -o $(OUT)/decode_cpp_asan $(LINK)
 	$(OUT)/test_cpp
 	$(OUT)/engine_asan --layers 6 --dsa 2 --prefill 600 --chunk 256 --decode 12
+	$(OUT)/decode_cpp_asan --steps 8
 
-examples: build
+examples: ship
 	@mkdir -p $(OUT)
 	$(CC) -std=c11 $(CWARN) -O2 -Iinclude examples/engine.c -o $(OUT)/engine $(LINK) -lm
+	$(CXX) -std=c++17 $(CWARN) -O2 -Iinclude examples/decode.cpp -o $(OUT)/decode_cpp $(LINK)
 
 demo: examples
 	$(OUT)/engine
@@ -162,3 +166,6 @@ fuzz: deps $(CARGO_FUZZ)
 
 clean:
 	cargo clean
+
+# Shipping: the installable library, `make install`, and their tests.
+include packaging/ship.mk
