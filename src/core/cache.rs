@@ -172,19 +172,20 @@ impl LatentCache {
         self.append_inner(latent, rope, index_keys, None, false).map(drop)
     }
 
-    /// The first append of a padded batch (prompts of different lengths, as mlx-lm's
-    /// `BatchKVCache(left_padding)`): row `b`'s first `left_pad[b]` positions are padding, so
-    /// `row_offsets[b] = tokens - left_pad[b]`. Only on an empty cache, outside a round; at
-    /// least one row has no padding.
-    pub fn append_latent_padded(
+    /// The general append: with `left_pad`, the first append of a padded batch (prompts of
+    /// different lengths, as mlx-lm's `BatchKVCache(left_padding)`): row `b`'s first
+    /// `left_pad[b]` positions are padding, so `row_offsets[b] = tokens - left_pad[b]`; only on
+    /// an empty cache, outside a round, with at least one row unpadded. Returns the values of
+    /// everything stored when `views` asks for them.
+    pub fn append_with(
         &mut self,
-        left_pad: &[usize],
+        left_pad: Option<&[usize]>,
         latent: &Array,
         rope: &Array,
         index_keys: Option<&Array>,
         views: bool,
     ) -> Result<Option<LatentState>> {
-        self.append_inner(latent, rope, index_keys, Some(left_pad), views)
+        self.append_inner(latent, rope, index_keys, left_pad, views)
     }
 
     fn append_inner(

@@ -96,19 +96,29 @@ pub unsafe extern "C" fn latent_cache_append_latent(
     out_rope: *mut mlx_array,
     out_index_keys: *mut mlx_array,
 ) -> latent_cache_status {
-    ffi_boundary! { unsafe {
+    ffi_boundary! { unsafe { append_arrays(cache, None, [latent, rope, index_keys], [out_latent, out_rope, out_index_keys]) } }
+}
+
+/// Both MLX-array appends: borrows the inputs, appends (as a padded first append when
+/// `left_pad` is given), and hands out the values the non-NULL outputs ask for. With every
+/// output NULL nothing is built (a quantized family's decode included).
+unsafe fn append_arrays(
+    cache: *mut latent_cache,
+    left_pad: Option<&[usize]>,
+    [latent, rope, index_keys]: [mlx_array; 3],
+    [out_latent, out_rope, out_index_keys]: [*mut mlx_array; 3],
+) -> FfiResult {
+    unsafe {
         let latent = borrow(latent, "latent")?;
         let rope = borrow(rope, "rope")?;
         let index_keys = borrow_optional(index_keys, "index_keys")?;
-        let keys = index_keys.as_deref();
-        if out_latent.is_null() && out_rope.is_null() && out_index_keys.is_null() {
-            // No outputs: nothing to build (a quantized family's decode included).
-            return with_cache(cache, |cache| Ok(cache.append(&latent, &rope, keys)?));
+        let views = !(out_latent.is_null() && out_rope.is_null() && out_index_keys.is_null());
+        let state = with_cache(cache, |cache| Ok(cache.append_with(left_pad, &latent, &rope, index_keys.as_deref(), views)?))?;
+        if let Some(state) = state {
+            hand_out(state, out_latent, out_rope, out_index_keys);
         }
-        let state = with_cache(cache, |cache| Ok(cache.append_latent(&latent, &rope, keys)?))?;
-        hand_out(state, out_latent, out_rope, out_index_keys);
         Ok(())
-    } }
+    }
 }
 
 /// The first append of a padded batch over MLX arrays: `latent_cache_append_latent` with row
@@ -132,17 +142,7 @@ pub unsafe extern "C" fn latent_cache_append_latent_padded(
 ) -> latent_cache_status {
     ffi_boundary! { unsafe {
         let left_pad = in_slice(left_pad, left_pad_len, "left_pad")?;
-        let latent = borrow(latent, "latent")?;
-        let rope = borrow(rope, "rope")?;
-        let index_keys = borrow_optional(index_keys, "index_keys")?;
-        let views = !(out_latent.is_null() && out_rope.is_null() && out_index_keys.is_null());
-        let state = with_cache(cache, |cache| {
-            Ok(cache.append_latent_padded(left_pad, &latent, &rope, index_keys.as_deref(), views)?)
-        })?;
-        if let Some(state) = state {
-            hand_out(state, out_latent, out_rope, out_index_keys);
-        }
-        Ok(())
+        append_arrays(cache, Some(left_pad), [latent, rope, index_keys], [out_latent, out_rope, out_index_keys])
     } }
 }
 
