@@ -130,6 +130,17 @@ static layer *new_layers_with(uint32_t layout) {
 
 static layer *new_layers(void) { return new_layers_with(LATENT_CACHE_LAYOUT_RIGHT_JUSTIFIED); }
 
+/* The MTP layer's append for the same positions (values of "layer" n_layers), evaluated. */
+static void step_mtp(layer *mtp, int req, size_t pos, size_t tokens) {
+  mlx_array in[3];
+  build_inputs(n_layers, 0, 1, &req, &pos, NULL, tokens, in);
+  mlx_array out[2] = {{NULL}, {NULL}};
+  TRY(latent_cache_append_latent(mtp->cache, in[0], in[1], in[2], &out[0], &out[1], NULL));
+  TRY(latent_cache_eval(out, 2));
+  for (int i = 0; i < 2; i++) latent_cache_array_free(out[i]);
+  for (int f = 0; f < 3; f++) latent_cache_array_free(in[f]);
+}
+
 static void free_layers(layer *layers) {
   for (int l = 0; l < n_layers; l++) latent_cache_free(layers[l].cache);
   free(layers);
@@ -143,12 +154,19 @@ static size_t rows_of(const latent_cache *c, size_t *row_offsets) {
 
 /* Reads row `row` of layer l back and compares every value with request `req`'s positions
  * [0, len). Returns the number of values checked; exits on a mismatch. */
+static size_t check_one(const layer *one, int l, size_t row, int req, size_t len);
+
 static size_t check_row(const layer *layers, int l, size_t row, int req, size_t len) {
+  return check_one(&layers[l], l, row, req, len);
+}
+
+/* As check_row, for one layer whose values were made as layer l's. */
+static size_t check_one(const layer *one, int l, size_t row, int req, size_t len) {
   size_t checked = 0;
-  for (int f = 0; f < (layers[l].dsa ? 3 : 2); f++) {
+  for (int f = 0; f < (one->dsa ? 3 : 2); f++) {
     size_t n = len * width(f), written = 0;
     float *out = malloc(n * sizeof(float) + 1);
-    TRY(latent_cache_read_row_host(layers[l].cache, (uint32_t)f, row, out, n, &written));
+    TRY(latent_cache_read_row_host(one->cache, (uint32_t)f, row, out, n, &written));
     if (written != n) {
       fprintf(stderr, "layer %d row %zu: read %zu values, expected %zu\n", l, row, written, n);
       exit(1);
@@ -189,15 +207,24 @@ static void parse_args(int argc, char **argv) {
   }
 }
 
-/* Phase 1 and 2: one sequence, chunked prefill then decode. */
+/* Phase 1 and 2: one sequence, chunked prefill then decode. The model's multi-token-prediction
+ * (MTP) layer keeps a cache of its own beside the target layers (role MTP, no index keys),
+ * appended with every position and checked like them. */
 static void single_sequence(void) {
   layer *layers = new_layers();
+  latent_cache_config mtp_cfg = latent_cache_config_default();
+  mtp_cfg.index_head_dim = 0;
+  mtp_cfg.role = LATENT_CACHE_ROLE_MTP;
+  layer mtp = {NULL, 0};
+  TRY(latent_cache_new(&mtp_cfg, &mtp.cache));
+  TRY(latent_cache_reserve(mtp.cache, (size_t)(prefill + decode)));
   int req = 0;
   for (int l = 0; l < n_layers; l++) TRY(latent_cache_reserve(layers[l].cache, (size_t)(prefill + decode)));
   double prefill_ms = 0; /* time in the cache calls and the evaluation, not in making inputs */
   for (size_t pos = 0; pos < (size_t)prefill; pos += (size_t)chunk) {
     size_t n = (size_t)prefill - pos < (size_t)chunk ? (size_t)prefill - pos : (size_t)chunk;
     prefill_ms += step(layers, 1, &req, &pos, n);
+    step_mtp(&mtp, req, pos, n);
   }
   printf("prefill: %d positions in chunks of %d: %.1f ms in the cache (%.0f positions/s across %d layers)\n", prefill, chunk,
          prefill_ms, prefill / (prefill_ms / 1e3), n_layers);
@@ -206,6 +233,7 @@ static void single_sequence(void) {
   for (int s = 0; s < decode; s++) {
     size_t pos = (size_t)prefill + (size_t)s;
     times[s] = step(layers, 1, &req, &pos, 1);
+    step_mtp(&mtp, req, pos, 1);
   }
   qsort(times, (size_t)decode, sizeof(double), cmp_double);
   printf("decode: %d steps, one evaluation per step: median %.2f ms per step (p10 %.2f, p90 %.2f)\n", decode,
@@ -227,10 +255,17 @@ static void single_sequence(void) {
          offset, stored, n_layers, bpt_dsa, bpt_plain, (double)total_bytes / (double)offset / 1024.0,
          (double)total_bytes / (1024.0 * 1024.0));
 
-  /* Every stored value of every layer. */
-  size_t checked = 0;
+  /* Every stored value of every layer, and of the MTP layer (layer index n_layers). */
+  size_t checked = 0, valid_bytes = 0;
   for (int l = 0; l < n_layers; l++) checked += check_row(layers, l, 0, req, offset);
-  printf("check: %zu values read back from %d layers equal what was written\n", checked, n_layers);
+  checked += check_one(&mtp, n_layers, 0, req, offset);
+  char sig[64];
+  size_t len = 0;
+  TRY(latent_cache_signature(mtp.cache, sig, sizeof sig, &len));
+  TRY(latent_cache_byte_length(mtp.cache, &valid_bytes));
+  printf("check: %zu values read back from %d layers and the MTP layer (%s, %zu bytes) equal what was written\n",
+         checked, n_layers, sig, valid_bytes);
+  latent_cache_free(mtp.cache);
   free_layers(layers);
 }
 

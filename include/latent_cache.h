@@ -172,6 +172,17 @@ typedef enum {
   LATENT_CACHE_LAYOUT_RAGGED = 1,
 } latent_cache_layout;
 
+// Which model layer a cache serves (the config's `role`, passed as `uint32_t`). It is part of
+// the signature (`latent_cache_signature`), and caches of different roles never merge.
+typedef enum {
+  // A layer of the target model (signature `kv:mla:target`, or `kv:mla:target:dsa` with
+  // index keys).
+  LATENT_CACHE_ROLE_TARGET = 0,
+  // GLM-5.2's multi-token-prediction layer: its own MLA cache, never with index keys
+  // (signature `kv:mla:mtp`; `index_head_dim` must be 0).
+  LATENT_CACHE_ROLE_MTP = 1,
+} latent_cache_role;
+
 // One layer's cache, as C names it. Opaque and never dereferenced: a `latent_cache*` is a
 // token from `latent_cache_new` (or `latent_cache_extract_row`), released with
 // `latent_cache_free`.
@@ -201,8 +212,12 @@ typedef struct {
   // How rows sit in the stored window: a `latent_cache_layout` value (0, right-justified,
   // is the seed's layout).
   uint32_t layout;
+  // Which model layer the cache serves: a `latent_cache_role` value (0, a target-model layer).
+  uint32_t role;
   // Must be zero.
-  size_t reserved[2];
+  uint32_t reserved32;
+  // Must be zero.
+  size_t reserved[1];
 } latent_cache_config;
 
 // One family's stored parts, as `latent_cache_packed_state` returns them: views `[B, T, ...]`
@@ -247,6 +262,16 @@ const char *latent_cache_status_name(uint32_t status);
 // `index_head_dim = 0` for a layer without index keys.
 // Never fails.
 latent_cache_config latent_cache_config_default(void);
+
+// `*out` = the bytes `batch` rows of `tokens` positions would hold in a cache made from
+// `*config` (`batch * tokens * bytes_per_token`): admission control before a request is
+// created. Buffers grow in steps, so a cache may hold up to one growth step more.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a config `latent_cache_new` refuses),
+// `CAPACITY` (the product overflows `size_t`).
+latent_cache_status latent_cache_projected_bytes(const latent_cache_config *config,
+                                                 size_t batch,
+                                                 size_t tokens,
+                                                 size_t *out);
 
 // Creates an empty cache with the geometry in `*config`.
 //
@@ -357,10 +382,21 @@ latent_cache_status latent_cache_reset(latent_cache *cache);
 // than MLX's memory limit leaves), `BACKEND`. On failure nothing changed.
 latent_cache_status latent_cache_reserve(latent_cache *cache, size_t tokens);
 
-// Writes the cache's signature, a stable identity of its stored layout (equal signatures mean
-// interchangeable state), as a NUL-terminated string into `out`. `out_len` counts bytes and
-// must hold the string and its terminator; `*written` receives the length without the
-// terminator. Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`.
+// Writes the cache's signature, its storage kind in the seed's grammar, as a NUL-terminated
+// string into `out`, so predicates that compare the seed's strings route our caches alike:
+//
+// | cache | signature |
+// |---|---|
+// | target layer, float32 | `kv:mla:target` |
+// | target layer with DSA index keys, float32 | `kv:mla:target:dsa` |
+// | MTP layer (`LATENT_CACHE_ROLE_MTP`), float32 | `kv:mla:mtp` |
+// | any compact storage mode | `kv:mla-storage:<latent>-<rope>[-<index>]:` + the above, modes named `f32`, `bf16`, `f16`, `q8`, `q4`, `fp8` (for example `kv:mla-storage:q8-bf16-q8:kv:mla:target:dsa`) |
+// | ragged layout | `kv:ragged:` + the above |
+//
+// Widths and `max_tokens` are not in it: read them with the getters; merges compare all of
+// them (and storage, layout and role), not only this string. `out_len` counts bytes and must
+// hold the string and its terminator; `*written` receives the length without the terminator.
+// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`.
 latent_cache_status latent_cache_signature(const latent_cache *cache,
                                            char *out,
                                            size_t out_len,
@@ -568,6 +604,12 @@ latent_cache_status latent_cache_row_ends(const latent_cache *cache,
                                           size_t *out,
                                           size_t out_len,
                                           size_t *written);
+
+// `*out` = the bytes of valid state the cache holds: the sum of `row_offsets` times
+// `bytes_per_token` (the seed's `byteLength`; padding and spare capacity are not counted).
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+// serialized with other calls on the handle, like every call.
+latent_cache_status latent_cache_byte_length(const latent_cache *cache, size_t *out);
 
 // `*out` = the configured kv_lora_rank.
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:

@@ -6,4 +6,4 @@
 pub mod core;
 pub mod ffi;
 
-pub use crate::core::{CacheError, ErrorKind, Family, Geometry, LatentCache, LatentState, LayoutKind, StorageMode};
+pub use crate::core::{CacheError, ErrorKind, Family, Geometry, LatentCache, LatentState, LayoutKind, Role, StorageMode};

@@ -107,13 +107,14 @@ fn every_call_refuses(stale: *mut Handle, live: *mut Handle) -> Vec<String> {
     unwritten(&mut f, "signature", written != SENTINEL || sig.iter().any(|&b| b != 0x55));
 
     type Query = unsafe extern "C" fn(*const Handle, *mut usize) -> Status;
-    let queries: [(&str, Query); 8] = [
+    let queries: [(&str, Query); 9] = [
         ("offset", latent_cache_offset),
         ("batch_size", latent_cache_batch_size),
         ("kv_lora_rank", latent_cache_kv_lora_rank),
         ("rope_head_dim", latent_cache_rope_head_dim),
         ("index_head_dim", latent_cache_index_head_dim),
         ("bytes_per_token", latent_cache_bytes_per_token),
+        ("byte_length", latent_cache_byte_length),
         ("max_append_tokens", latent_cache_max_append_tokens),
         ("minimum_reusable_offset", latent_cache_minimum_reusable_offset),
     ];

@@ -66,6 +66,12 @@ impl LatentCache {
         self.geometry.bytes_per_token()
     }
 
+    /// Bytes of valid state: every row's position count times `bytes_per_token` (the seed's
+    /// `byteLength`; padding and spare capacity are not counted).
+    pub fn byte_length(&self) -> usize {
+        self.row_offsets().iter().sum::<usize>() * self.bytes_per_token()
+    }
+
     pub fn signature(&self) -> String {
         self.geometry.signature()
     }

@@ -27,6 +27,15 @@ impl Family {
     }
 }
 
+/// Which model layer a cache serves: a target-model layer, or GLM-5.2's multi-token-prediction
+/// (MTP) layer, which keeps its own MLA cache and never has index keys.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Role {
+    #[default]
+    Target,
+    Mtp,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Geometry {
     pub kv_lora_rank: usize,
@@ -42,6 +51,7 @@ pub struct Geometry {
     pub index_storage: StorageMode,
     /// How rows sit in the stored window (right-justified, the default, or ragged).
     pub layout: LayoutKind,
+    pub role: Role,
 }
 
 /// The widest family a layer may have: 2^20 values (4 MiB per position of one row). Real MLA
@@ -76,6 +86,9 @@ impl Geometry {
             if let Some(width) = self.width(family) {
                 self.storage(family).check_width(family.name(), width)?;
             }
+        }
+        if self.role == Role::Mtp && self.has_index_keys() {
+            return fail!(InvalidArgument, "an MTP layer has no DSA index keys (set index_head_dim to 0)");
         }
         Ok(())
     }
@@ -116,16 +129,40 @@ impl Geometry {
         names
     }
 
-    /// Stable identity of the stored layout: two caches with equal signatures hold
-    /// interchangeable state. `max_tokens` is a limit, not a layout, so it is left out.
+    /// The storage kind, in the seed's grammar (`kv:<kind>[:<parameters>]`, a wrapper's kind in
+    /// front of the kind it wraps), so string-compare predicates written for the seed's caches
+    /// work: `kv:mla:target`, `kv:mla:target:dsa` or `kv:mla:mtp` for float32 storage; compact
+    /// storage wraps that as `kv:mla-storage:<latent>-<rope>[-<index>]:<inner>`, and the ragged
+    /// layout wraps the result as `kv:ragged:<inner>`. Widths and limits are not part of it:
+    /// compatibility checks compare the whole geometry (see `describe`).
     pub fn signature(&self) -> String {
-        let ragged = if self.layout == LayoutKind::Ragged { ";layout=ragged" } else { "" };
+        let mut kind = match (self.role, self.has_index_keys()) {
+            (Role::Mtp, _) => "kv:mla:mtp".to_string(),
+            (Role::Target, true) => "kv:mla:target:dsa".to_string(),
+            (Role::Target, false) => "kv:mla:target".to_string(),
+        };
+        let modes = [self.latent_storage, self.rope_storage, self.index_storage];
+        let used = if self.has_index_keys() { &modes[..] } else { &modes[..2] };
+        if used.iter().any(|&m| m != StorageMode::F32) {
+            let names: Vec<&str> = used.iter().map(|m| m.name()).collect();
+            kind = format!("kv:mla-storage:{}:{kind}", names.join("-"));
+        }
+        if self.layout == LayoutKind::Ragged {
+            kind = format!("kv:ragged:{kind}");
+        }
+        kind
+    }
+
+    /// Everything two caches must share to exchange rows, for messages.
+    pub fn describe(&self) -> String {
         format!(
-            "latent-cache/mla-v1;storage={};kv_lora_rank={};rope_head_dim={};index_head_dim={}{ragged}",
-            self.storage_names(),
+            "{} (kv_lora_rank {}, rope_head_dim {}, index_head_dim {}, max_tokens {}, storage {})",
+            self.signature(),
             self.kv_lora_rank,
             self.rope_head_dim,
-            self.index_head_dim
+            self.index_head_dim,
+            self.max_tokens,
+            self.storage_names()
         )
     }
 }

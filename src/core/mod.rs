@@ -15,5 +15,5 @@ pub use cache::{LatentCache, LatentState};
 pub use codec::StorageMode;
 pub use error::{CacheError, ErrorKind, Result};
 pub use families::Families;
-pub use geometry::{Family, Geometry};
+pub use geometry::{Family, Geometry, Role};
 pub use layout::{LayoutKind, RowLayout};

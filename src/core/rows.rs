@@ -113,12 +113,13 @@ impl LatentCache {
         let mut rows = Vec::new();
         let mut lengths = Vec::new();
         for (i, source) in sources.iter().enumerate() {
-            if source.geometry.signature() != self.geometry.signature() {
+            // Geometry, limit, storage, layout and role: not only the signature string.
+            if source.geometry != self.geometry {
                 return fail!(
                     InvalidArgument,
-                    "source {i} has geometry {} but the destination has {}",
-                    source.signature(),
-                    self.signature()
+                    "source {i} is {} but the destination is {}",
+                    source.geometry.describe(),
+                    self.geometry.describe()
                 );
             }
             if source.batch_size() == 0 {

@@ -204,10 +204,21 @@ pub unsafe extern "C" fn latent_cache_reserve(cache: *mut latent_cache, tokens: 
     ffi_boundary! { with_cache(cache, |cache| Ok(cache.reserve(tokens)?)) }
 }
 
-/// Writes the cache's signature, a stable identity of its stored layout (equal signatures mean
-/// interchangeable state), as a NUL-terminated string into `out`. `out_len` counts bytes and
-/// must hold the string and its terminator; `*written` receives the length without the
-/// terminator. Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`.
+/// Writes the cache's signature, its storage kind in the seed's grammar, as a NUL-terminated
+/// string into `out`, so predicates that compare the seed's strings route our caches alike:
+///
+/// | cache | signature |
+/// |---|---|
+/// | target layer, float32 | `kv:mla:target` |
+/// | target layer with DSA index keys, float32 | `kv:mla:target:dsa` |
+/// | MTP layer (`LATENT_CACHE_ROLE_MTP`), float32 | `kv:mla:mtp` |
+/// | any compact storage mode | `kv:mla-storage:<latent>-<rope>[-<index>]:` + the above, modes named `f32`, `bf16`, `f16`, `q8`, `q4`, `fp8` (for example `kv:mla-storage:q8-bf16-q8:kv:mla:target:dsa`) |
+/// | ragged layout | `kv:ragged:` + the above |
+///
+/// Widths and `max_tokens` are not in it: read them with the getters; merges compare all of
+/// them (and storage, layout and role), not only this string. `out_len` counts bytes and must
+/// hold the string and its terminator; `*written` receives the length without the terminator.
+/// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_signature(
     cache: *const latent_cache,

@@ -1,7 +1,9 @@
 //! `latent_cache_config`: a layer's geometry as C passes it to `latent_cache_new`.
+use super::args::{out_ptr, write};
 use super::error::{Failure, FfiResult};
 use super::layout::layout_kind;
 use super::panic::ffi_boundary;
+use super::role::role;
 use super::status::latent_cache_status;
 use super::storage::storage_mode;
 use crate::core::Geometry;
@@ -32,13 +34,17 @@ pub struct latent_cache_config {
     /// How rows sit in the stored window: a `latent_cache_layout` value (0, right-justified,
     /// is the seed's layout).
     pub layout: u32,
+    /// Which model layer the cache serves: a `latent_cache_role` value (0, a target-model layer).
+    pub role: u32,
     /// Must be zero.
-    pub reserved: [usize; 2],
+    pub reserved32: u32,
+    /// Must be zero.
+    pub reserved: [usize; 1],
 }
 
 impl latent_cache_config {
     pub(crate) fn geometry(&self) -> FfiResult<Geometry> {
-        if self.reserved.iter().any(|&v| v != 0) {
+        if self.reserved.iter().any(|&v| v != 0) || self.reserved32 != 0 {
             return Err(Failure::new(
                 latent_cache_status::InvalidArgument,
                 "config.reserved must be zero (start from latent_cache_config_default())",
@@ -53,6 +59,7 @@ impl latent_cache_config {
             rope_storage: storage_mode(self.rope_storage, "rope_storage")?,
             index_storage: storage_mode(self.index_storage, "index_storage")?,
             layout: layout_kind(self.layout)?,
+            role: role(self.role)?,
         };
         geometry.validate()?;
         Ok(geometry)
@@ -77,5 +84,32 @@ const GLM_DSA_LAYER: latent_cache_config = latent_cache_config {
     rope_storage: 0,
     index_storage: 0,
     layout: 0,
-    reserved: [0; 2],
+    role: 0,
+    reserved32: 0,
+    reserved: [0; 1],
 };
+
+/// `*out` = the bytes `batch` rows of `tokens` positions would hold in a cache made from
+/// `*config` (`batch * tokens * bytes_per_token`): admission control before a request is
+/// created. Buffers grow in steps, so a cache may hold up to one growth step more.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a config `latent_cache_new` refuses),
+/// `CAPACITY` (the product overflows `size_t`).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_projected_bytes(
+    config: *const latent_cache_config,
+    batch: usize,
+    tokens: usize,
+    out: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        // SAFETY: a non-NULL config is a readable latent_cache_config (the caller's promise).
+        let config = unsafe { config.as_ref() }.ok_or_else(|| Failure::null("config"))?;
+        let per_token = config.geometry()?.bytes_per_token();
+        let bytes = batch.checked_mul(tokens).and_then(|n| n.checked_mul(per_token)).ok_or_else(|| {
+            Failure::new(latent_cache_status::Capacity, format!("{batch} rows x {tokens} positions overflow size_t"))
+        })?;
+        unsafe { write(out, bytes) };
+        Ok(())
+    }
+}

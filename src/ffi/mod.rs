@@ -4,7 +4,7 @@
 //!
 //! A new export goes into the file of its purpose, its body one `ffi_boundary!` (see `panic`).
 //! cbindgen writes the header in the order of the modules below: the order a user learns the
-//! API (statuses, families, storage modes and layouts, the config, a cache's life and host path, the MLX-array path,
+//! API (statuses, families, storage modes, layouts and roles, the config, a cache's life and host path, the MLX-array path,
 //! rounds, rows, queries, errors, the evaluation lock, the version), so keep it that way.
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)] // the safety contract of every export is in its C docs
@@ -13,6 +13,7 @@ pub mod status;
 pub mod family;
 pub mod storage;
 pub mod layout;
+pub mod role;
 pub mod handle;
 pub mod config;
 pub mod cache;

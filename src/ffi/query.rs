@@ -90,6 +90,15 @@ pub unsafe extern "C" fn latent_cache_row_ends(
     ffi_boundary! { unsafe { query_rows(cache, out, out_len, written, |cache| cache.row_ends().to_vec()) } }
 }
 
+/// `*out` = the bytes of valid state the cache holds: the sum of `row_offsets` times
+/// `bytes_per_token` (the seed's `byteLength`; padding and spare capacity are not counted).
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
+/// serialized with other calls on the handle, like every call.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_byte_length(cache: *const latent_cache, out: *mut usize) -> latent_cache_status {
+    ffi_boundary! { unsafe { query(cache, out, LatentCache::byte_length) } }
+}
+
 /// `*out` = the configured kv_lora_rank.
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 /// serialized with other calls on the handle, like every call.

@@ -173,7 +173,10 @@ static void test_config(void) {
   cfg.kv_lora_rank = 0;
   FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
   cfg = latent_cache_config_default();
-  cfg.reserved[1] = 1;
+  cfg.reserved[0] = 1;
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
+  cfg = latent_cache_config_default();
+  cfg.reserved32 = 1;
   FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
   CHECK(c == (latent_cache *)0x1); /* outputs untouched on failure */
   CHECK(strcmp(latent_cache_version(), LATENT_CACHE_VERSION) == 0);

@@ -64,7 +64,7 @@ int main() {
   CHECK(moved.bytes_per_token() == (4 + 2) * 4);
   CHECK(moved.row_ends() == (std::vector<size_t>{6, 6}));
   CHECK(moved.is_trimmable() && !moved.in_spec_round() && moved.minimum_reusable_offset() == 0);
-  CHECK(moved.signature().find("kv_lora_rank=4") != std::string::npos);
+  CHECK(moved.signature() == "kv:mla:target");
   CHECK(moved.read(LATENT_CACHE_FAMILY_LATENT).size() == 2 * 6 * 4);
 
   // Rows: extract, merge, filter; a uniform rollback.
