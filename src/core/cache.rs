@@ -312,8 +312,8 @@ impl LatentCache {
 
     /// Drops the last `n` positions of every row; returns `n`. Moves the offset, copies nothing.
     pub fn trim(&mut self, n: usize, bypass: bool) -> Result<usize> {
-        self.layout.check_trim(n, bypass)?;
-        self.layout.trim(n);
+        let change = self.prepare_trim(n, bypass)?;
+        self.apply(change);
         Ok(n)
     }
 
@@ -328,16 +328,8 @@ impl LatentCache {
     /// reallocate: allocated during the call on a cache holding rows; on an empty cache (batch
     /// size unknown) checked for one row now and allocated by the first append.
     pub fn reserve(&mut self, tokens: usize) -> Result<()> {
-        let max = self.geometry.max_tokens;
-        if tokens > i32::MAX as usize || (max != 0 && tokens > max) {
-            return fail!(Capacity, "cannot reserve {tokens} positions (max_tokens {max}, and at most INT32_MAX)");
-        }
-        if self.batch_size() == 0 {
-            self.storage.check_row(tokens)?;
-        } else if let Some(pending) = self.storage.prepare_reserve(tokens, self.offset())? {
-            self.storage.commit(pending);
-        }
-        self.reserved = self.reserved.max(tokens);
+        let change = self.prepare_reserve(tokens)?;
+        self.apply(change);
         Ok(())
     }
 

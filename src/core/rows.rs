@@ -5,42 +5,103 @@
 use super::cache::LatentCache;
 use super::error::{fail, Result};
 use super::layout::{Relayout, Rollback, RowLayout};
-use super::storage::{RowPiece, Storage, MIN_CAPACITY};
+use super::storage::{Pending, RowPiece, Storage, MIN_CAPACITY};
+
+/// A prepared change of one cache: made (and whatever it allocates, allocated) by a `prepare_*`
+/// call that changes nothing, applied by `apply`, which cannot fail. A set of caches prepares
+/// every layer's change before applying any, so a failure on one layer leaves all as they were.
+pub struct Change {
+    layout: RowLayout,
+    pending: Option<Pending>,
+    reserved: usize,
+}
 
 impl LatentCache {
+    /// A change that keeps storage and sets the layout to `layout`.
+    fn relabel(&self, layout: RowLayout) -> Change {
+        Change { layout, pending: None, reserved: self.reserved }
+    }
+
+    /// Applies a prepared change.
+    pub fn apply(&mut self, change: Change) {
+        if let Some(pending) = change.pending {
+            self.storage.commit(pending);
+        }
+        self.layout = change.layout;
+        self.reserved = change.reserved;
+    }
+
     /// Records every row's position count; appends and reads then behave as usual.
     pub fn spec_round_begin(&mut self) -> Result<()> {
-        self.layout.begin_round()
+        let change = self.prepare_round_begin()?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_round_begin(&self) -> Result<Change> {
+        let mut layout = self.layout.clone();
+        layout.begin_round()?;
+        Ok(self.relabel(layout))
     }
 
     /// Keeps everything appended in the round.
     pub fn spec_round_commit(&mut self) -> Result<()> {
-        self.layout.commit_round()
+        let change = self.prepare_round_commit()?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_round_commit(&self) -> Result<Change> {
+        let mut layout = self.layout.clone();
+        layout.commit_round()?;
+        Ok(self.relabel(layout))
     }
 
     /// Row `b` keeps the first `keep[b]` positions it appended in the round. Equal drops move the
-    /// offset; unequal drops shift rows so they stay right-justified (kept values are exact).
+    /// offset; unequal drops move ragged row ends, or shift right-justified rows in place (kept
+    /// values are exact).
     pub fn spec_round_rollback(&mut self, keep: &[usize]) -> Result<()> {
+        let change = self.prepare_rollback(keep)?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_rollback(&self, keep: &[usize]) -> Result<Change> {
         match self.layout.plan_rollback(keep)? {
             Rollback::Trim(n) => {
-                self.layout.trim(n);
-                self.layout.finish_rollback();
+                let mut layout = self.layout.clone();
+                layout.trim(n);
+                layout.finish_rollback();
+                Ok(self.relabel(layout))
             }
-            Rollback::Ends(layout) => self.layout.adopt(layout),
-            Rollback::Relayout(plan) => self.apply_relayout(&plan)?,
+            Rollback::Ends(layout) => Ok(self.relabel(layout)),
+            Rollback::Relayout(plan) => self.prepare_relayout(&plan),
         }
-        Ok(())
     }
 
     /// Rollback with one keep count for every row.
     pub fn spec_round_rollback_all(&mut self, keep: usize) -> Result<()> {
+        let change = self.prepare_rollback_all(keep)?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_rollback_all(&self, keep: usize) -> Result<Change> {
         if self.batch_size() == 0 && keep > 0 && self.in_spec_round() {
             return fail!(OutOfRange, "the round appended nothing; cannot keep {keep}");
         }
-        self.spec_round_rollback(&vec![keep; self.batch_size()])
+        self.prepare_rollback(&vec![keep; self.batch_size()])
     }
 
-    fn apply_relayout(&mut self, plan: &Relayout) -> Result<()> {
+    /// Drops the last `n` positions of every row (see `trim`), as a change.
+    pub fn prepare_trim(&self, n: usize, bypass: bool) -> Result<Change> {
+        self.layout.check_trim(n, bypass)?;
+        let mut layout = self.layout.clone();
+        layout.trim(n);
+        Ok(self.relabel(layout))
+    }
+
+    fn prepare_relayout(&self, plan: &Relayout) -> Result<Change> {
         let new = &plan.layout;
         let pieces: Vec<RowPiece<'_>> = (0..plan.rows.len())
             .map(|b| {
@@ -59,15 +120,37 @@ impl LatentCache {
             let capacity = self.storage.capacity().max(new.offset());
             self.storage.prepare_assemble(plan.rows.len(), capacity, &pieces)?
         };
-        self.storage.commit(pending);
-        self.layout.adopt(plan.layout.clone());
-        Ok(())
+        let mut layout = plan.layout.clone();
+        layout.finish_rollback();
+        Ok(Change { layout, pending: Some(pending), reserved: self.reserved })
     }
 
     /// Keeps rows `rows` in that order and drops the padding no kept row needs.
     pub fn filter_rows(&mut self, rows: &[usize]) -> Result<()> {
+        let change = self.prepare_filter(rows)?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_filter(&self, rows: &[usize]) -> Result<Change> {
         let plan = self.layout.plan_filter(rows)?;
-        self.apply_relayout(&plan)
+        self.prepare_relayout(&plan)
+    }
+
+    /// Makes room for `tokens` positions per row now (see `reserve`), as a change.
+    pub fn prepare_reserve(&self, tokens: usize) -> Result<Change> {
+        let max = self.geometry.max_tokens;
+        if tokens > i32::MAX as usize || (max != 0 && tokens > max) {
+            return fail!(Capacity, "cannot reserve {tokens} positions (max_tokens {max}, and at most INT32_MAX)");
+        }
+        let pending = match self.batch_size() {
+            0 => {
+                self.storage.check_row(tokens)?;
+                None
+            }
+            _ => self.storage.prepare_reserve(tokens, self.offset())?,
+        };
+        Ok(Change { layout: self.layout.clone(), pending, reserved: self.reserved.max(tokens) })
     }
 
     /// A new single-row cache holding exactly row `row`'s valid positions.
