@@ -375,6 +375,42 @@ static void batching(void) {
   free_layers(batch);
 }
 
+/* Phase 5: the model's caches as one set, made from the GLM-5.2 preset (78 layers and the MTP
+ * layer): layers are lent for the forward, rounds and row operations move every layer at once. */
+static void model_set(void) {
+  enum { PRESET = 79, ROWS = 2, PROMPT = 16, DRAFT = 3 };
+  latent_cache_config configs[PRESET];
+  size_t n_configs = 0;
+  TRY(latent_cache_glm52_configs(configs, PRESET, &n_configs));
+  latent_cache_set *set = NULL;
+  TRY(latent_cache_set_new(configs, n_configs, &set));
+  layer *layers = calloc(n_configs, sizeof(layer));
+  for (size_t l = 0; l < n_configs; l++) {
+    TRY(latent_cache_set_layer(set, l, &layers[l].cache));
+    layers[l].dsa = configs[l].index_head_dim > 0;
+  }
+  int saved = n_layers, req[ROWS] = {30, 31};
+  n_layers = (int)n_configs; /* step() walks every layer of the set */
+  size_t pos[ROWS] = {0, 0};
+  TRY(latent_cache_set_reserve(set, 64));
+  step(layers, ROWS, req, pos, PROMPT);
+  pos[0] = pos[1] = PROMPT;
+  TRY(latent_cache_set_spec_round_begin(set));
+  step(layers, ROWS, req, pos, DRAFT);
+  size_t keep[ROWS] = {2, 0};
+  TRY(latent_cache_set_spec_round_rollback_rows(set, keep, ROWS));
+  size_t checked = 0, bytes = 0;
+  for (int l = 0; l < n_layers; l++)
+    for (size_t b = 0; b < ROWS; b++) checked += check_row(layers, l, b, req[b], PROMPT + keep[b]);
+  TRY(latent_cache_set_bytes_in_use(set, &bytes));
+  printf("set: GLM-5.2 preset, %zu layers (MTP included) moved together through a round; %zu values checked, "
+         "%.1f MiB in use\n",
+         n_configs, checked, (double)bytes / (1024.0 * 1024.0));
+  n_layers = saved;
+  free(layers); /* lent handles: the set releases them */
+  latent_cache_set_free(set);
+}
+
 int main(int argc, char **argv) {
   parse_args(argc, argv);
   printf("latent-cache %s demo: GLM-5.2 shape, %d layers (%d with DSA index keys), kv_lora_rank %d, rope %d, "
@@ -383,6 +419,7 @@ int main(int argc, char **argv) {
   single_sequence();
   speculative();
   batching();
+  model_set();
   printf("demo: all read-back checks passed\n");
   return 0;
 }

@@ -188,6 +188,10 @@ typedef enum {
 // `latent_cache_free`.
 typedef struct latent_cache latent_cache;
 
+// A model's caches as one handle. Opaque: a token from `latent_cache_set_new` (or
+// `latent_cache_set_extract_row`), released with `latent_cache_set_free`, never reused.
+typedef struct latent_cache_set latent_cache_set;
+
 // Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
 // you need, so that code written today keeps compiling and meaning the same when fields are
 // added: new settings will take over `reserved` slots, where 0 keeps today's behaviour.
@@ -287,6 +291,8 @@ latent_cache_status latent_cache_new(const latent_cache_config *config, latent_c
 // Releases a cache and every buffer it owns. `NULL` is accepted and does nothing; so is a
 // handle that is not live (already freed, or never made by this library), which also sets the
 // last error message: handles are never reused, so a second free cannot reach another cache.
+// A layer lent by `latent_cache_set_layer` is not released either (message set): it belongs
+// to its set, which releases it.
 // Arrays previously returned to the caller stay valid: they are the caller's to free. A call
 // on this handle already running on another thread completes first; every later call on it is
 // refused with `NULL_ARGUMENT`.
@@ -656,6 +662,94 @@ latent_cache_status latent_cache_is_trimmable(const latent_cache *cache, bool *o
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 // serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_in_spec_round(const latent_cache *cache, bool *out);
+
+// Creates a set of `n_layers` empty caches, layer `i` with `layers[i]` (each checked as
+// `latent_cache_new` checks it). `*out` receives the set, owned by the caller (free it with
+// `latent_cache_set_free`); written only on success.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (no layers, or a layer's config refused;
+// the message names the layer).
+latent_cache_status latent_cache_set_new(const latent_cache_config *layers,
+                                         size_t n_layers,
+                                         latent_cache_set **out);
+
+// Releases a set and every layer's cache (layer handles lent by `latent_cache_set_layer` stop
+// being live). `NULL` is accepted; a set that is not live is ignored with a message set.
+void latent_cache_set_free(latent_cache_set *set);
+
+// `*out` = the number of layers.
+// Returns `OK`, or `NULL_ARGUMENT` when set or out is NULL (nothing is written).
+latent_cache_status latent_cache_set_layer_count(const latent_cache_set *set, size_t *out);
+
+// `*out` = layer `i`'s cache, lent: valid while the set lives, usable with every
+// `latent_cache_*` call (appends and reads during a forward). Never free it:
+// `latent_cache_free` on it does nothing but set a message; `latent_cache_set_free` releases it.
+// Driving one layer's rows alone (a trim, a round) makes the set's layers disagree, which the
+// next set-wide call reports (`INVALID_STATE`).
+// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (`i` >= the layer count).
+latent_cache_status latent_cache_set_layer(const latent_cache_set *set,
+                                           size_t i,
+                                           latent_cache **out);
+
+// Set-wide trim: every layer drops its last `n` positions (rules of `latent_cache_trim`).
+// Every set-wide call below changes all layers or none; when the layers disagree about their
+// rows or round it returns `INVALID_STATE` and changes nothing.
+// Returns what `latent_cache_trim` returns, and `INVALID_STATE`.
+latent_cache_status latent_cache_set_trim(latent_cache_set *set, size_t n, bool bypass);
+
+// Set-wide `latent_cache_spec_round_begin`.
+latent_cache_status latent_cache_set_spec_round_begin(latent_cache_set *set);
+
+// Set-wide `latent_cache_spec_round_commit`.
+latent_cache_status latent_cache_set_spec_round_commit(latent_cache_set *set);
+
+// Set-wide `latent_cache_spec_round_rollback` (every row keeps `keep`).
+latent_cache_status latent_cache_set_spec_round_rollback(latent_cache_set *set, size_t keep);
+
+// Set-wide `latent_cache_spec_round_rollback_rows`.
+latent_cache_status latent_cache_set_spec_round_rollback_rows(latent_cache_set *set,
+                                                              const size_t *keep,
+                                                              size_t keep_len);
+
+// Set-wide `latent_cache_reserve`.
+latent_cache_status latent_cache_set_reserve(latent_cache_set *set, size_t tokens);
+
+// Set-wide `latent_cache_reset` (also of layers that disagree). Returns `OK` or `NULL_ARGUMENT`.
+latent_cache_status latent_cache_set_reset(latent_cache_set *set);
+
+// Set-wide `latent_cache_filter_rows`.
+latent_cache_status latent_cache_set_filter_rows(latent_cache_set *set,
+                                                 const size_t *rows,
+                                                 size_t rows_len);
+
+// Fills the empty set `destination` with every row of every source set, in order, layer by
+// layer (rules of `latent_cache_merge_rows`; sources must have as many layers, each with the
+// destination layer's geometry, limit, storage, layout and role). Sources are not changed.
+// Returns what `latent_cache_merge_rows` returns, and `INVALID_STATE` (layers that disagree).
+latent_cache_status latent_cache_set_merge_rows(latent_cache_set *destination,
+                                                const latent_cache_set *const *sources,
+                                                size_t sources_len);
+
+// A new set holding exactly row `row` of every layer (`latent_cache_extract_row` per layer).
+// `*out` receives it, owned by the caller; written only on success. The source is not changed.
+// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE`, `INVALID_STATE`, `CAPACITY`, `BACKEND`.
+latent_cache_status latent_cache_set_extract_row(const latent_cache_set *set,
+                                                 size_t row,
+                                                 latent_cache_set **out);
+
+// `*out` = the bytes every layer's buffers hold now (capacity included, not only valid state).
+// Returns `OK`, or `NULL_ARGUMENT` when set or out is NULL (nothing is written).
+latent_cache_status latent_cache_set_bytes_in_use(const latent_cache_set *set, size_t *out);
+
+// Copies GLM-5.2's layer configs into `out` (`*written` = 79): 78 target layers
+// (kv_lora_rank 512, rope_head_dim 64, float32, right-justified) with index keys (128) on 21 of
+// them spread evenly (layer `l` when `floor(l * 21 / 78) != floor((l + 1) * 21 / 78)`; a
+// checkpoint that names other layers sets `index_head_dim` itself), then the MTP layer
+// (`LATENT_CACHE_ROLE_MTP`, no index keys). Edit the copies (storage modes, layout, limits)
+// before `latent_cache_set_new`.
+// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL` (`out_len` < 79; nothing written).
+latent_cache_status latent_cache_glm52_configs(latent_cache_config *out,
+                                               size_t out_len,
+                                               size_t *written);
 
 // Copies this thread's last failure message into `out` (at most `out_len - 1` bytes plus a NUL
 // terminator; truncated when longer) and returns the message's full length in bytes, not

@@ -309,6 +309,76 @@ class Cache {
   std::unique_ptr<latent_cache, Free> handle_;
 };
 
+// A model's caches as one handle (latent_cache_set). Movable, not copyable; frees the set (and
+// with it every layer) when destroyed. Set-wide calls change every layer or none.
+class Set {
+ public:
+  explicit Set(const std::vector<latent_cache_config> &layers) {
+    latent_cache_set *raw = nullptr;
+    check(latent_cache_set_new(layers.data(), layers.size(), &raw));
+    handle_.reset(raw);
+  }
+
+  // GLM-5.2's 78 layers and its MTP layer (latent_cache_glm52_configs), to edit before use.
+  static std::vector<latent_cache_config> glm52_configs() {
+    std::vector<latent_cache_config> out(79, latent_cache_config_default());
+    size_t written = 0;
+    check(latent_cache_glm52_configs(out.data(), out.size(), &written));
+    out.resize(written);
+    return out;
+  }
+
+  latent_cache_set *get() const noexcept { return handle_.get(); }
+
+  size_t layer_count() const {
+    size_t out = 0;
+    check(latent_cache_set_layer_count(get(), &out));
+    return out;
+  }
+  // Layer i's cache, lent: valid while the set lives; never free it.
+  latent_cache *layer(size_t i) const {
+    latent_cache *out = nullptr;
+    check(latent_cache_set_layer(get(), i, &out));
+    return out;
+  }
+
+  void trim(size_t n, bool bypass = false) { check(latent_cache_set_trim(get(), n, bypass)); }
+  void reset() { check(latent_cache_set_reset(get())); }
+  void reserve(size_t tokens) { check(latent_cache_set_reserve(get(), tokens)); }
+  void spec_round_begin() { check(latent_cache_set_spec_round_begin(get())); }
+  void spec_round_commit() { check(latent_cache_set_spec_round_commit(get())); }
+  void spec_round_rollback(size_t keep) { check(latent_cache_set_spec_round_rollback(get(), keep)); }
+  void spec_round_rollback(const std::vector<size_t> &keep) {
+    check(latent_cache_set_spec_round_rollback_rows(get(), keep.data(), keep.size()));
+  }
+  void filter_rows(const std::vector<size_t> &rows) {
+    check(latent_cache_set_filter_rows(get(), rows.data(), rows.size()));
+  }
+  void merge_rows(const std::vector<const Set *> &sources) {
+    std::vector<const latent_cache_set *> raw;
+    raw.reserve(sources.size());
+    for (const Set *s : sources) raw.push_back(s->get());
+    check(latent_cache_set_merge_rows(get(), raw.data(), raw.size()));
+  }
+  Set extract_row(size_t row) const {
+    latent_cache_set *raw = nullptr;
+    check(latent_cache_set_extract_row(get(), row, &raw));
+    return Set(raw);
+  }
+  size_t bytes_in_use() const {
+    size_t out = 0;
+    check(latent_cache_set_bytes_in_use(get(), &out));
+    return out;
+  }
+
+ private:
+  explicit Set(latent_cache_set *raw) : handle_(raw) {}
+  struct Free {
+    void operator()(latent_cache_set *set) const noexcept { latent_cache_set_free(set); }
+  };
+  std::unique_ptr<latent_cache_set, Free> handle_;
+};
+
 }  // namespace latent_cache_cpp
 
 #endif  // LATENT_CACHE_HPP

@@ -66,6 +66,11 @@ impl LatentCache {
         self.geometry.bytes_per_token()
     }
 
+    /// Bytes the cache's buffers hold now (every row's capacity, valid or not).
+    pub fn bytes_in_use(&self) -> usize {
+        self.storage.held_bytes()
+    }
+
     /// Bytes of valid state: every row's position count times `bytes_per_token` (the seed's
     /// `byteLength`; padding and spare capacity are not counted).
     pub fn byte_length(&self) -> usize {

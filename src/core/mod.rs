@@ -8,7 +8,8 @@ pub mod geometry;
 pub mod layout;
 pub mod memory;
 pub mod mlx_ops;
-mod rows;
+pub mod rows;
+pub mod set;
 pub mod storage;
 
 pub use cache::{LatentCache, LatentState};

@@ -145,6 +145,14 @@ impl Storage {
         self.capacity
     }
 
+    /// Bytes the buffers hold (rows x capacity x bytes per position), 0 before the first write.
+    pub fn held_bytes(&self) -> usize {
+        match self.buffers.latent.data {
+            Some(_) => self.rows * self.capacity * self.buffers.iter().map(|b| b.mode.bytes_per_position(b.width)).sum::<usize>(),
+            None => 0,
+        }
+    }
+
     /// Checks that `rows x capacity` positions of every family fit in MLX's memory now.
     fn check_alloc(&self, rows: usize, capacity: usize, what: &str) -> Result<()> {
         let per_position: usize = self.buffers.iter().map(|b| b.mode.bytes_per_position(b.width)).sum();

@@ -5,7 +5,7 @@ use super::args::{copy_out, in_slice, optional_slice, out_ptr, write};
 use super::config::latent_cache_config;
 use super::error::{set_last_error, Failure, FfiResult};
 use super::family::family;
-use super::handle::{latent_cache, with_cache, Handle};
+use super::handle::{latent_cache, with_cache, Handle, Release};
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use crate::core::{Family, LatentCache};
@@ -40,14 +40,22 @@ pub unsafe extern "C" fn latent_cache_new(
 /// Releases a cache and every buffer it owns. `NULL` is accepted and does nothing; so is a
 /// handle that is not live (already freed, or never made by this library), which also sets the
 /// last error message: handles are never reused, so a second free cannot reach another cache.
+/// A layer lent by `latent_cache_set_layer` is not released either (message set): it belongs
+/// to its set, which releases it.
 /// Arrays previously returned to the caller stay valid: they are the caller's to free. A call
 /// on this handle already running on another thread completes first; every later call on it is
 /// refused with `NULL_ARGUMENT`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_free(cache: *mut latent_cache) {
     ffi_boundary!(on_panic = ();
-        if !cache.is_null() && !Handle::release(cache) {
-            set_last_error("latent_cache_free: not a live latent_cache (double free?)");
+        if !cache.is_null() {
+            match Handle::release(cache, false) {
+                Release::Released => {}
+                Release::NotLive => set_last_error("latent_cache_free: not a live latent_cache (double free?)"),
+                Release::OwnedBySet => {
+                    set_last_error("latent_cache_free: this cache is a layer of a latent_cache_set; free the set")
+                }
+            }
         }
     )
 }

@@ -1,11 +1,11 @@
 //! `latent_cache_config`: a layer's geometry as C passes it to `latent_cache_new`.
 use super::args::{out_ptr, write};
 use super::error::{Failure, FfiResult};
-use super::layout::layout_kind;
+use super::layout::{latent_cache_layout, layout_kind};
 use super::panic::ffi_boundary;
-use super::role::role;
+use super::role::{latent_cache_role, role};
 use super::status::latent_cache_status;
-use super::storage::storage_mode;
+use super::storage::{latent_cache_storage, storage_mode};
 use crate::core::Geometry;
 
 /// Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
@@ -43,6 +43,23 @@ pub struct latent_cache_config {
 }
 
 impl latent_cache_config {
+    /// The config that makes a cache of `geometry`.
+    pub(crate) fn of(geometry: &Geometry) -> Self {
+        latent_cache_config {
+            kv_lora_rank: geometry.kv_lora_rank,
+            rope_head_dim: geometry.rope_head_dim,
+            index_head_dim: geometry.index_head_dim,
+            max_tokens: geometry.max_tokens,
+            latent_storage: latent_cache_storage::of(geometry.latent_storage) as u32,
+            rope_storage: latent_cache_storage::of(geometry.rope_storage) as u32,
+            index_storage: latent_cache_storage::of(geometry.index_storage) as u32,
+            layout: latent_cache_layout::of(geometry.layout) as u32,
+            role: latent_cache_role::of(geometry.role) as u32,
+            reserved32: 0,
+            reserved: [0; 1],
+        }
+    }
+
     pub(crate) fn geometry(&self) -> FfiResult<Geometry> {
         if self.reserved.iter().any(|&v| v != 0) || self.reserved32 != 0 {
             return Err(Failure::new(

@@ -23,6 +23,11 @@ impl Failure {
     pub fn null(name: &str) -> Self {
         Failure::new(latent_cache_status::NullArgument, format!("{name} is NULL"))
     }
+
+    /// The same failure, its message naming where it happened (`"layers[3]: ..."`).
+    pub fn prefixed(self, what: &str) -> Self {
+        Failure { status: self.status, message: format!("{what}: {}", self.message) }
+    }
 }
 
 impl From<CacheError> for Failure {

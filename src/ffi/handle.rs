@@ -25,12 +25,28 @@ pub(crate) struct Handle {
     /// Serializes every call on this cache: a call's validate-then-commit must not interleave
     /// with another's.
     inner: Mutex<LatentCache>,
+    /// A layer of a `latent_cache_set`: lent to the caller, released only with its set.
+    owned_by_set: bool,
+}
+
+/// What `Handle::release` did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Release {
+    Released,
+    NotLive,
+    /// A set's layer: left alone (the set releases it).
+    OwnedBySet,
 }
 
 /// Tokens step by 16 so they look like aligned pointers to tools that inspect them; the counter
 /// starts at 1 so no token is NULL. A 64-bit counter does not wrap within a process's life.
 const TOKEN_STEP: usize = 16;
 static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(1);
+
+/// A fresh token, never handed out before (caches and sets share the counter).
+pub(crate) fn next_token() -> usize {
+    NEXT_TOKEN.fetch_add(1, Ordering::Relaxed) * TOKEN_STEP
+}
 
 /// Live caches by token.
 static LIVE: Lazy<RwLock<HashMap<usize, Arc<Handle>>>> = Lazy::new(|| RwLock::new(HashMap::new()));
@@ -46,16 +62,33 @@ fn live_write() -> std::sync::RwLockWriteGuard<'static, HashMap<usize, Arc<Handl
 impl Handle {
     /// Registers a cache under a new token; the token is what C holds.
     pub(crate) fn register(cache: LatentCache) -> *mut latent_cache {
-        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed) * TOKEN_STEP;
-        live_write().insert(token, Arc::new(Handle { inner: Mutex::new(cache) }));
-        token as *mut latent_cache
+        Self::register_as(cache, false).0
     }
 
-    /// Unregisters a token; its cache is dropped once no call holds it. False when `ptr` was
-    /// not live.
-    pub(crate) fn release(ptr: *const latent_cache) -> bool {
-        let removed = live_write().remove(&(ptr as usize));
-        removed.is_some()
+    /// Registers a set's layer: callable like any cache, released only by its set.
+    pub(crate) fn register_layer(cache: LatentCache) -> (*mut latent_cache, Arc<Handle>) {
+        Self::register_as(cache, true)
+    }
+
+    fn register_as(cache: LatentCache, owned_by_set: bool) -> (*mut latent_cache, Arc<Handle>) {
+        let token = next_token();
+        let handle = Arc::new(Handle { inner: Mutex::new(cache), owned_by_set });
+        live_write().insert(token, handle.clone());
+        (token as *mut latent_cache, handle)
+    }
+
+    /// Unregisters a token; its cache is dropped once no call holds it. A set's layer is left
+    /// alone unless `by_set`.
+    pub(crate) fn release(ptr: *const latent_cache, by_set: bool) -> Release {
+        let mut live = live_write();
+        match live.get(&(ptr as usize)) {
+            None => Release::NotLive,
+            Some(handle) if handle.owned_by_set && !by_set => Release::OwnedBySet,
+            Some(_) => {
+                live.remove(&(ptr as usize));
+                Release::Released
+            }
+        }
     }
 
     /// The live cache behind a token.

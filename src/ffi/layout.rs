@@ -27,6 +27,15 @@ pub enum latent_cache_layout {
     Ragged = 1,
 }
 
+impl latent_cache_layout {
+    pub(crate) fn of(kind: LayoutKind) -> Self {
+        match kind {
+            LayoutKind::RightJustified => latent_cache_layout::RightJustified,
+            LayoutKind::Ragged => latent_cache_layout::Ragged,
+        }
+    }
+}
+
 /// Converts a `latent_cache_layout` value received as an integer.
 pub(crate) fn layout_kind(value: u32) -> FfiResult<LayoutKind> {
     match value {

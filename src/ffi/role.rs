@@ -17,6 +17,15 @@ pub enum latent_cache_role {
     Mtp = 1,
 }
 
+impl latent_cache_role {
+    pub(crate) fn of(role: Role) -> Self {
+        match role {
+            Role::Target => latent_cache_role::Target,
+            Role::Mtp => latent_cache_role::Mtp,
+        }
+    }
+}
+
 /// Converts a `latent_cache_role` value received as an integer.
 pub(crate) fn role(value: u32) -> FfiResult<Role> {
     match value {

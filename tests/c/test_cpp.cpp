@@ -117,6 +117,35 @@ int main() {
     CHECK(handed.empty());
     latent_cache_array_free(raw);
   }
+  // A model-level set: lent layers, set-wide rounds and rows.
+  {
+    std::vector<latent_cache_config> glm = latent_cache_cpp::Set::glm52_configs();
+    CHECK(glm.size() == 79 && glm[78].role == LATENT_CACHE_ROLE_MTP);
+    std::vector<latent_cache_config> small(3, config);
+    latent_cache_cpp::Set set(small);
+    CHECK(set.layer_count() == 3);
+    for (size_t l = 0; l < 3; l++) {
+      latent_cache *layer = set.layer(l);
+      latent_cache_cpp::check(latent_cache_append_host(layer, 2, 3, latent.data(), latent.size(), rope.data(),
+                                                       rope.size(), nullptr, 0));
+    }
+    set.spec_round_begin();
+    set.spec_round_rollback(size_t{0});
+    set.reserve(32);
+    latent_cache_cpp::Set one = set.extract_row(1);
+    latent_cache_cpp::Set both(small);
+    both.merge_rows({&set, &one});
+    both.filter_rows({2, 0});
+    both.trim(1);
+    CHECK(both.bytes_in_use() > 0);
+    try {
+      set.spec_round_rollback(std::vector<size_t>{1, 1});  // no round open
+      CHECK(false);
+    } catch (const Error &err) {
+      CHECK(err.status() == LATENT_CACHE_STATUS_INVALID_STATE);
+    }
+    set.reset();
+  }
   CHECK(std::string(latent_cache_cpp::version()) == LATENT_CACHE_VERSION);
   if (failures) {
     std::fprintf(stderr, "test_cpp: %d failure(s)\n", failures);

@@ -1,0 +1,316 @@
+//! `latent_cache_set`: one handle for a model's layers. Set-wide calls change every layer or
+//! none (see `core::set`); each layer is also lent as an ordinary `latent_cache*` for the
+//! per-layer calls of a forward (appends, reads).
+use std::collections::HashMap;
+use std::sync::{Arc, MutexGuard, RwLock};
+
+use once_cell::sync::Lazy;
+
+use super::args::{copy_out, in_slice, out_ptr, write};
+use super::config::latent_cache_config;
+use super::error::{set_last_error, Failure, FfiResult};
+use super::handle::{latent_cache, next_token, Handle, Release};
+use super::panic::ffi_boundary;
+use super::status::latent_cache_status;
+use crate::core::set::{change_all, glm52_layers, make_all, merge_all};
+use crate::core::LatentCache;
+
+/// A model's caches as one handle. Opaque: a token from `latent_cache_set_new` (or
+/// `latent_cache_set_extract_row`), released with `latent_cache_set_free`, never reused.
+pub struct latent_cache_set {
+    _opaque: [u8; 0],
+}
+
+/// A live set: its layers' tokens (increasing) and handles.
+struct SetHandle {
+    layers: Vec<(usize, Arc<Handle>)>,
+}
+
+static SETS: Lazy<RwLock<HashMap<usize, Arc<SetHandle>>>> = Lazy::new(|| RwLock::new(HashMap::new()));
+
+/// Registers caches as a new set's layers.
+fn register(caches: Vec<LatentCache>) -> *mut latent_cache_set {
+    let layers = caches
+        .into_iter()
+        .map(|cache| {
+            let (token, handle) = Handle::register_layer(cache);
+            (token as usize, handle)
+        })
+        .collect();
+    let token = next_token();
+    SETS.write().unwrap_or_else(|p| p.into_inner()).insert(token, Arc::new(SetHandle { layers }));
+    token as *mut latent_cache_set
+}
+
+fn get(ptr: *const latent_cache_set, name: &str) -> FfiResult<Arc<SetHandle>> {
+    if ptr.is_null() {
+        return Err(Failure::null(name));
+    }
+    SETS.read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(ptr as usize))
+        .cloned()
+        .ok_or_else(|| Failure::new(latent_cache_status::NullArgument, format!("{name} is not a live latent_cache_set")))
+}
+
+/// Locks every layer of `set` (in token order, so set-wide calls cannot deadlock with each
+/// other or with merges).
+fn lock(set: &SetHandle) -> FfiResult<Vec<MutexGuard<'_, LatentCache>>> {
+    set.layers.iter().map(|(_, handle)| handle.lock()).collect()
+}
+
+/// Looks up `ptr`, locks all its layers and runs `f` on them.
+fn with_layers<T>(ptr: *const latent_cache_set, f: impl FnOnce(&mut [&mut LatentCache]) -> FfiResult<T>) -> FfiResult<T> {
+    let set = get(ptr, "set")?;
+    let mut guards = lock(&set)?;
+    let mut layers: Vec<&mut LatentCache> = guards.iter_mut().map(|g| &mut **g).collect();
+    f(&mut layers)
+}
+
+/// Creates a set of `n_layers` empty caches, layer `i` with `layers[i]` (each checked as
+/// `latent_cache_new` checks it). `*out` receives the set, owned by the caller (free it with
+/// `latent_cache_set_free`); written only on success.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (no layers, or a layer's config refused;
+/// the message names the layer).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_new(
+    layers: *const latent_cache_config,
+    n_layers: usize,
+    out: *mut *mut latent_cache_set,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let configs = unsafe { in_slice(layers, n_layers, "layers") }?;
+        let out = out_ptr(out, "out")?;
+        if configs.is_empty() {
+            return Err(Failure::new(latent_cache_status::InvalidArgument, "a set needs at least one layer"));
+        }
+        let mut geometries = Vec::with_capacity(configs.len());
+        for (i, config) in configs.iter().enumerate() {
+            geometries.push(config.geometry().map_err(|f| f.prefixed(&format!("layers[{i}]")))?);
+        }
+        let caches = make_all(geometries.len(), |i| LatentCache::new(geometries[i]))?;
+        unsafe { write(out, register(caches)) };
+        Ok(())
+    }
+}
+
+/// Releases a set and every layer's cache (layer handles lent by `latent_cache_set_layer` stop
+/// being live). `NULL` is accepted; a set that is not live is ignored with a message set.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_free(set: *mut latent_cache_set) {
+    ffi_boundary!(on_panic = ();
+        if set.is_null() {
+            return;
+        }
+        match SETS.write().unwrap_or_else(|p| p.into_inner()).remove(&(set as usize)) {
+            Some(handle) => {
+                for (token, _) in &handle.layers {
+                    let released = Handle::release(*token as *const latent_cache, true);
+                    debug_assert_eq!(released, Release::Released);
+                }
+            }
+            None => set_last_error("latent_cache_set_free: not a live latent_cache_set (double free?)"),
+        }
+    )
+}
+
+/// `*out` = the number of layers.
+/// Returns `OK`, or `NULL_ARGUMENT` when set or out is NULL (nothing is written).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_layer_count(set: *const latent_cache_set, out: *mut usize) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        let count = get(set, "set")?.layers.len();
+        unsafe { write(out, count) };
+        Ok(())
+    }
+}
+
+/// `*out` = layer `i`'s cache, lent: valid while the set lives, usable with every
+/// `latent_cache_*` call (appends and reads during a forward). Never free it:
+/// `latent_cache_free` on it does nothing but set a message; `latent_cache_set_free` releases it.
+/// Driving one layer's rows alone (a trim, a round) makes the set's layers disagree, which the
+/// next set-wide call reports (`INVALID_STATE`).
+/// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (`i` >= the layer count).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_layer(
+    set: *const latent_cache_set,
+    i: usize,
+    out: *mut *mut latent_cache,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        let handle = get(set, "set")?;
+        let Some(&(token, _)) = handle.layers.get(i) else {
+            return Err(Failure::new(
+                latent_cache_status::OutOfRange,
+                format!("layer {i} out of range: the set has {} layers", handle.layers.len()),
+            ));
+        };
+        unsafe { write(out, token as *mut latent_cache) };
+        Ok(())
+    }
+}
+
+/// Set-wide trim: every layer drops its last `n` positions (rules of `latent_cache_trim`).
+/// Every set-wide call below changes all layers or none; when the layers disagree about their
+/// rows or round it returns `INVALID_STATE` and changes nothing.
+/// Returns what `latent_cache_trim` returns, and `INVALID_STATE`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_trim(set: *mut latent_cache_set, n: usize, bypass: bool) -> latent_cache_status {
+    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_trim(n, bypass))?)) }
+}
+
+/// Set-wide `latent_cache_spec_round_begin`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_spec_round_begin(set: *mut latent_cache_set) -> latent_cache_status {
+    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, LatentCache::prepare_round_begin)?)) }
+}
+
+/// Set-wide `latent_cache_spec_round_commit`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_spec_round_commit(set: *mut latent_cache_set) -> latent_cache_status {
+    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, LatentCache::prepare_round_commit)?)) }
+}
+
+/// Set-wide `latent_cache_spec_round_rollback` (every row keeps `keep`).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_spec_round_rollback(set: *mut latent_cache_set, keep: usize) -> latent_cache_status {
+    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_rollback_all(keep))?)) }
+}
+
+/// Set-wide `latent_cache_spec_round_rollback_rows`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_spec_round_rollback_rows(
+    set: *mut latent_cache_set,
+    keep: *const usize,
+    keep_len: usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let keep = unsafe { in_slice(keep, keep_len, "keep") }?;
+        with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_rollback(keep))?))
+    }
+}
+
+/// Set-wide `latent_cache_reserve`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_reserve(set: *mut latent_cache_set, tokens: usize) -> latent_cache_status {
+    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_reserve(tokens))?)) }
+}
+
+/// Set-wide `latent_cache_reset` (also of layers that disagree). Returns `OK` or `NULL_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_reset(set: *mut latent_cache_set) -> latent_cache_status {
+    ffi_boundary! {
+        with_layers(set, |layers| {
+            layers.iter_mut().for_each(|l| l.reset());
+            Ok(())
+        })
+    }
+}
+
+/// Set-wide `latent_cache_filter_rows`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_filter_rows(
+    set: *mut latent_cache_set,
+    rows: *const usize,
+    rows_len: usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let rows = unsafe { in_slice(rows, rows_len, "rows") }?;
+        with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_filter(rows))?))
+    }
+}
+
+/// Fills the empty set `destination` with every row of every source set, in order, layer by
+/// layer (rules of `latent_cache_merge_rows`; sources must have as many layers, each with the
+/// destination layer's geometry, limit, storage, layout and role). Sources are not changed.
+/// Returns what `latent_cache_merge_rows` returns, and `INVALID_STATE` (layers that disagree).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_merge_rows(
+    destination: *mut latent_cache_set,
+    sources: *const *const latent_cache_set,
+    sources_len: usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let sources = unsafe { in_slice(sources, sources_len, "sources") }?;
+        if sources.is_empty() {
+            return Err(Failure::new(latent_cache_status::InvalidArgument, "merge needs at least one source"));
+        }
+        let destination_set = get(destination, "destination")?;
+        let mut sets = vec![(destination as usize, destination_set)];
+        for (i, &source) in sources.iter().enumerate() {
+            if source == destination.cast_const() {
+                return Err(Failure::new(latent_cache_status::InvalidArgument, format!("sources[{i}] is the destination")));
+            }
+            sets.push((source as usize, get(source, &format!("sources[{i}]"))?));
+        }
+        // Every distinct set locked once, in token order.
+        sets.sort_by_key(|&(token, _)| token);
+        sets.dedup_by_key(|&mut (token, _)| token);
+        let mut guards = Vec::with_capacity(sets.len());
+        for (token, set) in &sets {
+            guards.push((*token, lock(set)?));
+        }
+        let at = guards.iter().position(|&(token, _)| token == destination as usize).expect("locked");
+        let (_, mut destination_guards) = guards.remove(at);
+        let source_layers: Vec<Vec<&LatentCache>> = sources
+            .iter()
+            .map(|&s| guards.iter().find(|&&(token, _)| token == s as usize).expect("locked").1.iter().map(|g| &**g).collect())
+            .collect();
+        let mut destination_layers: Vec<&mut LatentCache> = destination_guards.iter_mut().map(|g| &mut **g).collect();
+        Ok(merge_all(&mut destination_layers, &source_layers)?)
+    }
+}
+
+/// A new set holding exactly row `row` of every layer (`latent_cache_extract_row` per layer).
+/// `*out` receives it, owned by the caller; written only on success. The source is not changed.
+/// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE`, `INVALID_STATE`, `CAPACITY`, `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_extract_row(
+    set: *const latent_cache_set,
+    row: usize,
+    out: *mut *mut latent_cache_set,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        let caches = with_layers(set, |layers| {
+            crate::core::set::check_agree(layers)?;
+            Ok(make_all(layers.len(), |i| layers[i].extract_row(row))?)
+        })?;
+        unsafe { write(out, register(caches)) };
+        Ok(())
+    }
+}
+
+/// `*out` = the bytes every layer's buffers hold now (capacity included, not only valid state).
+/// Returns `OK`, or `NULL_ARGUMENT` when set or out is NULL (nothing is written).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_bytes_in_use(set: *const latent_cache_set, out: *mut usize) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        let bytes = with_layers(set, |layers| Ok(layers.iter().map(|l| l.bytes_in_use()).sum::<usize>()))?;
+        unsafe { write(out, bytes) };
+        Ok(())
+    }
+}
+
+/// Copies GLM-5.2's layer configs into `out` (`*written` = 79): 78 target layers
+/// (kv_lora_rank 512, rope_head_dim 64, float32, right-justified) with index keys (128) on 21 of
+/// them spread evenly (layer `l` when `floor(l * 21 / 78) != floor((l + 1) * 21 / 78)`; a
+/// checkpoint that names other layers sets `index_head_dim` itself), then the MTP layer
+/// (`LATENT_CACHE_ROLE_MTP`, no index keys). Edit the copies (storage modes, layout, limits)
+/// before `latent_cache_set_new`.
+/// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL` (`out_len` < 79; nothing written).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_glm52_configs(
+    out: *mut latent_cache_config,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let written = out_ptr(written, "written")?;
+        let configs: Vec<latent_cache_config> = glm52_layers().iter().map(latent_cache_config::of).collect();
+        unsafe { copy_out(out, out_len, &configs, written, "out") }
+    }
+}
