@@ -82,7 +82,7 @@ test-c: ship
 	@mkdir -p $(OUT)
 	$(CC) -std=c11 $(CWARN) -Iinclude -fsyntax-only tests/c/header_twice.c
 	$(CXX) -std=c++17 $(CWARN) -Iinclude -x c++ -fsyntax-only tests/c/header_twice.c
-	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_api.c -o $(OUT)/test_api $(LINK)
+	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_api.c -o $(OUT)/test_api $(LINK) -lm
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_threads.c -o $(OUT)/test_threads $(LINK) -lpthread
 	$(CXX) -std=c++17 $(CWARN) $(SAN) -g -Iinclude tests/c/test_cpp.cpp -o $(OUT)/test_cpp $(LINK)
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -O1 -Iinclude examples/engine.c -o $(OUT)/engine_asan $(LINK) -lm

@@ -183,10 +183,26 @@ typedef enum {
   LATENT_CACHE_ROLE_MTP = 1,
 } latent_cache_role;
 
+// Which positions each query sees, besides its row's valid range (`latent_cache_donor_attend`,
+// passed as `uint32_t`).
+typedef enum {
+  // Every valid position of the row.
+  LATENT_CACHE_MASK_NONE = 0,
+  // Bottom-right aligned, as MLX's SDPA: query `i` of `Lq` sees the row's positions up to
+  // `row_end - Lq + i` (the queries are the row's last `Lq` positions).
+  LATENT_CACHE_MASK_CAUSAL = 1,
+  // Every valid position, plus the additive `mask` array.
+  LATENT_CACHE_MASK_ARRAY = 2,
+} latent_cache_mask_mode;
+
 // One layer's cache, as C names it. Opaque and never dereferenced: a `latent_cache*` is a
 // token from `latent_cache_new` (or `latent_cache_extract_row`), released with
 // `latent_cache_free`.
 typedef struct latent_cache latent_cache;
+
+// A snapshot of a cache's rows (`latent_cache_capture_donor_rows`). Opaque; a token released
+// with `latent_cache_donor_free`, never reused.
+typedef struct latent_cache_donor latent_cache_donor;
 
 // A model's caches as one handle. Opaque: a token from `latent_cache_set_new` (or
 // `latent_cache_set_extract_row`), released with `latent_cache_set_free`, never reused.
@@ -498,6 +514,25 @@ latent_cache_status latent_cache_array_from_host(const float *data,
                                                  size_t width,
                                                  mlx_array *out);
 
+// Makes a float32 array of any rank holding a copy of `data`: `shape` has `ndim` extents
+// (each at most INT32_MAX, at most 8 of them) whose product must equal `data_len`. `*out`
+// receives it, owned by the caller. For engines without mlx-c of their own (queries, masks).
+// Returns `OK`, `NULL_ARGUMENT`, `SHAPE`, `CAPACITY`.
+latent_cache_status latent_cache_array_from_host_shape(const float *data,
+                                                       size_t data_len,
+                                                       const size_t *shape,
+                                                       size_t ndim,
+                                                       mlx_array *out);
+
+// Evaluates `array` (borrowed; under the evaluation lock) and copies its values to `out` as
+// float32, row-major; `*written` receives the element count. `out_len` (in floats) must hold
+// them all. Works on any array the library returned (views included) or an engine's own.
+// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `BACKEND`; nothing is written on failure.
+latent_cache_status latent_cache_array_to_host(mlx_array array,
+                                               float *out,
+                                               size_t out_len,
+                                               size_t *written);
+
 // Frees an array returned by this library (same as mlx-c's `mlx_array_free`). An array with
 // `ctx == NULL` is accepted and ignored. Never free an array twice.
 void latent_cache_array_free(mlx_array array);
@@ -750,6 +785,52 @@ latent_cache_status latent_cache_set_bytes_in_use(const latent_cache_set *set, s
 latent_cache_status latent_cache_glm52_configs(latent_cache_config *out,
                                                size_t out_len,
                                                size_t *written);
+
+// `*out` receives a snapshot of every stored family of `cache` and of its row layout (batch,
+// offset, `left_pad`, `row_ends`), owned by the caller (`latent_cache_donor_free`). No copy is
+// made: it holds the cache's current buffers, so it stays valid and unchanged after the cache
+// appends, trims or is freed, and the cache's next append copies those buffers instead of
+// writing in place while the donor lives. Written only on success.
+// Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
+latent_cache_status latent_cache_capture_donor_rows(const latent_cache *cache,
+                                                    latent_cache_donor **out);
+
+// Releases a donor. `NULL` is accepted; a donor that is not live is ignored with a message.
+void latent_cache_donor_free(latent_cache_donor *donor);
+
+// `*batch` and `*offset` of the snapshot; `left_pad` and `row_ends` (each `batch` values) are
+// copied when non-NULL (`rows_len` is their length, at least `batch`).
+// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`; nothing is written on failure.
+latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
+                                            size_t *batch,
+                                            size_t *offset,
+                                            size_t *left_pad,
+                                            size_t *row_ends,
+                                            size_t rows_len);
+
+// GLM-5's absorbed MLA attention over the donor's rows:
+// `*out` `[B, H, Lq, kv_lora_rank]` (float32) =
+// `softmax(scale * (q_latent . latent^T + q_rope . rope^T) + mask) . latent`, with `q_latent`
+// `[B, H, Lq, kv_lora_rank]` and `q_rope` `[B, H, Lq, rope_head_dim]` (float32, bfloat16 or
+// float16, borrowed), every row's padding and positions past its end masked out, and `mask`
+// (`ctx == NULL` unless `mode` is `LATENT_CACHE_MASK_ARRAY`) an additive float array
+// broadcastable to `[B, H, Lq, T]` over window positions. Lazy: nothing is evaluated; `*out` is
+// the caller's (free it with `latent_cache_array_free`).
+//
+// Float storage is read as stored. `Q8` / `Q4` families are read by MLX's quantized matmul from
+// their packed codes, never expanded (it computes in the scales' dtype, bfloat16). `FP8`
+// families are decoded to float32 for the call (O(stored) each time).
+//
+// Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE` (a query's batch or width), `INVALID_ARGUMENT`
+// (unknown mode, a mask with another mode or none with `ARRAY`), `INVALID_STATE` (a row with no
+// position a query sees: empty rows, or `CAUSAL` with more queries than a row holds), `BACKEND`.
+latent_cache_status latent_cache_donor_attend(const latent_cache_donor *donor,
+                                              mlx_array q_latent,
+                                              mlx_array q_rope,
+                                              float scale,
+                                              uint32_t mode,
+                                              mlx_array mask,
+                                              mlx_array *out);
 
 // Copies this thread's last failure message into `out` (at most `out_len - 1` bytes plus a NUL
 // terminator; truncated when longer) and returns the message's full length in bytes, not

@@ -124,6 +124,66 @@ class Packed {
   latent_cache_packed raw_ = empty_packed();
 };
 
+// A snapshot of a cache's rows (latent_cache_capture_donor_rows) and attention over it; freed
+// when destroyed. Valid after the cache moves on or is destroyed.
+class Donor {
+ public:
+  explicit Donor(latent_cache_donor *raw) noexcept : handle_(raw) {}
+
+  size_t batch_size() const { return rows().batch; }
+  size_t offset() const { return rows().offset; }
+  std::vector<size_t> left_pad() const { return rows().left_pad; }
+  std::vector<size_t> row_ends() const { return rows().row_ends; }
+
+  // Absorbed MLA attention [B, H, Lq, kv_lora_rank] (latent_cache_donor_attend), lazily.
+  Array attend(const Array &q_latent, const Array &q_rope, float scale,
+               latent_cache_mask_mode mode = LATENT_CACHE_MASK_NONE, const Array &mask = Array()) const {
+    mlx_array out{nullptr};
+    check(latent_cache_donor_attend(handle_.get(), q_latent.get(), q_rope.get(), scale, static_cast<uint32_t>(mode),
+                                    mask.get(), &out));
+    return Array(out);
+  }
+
+ private:
+  struct Rows {
+    size_t batch = 0, offset = 0;
+    std::vector<size_t> left_pad, row_ends;
+  };
+  Rows rows() const {
+    Rows r;
+    check(latent_cache_donor_rows(handle_.get(), &r.batch, &r.offset, nullptr, nullptr, 0));
+    r.left_pad.resize(r.batch);
+    r.row_ends.resize(r.batch);
+    check(latent_cache_donor_rows(handle_.get(), &r.batch, &r.offset, r.left_pad.data(), r.row_ends.data(), r.batch));
+    return r;
+  }
+  struct Free {
+    void operator()(latent_cache_donor *d) const noexcept { latent_cache_donor_free(d); }
+  };
+  std::unique_ptr<latent_cache_donor, Free> handle_;
+};
+
+// An array of any rank holding a copy of `data` (latent_cache_array_from_host_shape).
+inline Array array_from_host(const std::vector<float> &data, const std::vector<size_t> &shape) {
+  mlx_array raw{nullptr};
+  check(latent_cache_array_from_host_shape(data.data(), data.size(), shape.data(), shape.size(), &raw));
+  return Array(raw);
+}
+
+// The float32 values of any array, row-major (latent_cache_array_to_host; evaluates it).
+inline std::vector<float> to_host(const Array &a) {
+  size_t written = 0;
+  std::vector<float> out(64);
+  latent_cache_status s = latent_cache_array_to_host(a.get(), out.data(), out.size(), &written);
+  for (size_t size = 256; s == LATENT_CACHE_STATUS_BUFFER_TOO_SMALL; size *= 4) {
+    out.resize(size);
+    s = latent_cache_array_to_host(a.get(), out.data(), out.size(), &written);
+  }
+  check(s);
+  out.resize(written);
+  return out;
+}
+
 // One layer's cache. Movable, not copyable; frees the handle when destroyed.
 class Cache {
  public:
@@ -207,6 +267,12 @@ class Cache {
     check(latent_cache_state(get(), &l, &r, &k));
     s.latent = Array(l), s.rope = Array(r), s.index_keys = Array(k);
     return s;
+  }
+
+  Donor capture_donor_rows() const {
+    latent_cache_donor *raw = nullptr;
+    check(latent_cache_capture_donor_rows(get(), &raw));
+    return Donor(raw);
   }
 
   Packed packed_state(latent_cache_family family) const {

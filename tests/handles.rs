@@ -87,6 +87,9 @@ fn every_call_refuses(stale: *mut Handle, live: *mut Handle) -> Vec<String> {
     let [l, r, i] = &mut outs;
     refused(&mut f, "state", || unsafe { latent_cache_state(c, l, r, i) });
     unwritten(&mut f, "state", outs.iter().any(|a| !a.ctx.is_null()));
+    let mut donor = std::ptr::null_mut();
+    refused(&mut f, "capture_donor_rows", || unsafe { latent_cache::ffi::donor::latent_cache_capture_donor_rows(c, &mut donor) });
+    unwritten(&mut f, "capture_donor_rows", !donor.is_null());
     let mut packed =
         latent_cache_packed { storage: 7, bits: 7, group_size: 7, values: null_array, scales: null_array, biases: null_array };
     refused(&mut f, "packed_state", || unsafe { latent_cache_packed_state(c, 0, &mut packed) });

@@ -44,7 +44,7 @@ fn ensure_error_handler() {
     INSTALLED.call_once(|| drop(Array::from_slice(&[0f32], &[1]).clone()));
 }
 
-fn call(op: &str, f: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32) -> Result<Array> {
+pub(crate) fn call(op: &str, f: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32) -> Result<Array> {
     let stream = STREAM.0;
     // SAFETY: `res` is a fresh handle that either receives the result or is freed here.
     unsafe {
@@ -147,7 +147,7 @@ pub fn reshape(a: &Array, shape: &[usize]) -> Result<Array> {
     call("reshape", |res, s| unsafe { mlx_sys::mlx_reshape(res, a.as_ptr(), shape.as_ptr(), shape.len(), s) })
 }
 
-fn binary(
+pub(crate) fn binary(
     op: &str,
     a: &Array,
     b: &Array,
@@ -180,7 +180,7 @@ pub fn abs_max_last(a: &Array) -> Result<Array> {
     call("max", |res, s| unsafe { mlx_sys::mlx_max_axis(res, abs.as_ptr(), -1, true, s) })
 }
 
-fn optional(value: i32) -> mlx_sys::mlx_optional_int {
+pub(crate) fn optional(value: i32) -> mlx_sys::mlx_optional_int {
     mlx_sys::mlx_optional_int { value, has_value: true }
 }
 
@@ -244,6 +244,11 @@ pub fn to_fp8(a: &Array) -> Result<Array> {
 /// The values of E4M3 codes, as `dtype`.
 pub fn from_fp8(a: &Array, dtype: Dtype) -> Result<Array> {
     call("from_fp8", |res, s| unsafe { mlx_sys::mlx_from_fp8(res, a.as_ptr(), dtype as u32, s) })
+}
+
+/// `a` laid out row-contiguously (`a` itself when it already is), so its data can be read.
+pub fn contiguous(a: &Array) -> Result<Array> {
+    call("contiguous", |res, s| unsafe { mlx_sys::mlx_contiguous(res, a.as_ptr(), false, s) })
 }
 
 /// An f32 array `shape` holding a copy of `data` (the one host-to-array path). The length must

@@ -1,12 +1,14 @@
 //! The core: plain Rust over mlx-rs, returning `Result`; it knows nothing of C.
 pub mod cache;
 pub mod codec;
+pub mod donor;
 pub mod error;
 pub mod eval;
 pub mod families;
 pub mod geometry;
 pub mod layout;
 pub mod memory;
+pub mod mlx_math;
 pub mod mlx_ops;
 pub mod rows;
 pub mod set;

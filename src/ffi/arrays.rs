@@ -7,7 +7,7 @@ use std::mem::ManuallyDrop;
 use mlx_rs::Array;
 use mlx_sys::mlx_array;
 
-use super::args::{in_slice, out_ptr, write};
+use super::args::{copy_out, in_slice, out_ptr, write};
 use super::error::{Failure, FfiResult};
 use super::family::family;
 use super::handle::latent_cache;
@@ -267,6 +267,50 @@ pub unsafe extern "C" fn latent_cache_array_from_host(
         unsafe { write(out, give(array)) };
         Ok(())
     }
+}
+
+/// Makes a float32 array of any rank holding a copy of `data`: `shape` has `ndim` extents
+/// (each at most INT32_MAX, at most 8 of them) whose product must equal `data_len`. `*out`
+/// receives it, owned by the caller. For engines without mlx-c of their own (queries, masks).
+/// Returns `OK`, `NULL_ARGUMENT`, `SHAPE`, `CAPACITY`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_array_from_host_shape(
+    data: *const f32,
+    data_len: usize,
+    shape: *const usize,
+    ndim: usize,
+    out: *mut mlx_array,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let data = unsafe { in_slice(data, data_len, "data") }?;
+        let shape = unsafe { in_slice(shape, ndim, "shape") }?;
+        let out = out_ptr(out, "out")?;
+        if shape.is_empty() || shape.len() > 8 {
+            return Err(Failure::new(latent_cache_status::Shape, format!("ndim is {}; 1 to 8 extents are taken", shape.len())));
+        }
+        let array = mlx_ops::from_host(data, shape, "data")?;
+        unsafe { write(out, give(array)) };
+        Ok(())
+    }
+}
+
+/// Evaluates `array` (borrowed; under the evaluation lock) and copies its values to `out` as
+/// float32, row-major; `*written` receives the element count. `out_len` (in floats) must hold
+/// them all. Works on any array the library returned (views included) or an engine's own.
+/// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`, `BACKEND`; nothing is written on failure.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_array_to_host(
+    array: mlx_array,
+    out: *mut f32,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! { unsafe {
+        let written = out_ptr(written, "written")?;
+        let array = borrow(array, "array")?;
+        let values = mlx_ops::to_host(&mlx_ops::contiguous(&mlx_ops::astype(&array, mlx_rs::Dtype::Float32)?)?)?;
+        copy_out(out, out_len, &values, written, "out")
+    } }
 }
 
 /// Frees an array returned by this library (same as mlx-c's `mlx_array_free`). An array with

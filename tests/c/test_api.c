@@ -1,6 +1,7 @@
 /* C client test of the latent-cache ABI, run under ASan/UBSan by `make test`: values read back
  * equal what was written, the row layout follows the documented semantics, and every rejected
  * call returns a status and a message and leaves the cache exactly as it was. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -570,6 +571,82 @@ static void test_ragged_layout(void) {
   latent_cache_free(c);
 }
 
+/* The read path as a C engine without mlx-c drives it: a donor captured before the cache moves
+ * on, attention over it (queries made from host floats), the output read back and compared with
+ * a float64 computation over the rows' values. */
+static void test_donor_attention(void) {
+  enum { B = 2, H = 2, R = RANK, P = ROPE };
+  latent_cache_config cfg = latent_cache_config_default();
+  cfg.kv_lora_rank = R;
+  cfg.rope_head_dim = P;
+  cfg.index_head_dim = 0;
+  cfg.layout = LATENT_CACHE_LAYOUT_RAGGED;
+  latent_cache *c = NULL;
+  OK(latent_cache_new(&cfg, &c));
+  float lat[B * 5 * R], rope[B * 5 * P];
+  for (size_t i = 0; i < sizeof lat / sizeof lat[0]; i++) lat[i] = (float)((int)(i * 37 % 19) - 9) / 8.0f;
+  for (size_t i = 0; i < sizeof rope / sizeof rope[0]; i++) rope[i] = (float)((int)(i * 11 % 13) - 6) / 8.0f;
+  size_t pad[B] = {0, 2};
+  OK(latent_cache_append_host_padded(c, B, 5, pad, B, lat, B * 5 * R, rope, B * 5 * P, NULL, 0));
+  float rows_lat[B][5 * R], rows_rope[B][5 * P];
+  size_t len[B], n = 0;
+  for (size_t b = 0; b < B; b++) {
+    OK(latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_LATENT, b, rows_lat[b], 5 * R, &n));
+    len[b] = n / R;
+    OK(latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_ROPE, b, rows_rope[b], 5 * P, &n));
+  }
+  latent_cache_donor *d = NULL;
+  OK(latent_cache_capture_donor_rows(c, &d));
+  OK(latent_cache_append_host(c, B, 1, lat, B * R, rope, B * P, NULL, 0)); /* the cache moves on */
+  size_t batch = 0, offset = 0, ends[B], lp[B];
+  OK(latent_cache_donor_rows(d, &batch, &offset, lp, ends, B));
+  CHECK(batch == B && offset == 5 && lp[1] == 2 && ends[0] == 5 && ends[1] == 5);
+
+  float ql[B * H * R], qr[B * H * P];
+  for (size_t i = 0; i < B * H * R; i++) ql[i] = (float)((int)(i % 7) - 3) / 4.0f;
+  for (size_t i = 0; i < B * H * P; i++) qr[i] = (float)((int)(i % 5) - 2) / 4.0f;
+  size_t shape_l[4] = {B, H, 1, R}, shape_r[4] = {B, H, 1, P};
+  mlx_array q_latent = {NULL}, q_rope = {NULL}, out = {NULL}, none = {NULL};
+  OK(latent_cache_array_from_host_shape(ql, B * H * R, shape_l, 4, &q_latent));
+  OK(latent_cache_array_from_host_shape(qr, B * H * P, shape_r, 4, &q_rope));
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_donor_attend(d, q_latent, q_rope, 0.5f, 2, none, &out));
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_donor_attend(d, q_latent, q_rope, 0.5f, 7, none, &out));
+  CHECK(out.ctx == NULL);
+  OK(latent_cache_donor_attend(d, q_latent, q_rope, 0.5f, LATENT_CACHE_MASK_NONE, none, &out));
+  static float got[B * H * R];
+  OK(latent_cache_array_to_host(out, got, B * H * R, &n));
+  CHECK(n == B * H * R);
+  float tiny[4];
+  FAILS(LATENT_CACHE_STATUS_BUFFER_TOO_SMALL, latent_cache_array_to_host(out, tiny, 4, &n));
+  for (size_t b = 0; b < B; b++)
+    for (size_t h = 0; h < H; h++) {
+      const float *qlv = ql + (b * H + h) * R, *qrv = qr + (b * H + h) * P;
+      double score[5], max = -1e300, total = 0;
+      for (size_t t = 0; t < len[b]; t++) {
+        double s = 0;
+        for (size_t k = 0; k < R; k++) s += (double)qlv[k] * rows_lat[b][t * R + k];
+        for (size_t k = 0; k < P; k++) s += (double)qrv[k] * rows_rope[b][t * P + k];
+        score[t] = 0.5 * s;
+        if (score[t] > max) max = score[t];
+      }
+      for (size_t t = 0; t < len[b]; t++) total += (score[t] = exp(score[t] - max));
+      for (size_t k = 0; k < R; k++) {
+        double want = 0;
+        for (size_t t = 0; t < len[b]; t++) want += score[t] / total * rows_lat[b][t * R + k];
+        double diff = got[(b * H + h) * R + k] - want;
+        CHECK(diff < 1e-4 && diff > -1e-4);
+      }
+    }
+  latent_cache_array_free(out);
+  latent_cache_array_free(q_latent);
+  latent_cache_array_free(q_rope);
+  latent_cache_free(c);
+  latent_cache_donor_free(d);
+  latent_cache_donor_free(d); /* ignored, with a message */
+  CHECK(latent_cache_last_error(NULL, 0) > 0);
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_donor_rows(d, &batch, &offset, NULL, NULL, 0));
+}
+
 int main(void) {
   test_status_names();
   test_config();
@@ -580,6 +657,7 @@ int main(void) {
   test_mlx_arrays();
   test_storage_modes();
   test_ragged_layout();
+  test_donor_attention();
   if (failures) {
     fprintf(stderr, "test_api: %d failure(s)\n", failures);
     return 1;

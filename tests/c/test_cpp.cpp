@@ -112,6 +112,12 @@ int main() {
     } catch (const Error &err) {
       CHECK(err.status() == LATENT_CACHE_STATUS_INVALID_ARGUMENT);
     }
+    latent_cache_cpp::Donor donor = c.capture_donor_rows();
+    CHECK(donor.batch_size() == 2 && donor.row_ends() == (std::vector<size_t>{6, 3}));
+    Array q_latent = latent_cache_cpp::array_from_host(std::vector<float>(8, 1.0f), {2, 1, 1, 4});
+    Array q_rope = latent_cache_cpp::array_from_host(std::vector<float>(4, 1.0f), {2, 1, 1, 2});
+    std::vector<float> attended = latent_cache_cpp::to_host(donor.attend(q_latent, q_rope, 0.5f));
+    CHECK(attended.size() == 2 * 4);
     Array handed = Array::from_host(latent, 2, 3, 4);
     mlx_array raw = handed.release();
     CHECK(handed.empty());

@@ -1,0 +1,76 @@
+//! The MLX operations the read path computes with (matrix products, softmax, masks), on the
+//! library's stream like every other graph it builds (see `mlx_ops`).
+use mlx_rs::{Array, Dtype};
+
+use super::error::Result;
+use super::mlx_ops::{binary, call, optional};
+
+pub fn matmul(a: &Array, b: &Array) -> Result<Array> {
+    binary("matmul", a, b, mlx_sys::mlx_matmul)
+}
+
+pub fn add(a: &Array, b: &Array) -> Result<Array> {
+    binary("add", a, b, mlx_sys::mlx_add)
+}
+
+pub fn greater_equal(a: &Array, b: &Array) -> Result<Array> {
+    binary("greater_equal", a, b, mlx_sys::mlx_greater_equal)
+}
+
+pub fn less(a: &Array, b: &Array) -> Result<Array> {
+    binary("less", a, b, mlx_sys::mlx_less)
+}
+
+pub fn logical_and(a: &Array, b: &Array) -> Result<Array> {
+    binary("logical_and", a, b, mlx_sys::mlx_logical_and)
+}
+
+/// `x` where `condition`, else `y` (broadcast).
+pub fn select(condition: &Array, x: &Array, y: &Array) -> Result<Array> {
+    call("where", |res, s| unsafe { mlx_sys::mlx_where(res, condition.as_ptr(), x.as_ptr(), y.as_ptr(), s) })
+}
+
+pub fn swapaxes(a: &Array, axis1: i32, axis2: i32) -> Result<Array> {
+    call("swapaxes", |res, s| unsafe { mlx_sys::mlx_swapaxes(res, a.as_ptr(), axis1, axis2, s) })
+}
+
+pub fn expand_dims(a: &Array, axis: i32) -> Result<Array> {
+    call("expand_dims", |res, s| unsafe { mlx_sys::mlx_expand_dims(res, a.as_ptr(), axis, s) })
+}
+
+/// Softmax along `axis`, accumulated in float32 whatever the input dtype.
+pub fn softmax(a: &Array, axis: i32) -> Result<Array> {
+    call("softmax", |res, s| unsafe { mlx_sys::mlx_softmax_axis(res, a.as_ptr(), axis, true, s) })
+}
+
+/// `[0, 1, ..., n - 1]` as int32.
+pub fn arange(n: usize) -> Result<Array> {
+    call("arange", |res, s| unsafe { mlx_sys::mlx_arange(res, 0.0, n as f64, 1.0, Dtype::Int32 as u32, s) })
+}
+
+/// `x` times MLX's affine-dequantized `w` (`transpose`: times its transpose), without expanding
+/// `w`: MLX's quantized matmul reads the packed codes.
+pub fn quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    transpose: bool,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    call("quantized_matmul", |res, s| unsafe {
+        mlx_sys::mlx_quantized_matmul(
+            res,
+            x.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            transpose,
+            optional(group_size),
+            optional(bits),
+            c"affine".as_ptr(),
+            s,
+        )
+    })
+}

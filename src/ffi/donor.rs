@@ -1,0 +1,180 @@
+//! `latent_cache_donor`: an immutable snapshot of a cache's rows, and GLM-5's absorbed MLA
+//! attention over it (the read path). Donors are tokens in a registry of their own, like caches.
+use std::collections::HashMap;
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, Mutex, RwLock};
+
+use mlx_rs::Array;
+use mlx_sys::mlx_array;
+use once_cell::sync::Lazy;
+
+use super::args::{copy_out, out_ptr, write};
+use super::error::{set_last_error, Failure, FfiResult};
+use super::handle::{latent_cache, next_token, with_cache};
+use super::panic::ffi_boundary;
+use super::status::latent_cache_status;
+use crate::core::donor::{Donor, MaskMode};
+
+/// A snapshot of a cache's rows (`latent_cache_capture_donor_rows`). Opaque; a token released
+/// with `latent_cache_donor_free`, never reused.
+pub struct latent_cache_donor {
+    _opaque: [u8; 0],
+}
+
+/// Which positions each query sees, besides its row's valid range (`latent_cache_donor_attend`,
+/// passed as `uint32_t`).
+/// cbindgen:prefix-with-name=false
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum latent_cache_mask_mode {
+    /// Every valid position of the row.
+    LatentCacheMaskNone = 0,
+    /// Bottom-right aligned, as MLX's SDPA: query `i` of `Lq` sees the row's positions up to
+    /// `row_end - Lq + i` (the queries are the row's last `Lq` positions).
+    LatentCacheMaskCausal = 1,
+    /// Every valid position, plus the additive `mask` array.
+    LatentCacheMaskArray = 2,
+}
+
+/// Live donors by token. A donor's arrays are handles MLX shares between threads; the mutex
+/// keeps calls on one donor one at a time, like calls on one cache.
+static DONORS: Lazy<RwLock<HashMap<usize, Arc<Mutex<Donor>>>>> = Lazy::new(|| RwLock::new(HashMap::new()));
+
+/// Looks up `ptr`, locks its donor and runs `f` on it.
+fn with_donor<T>(ptr: *const latent_cache_donor, f: impl FnOnce(&Donor) -> FfiResult<T>) -> FfiResult<T> {
+    let donor = get(ptr)?;
+    let guard = donor.lock().map_err(|_| Failure::new(latent_cache_status::Panic, "this donor was left unusable by a panic"))?;
+    f(&guard)
+}
+
+fn get(ptr: *const latent_cache_donor) -> FfiResult<Arc<Mutex<Donor>>> {
+    if ptr.is_null() {
+        return Err(Failure::null("donor"));
+    }
+    DONORS
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(ptr as usize))
+        .cloned()
+        .ok_or_else(|| Failure::new(latent_cache_status::NullArgument, "donor is not a live latent_cache_donor"))
+}
+
+/// `*out` receives a snapshot of every stored family of `cache` and of its row layout (batch,
+/// offset, `left_pad`, `row_ends`), owned by the caller (`latent_cache_donor_free`). No copy is
+/// made: it holds the cache's current buffers, so it stays valid and unchanged after the cache
+/// appends, trims or is freed, and the cache's next append copies those buffers instead of
+/// writing in place while the donor lives. Written only on success.
+/// Returns `OK`, `NULL_ARGUMENT`, `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_capture_donor_rows(
+    cache: *const latent_cache,
+    out: *mut *mut latent_cache_donor,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        let donor = with_cache(cache, |cache| Ok(cache.capture_donor_rows()?))?;
+        let token = next_token();
+        DONORS.write().unwrap_or_else(|p| p.into_inner()).insert(token, Arc::new(Mutex::new(donor)));
+        unsafe { write(out, token as *mut latent_cache_donor) };
+        Ok(())
+    }
+}
+
+/// Releases a donor. `NULL` is accepted; a donor that is not live is ignored with a message.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_donor_free(donor: *mut latent_cache_donor) {
+    ffi_boundary!(on_panic = ();
+        if !donor.is_null() && DONORS.write().unwrap_or_else(|p| p.into_inner()).remove(&(donor as usize)).is_none() {
+            set_last_error("latent_cache_donor_free: not a live latent_cache_donor (double free?)");
+        }
+    )
+}
+
+/// `*batch` and `*offset` of the snapshot; `left_pad` and `row_ends` (each `batch` values) are
+/// copied when non-NULL (`rows_len` is their length, at least `batch`).
+/// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL`; nothing is written on failure.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_donor_rows(
+    donor: *const latent_cache_donor,
+    batch: *mut usize,
+    offset: *mut usize,
+    left_pad: *mut usize,
+    row_ends: *mut usize,
+    rows_len: usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let (batch, offset) = (out_ptr(batch, "batch")?, out_ptr(offset, "offset")?);
+        with_donor(donor, |donor| {
+            let rows = donor.batch_size();
+            if (!left_pad.is_null() || !row_ends.is_null()) && rows_len < rows {
+                return Err(Failure::new(latent_cache_status::BufferTooSmall, format!("rows_len is {rows_len}; {rows} are needed")));
+            }
+            let mut written = 0;
+            if !left_pad.is_null() {
+                unsafe { copy_out(left_pad, rows_len, donor.left_pad(), &mut written, "left_pad")? };
+            }
+            if !row_ends.is_null() {
+                unsafe { copy_out(row_ends, rows_len, donor.row_ends(), &mut written, "row_ends")? };
+            }
+            unsafe {
+                write(batch, rows);
+                write(offset, donor.offset());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// GLM-5's absorbed MLA attention over the donor's rows:
+/// `*out` `[B, H, Lq, kv_lora_rank]` (float32) =
+/// `softmax(scale * (q_latent . latent^T + q_rope . rope^T) + mask) . latent`, with `q_latent`
+/// `[B, H, Lq, kv_lora_rank]` and `q_rope` `[B, H, Lq, rope_head_dim]` (float32, bfloat16 or
+/// float16, borrowed), every row's padding and positions past its end masked out, and `mask`
+/// (`ctx == NULL` unless `mode` is `LATENT_CACHE_MASK_ARRAY`) an additive float array
+/// broadcastable to `[B, H, Lq, T]` over window positions. Lazy: nothing is evaluated; `*out` is
+/// the caller's (free it with `latent_cache_array_free`).
+///
+/// Float storage is read as stored. `Q8` / `Q4` families are read by MLX's quantized matmul from
+/// their packed codes, never expanded (it computes in the scales' dtype, bfloat16). `FP8`
+/// families are decoded to float32 for the call (O(stored) each time).
+///
+/// Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE` (a query's batch or width), `INVALID_ARGUMENT`
+/// (unknown mode, a mask with another mode or none with `ARRAY`), `INVALID_STATE` (a row with no
+/// position a query sees: empty rows, or `CAUSAL` with more queries than a row holds), `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_donor_attend(
+    donor: *const latent_cache_donor,
+    q_latent: mlx_array,
+    q_rope: mlx_array,
+    scale: f32,
+    mode: u32,
+    mask: mlx_array,
+    out: *mut mlx_array,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        let mode = match mode {
+            m if m == latent_cache_mask_mode::LatentCacheMaskNone as u32 => MaskMode::None,
+            m if m == latent_cache_mask_mode::LatentCacheMaskCausal as u32 => MaskMode::Causal,
+            m if m == latent_cache_mask_mode::LatentCacheMaskArray as u32 => MaskMode::Array,
+            m => return Err(Failure::new(latent_cache_status::InvalidArgument, format!("mode {m} is not a latent_cache_mask_mode"))),
+        };
+        let borrow = |a: mlx_array, name: &str| -> FfiResult<ManuallyDrop<Array>> {
+            if a.ctx.is_null() {
+                return Err(Failure::null(name));
+            }
+            // SAFETY: a non-NULL caller array, borrowed for the call.
+            Ok(ManuallyDrop::new(unsafe { Array::from_ptr(a) }))
+        };
+        let (q_latent, q_rope) = (borrow(q_latent, "q_latent")?, borrow(q_rope, "q_rope")?);
+        let mask = match mask.ctx.is_null() {
+            true => None,
+            false => Some(borrow(mask, "mask")?),
+        };
+        let result = with_donor(donor, |d| Ok(d.attend(&q_latent, &q_rope, scale, mode, mask.as_deref())?))?;
+        let handle = result.as_ptr();
+        std::mem::forget(result);
+        unsafe { write(out, handle) };
+        Ok(())
+    }
+}

@@ -1,0 +1,175 @@
+//! Donor rows and the absorbed MLA attention over them, against an independent float64
+//! computation on the values the reference model says each row holds: every storage mode, both
+//! row layouts, padded rows, the three mask modes; and a donor stays valid after its cache
+//! moves on. (The affine-quantized families are read by MLX's quantized matmul, which computes
+//! in their scales' dtype, bfloat16: those modes are held to bfloat16 precision.)
+mod common;
+
+use common::model::{Model, Rng};
+use latent_cache::core::donor::MaskMode;
+use latent_cache::core::mlx_ops;
+use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
+use mlx_rs::Array;
+
+const WIDTHS: [usize; 3] = [128, 64, 0];
+
+fn normal(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0).collect()
+}
+
+/// A cache and its model with rows of different lengths (a padded first append, then appends).
+fn filled(rng: &mut Rng, modes: [StorageMode; 3], layout: LayoutKind, pads: &[usize]) -> (LatentCache, Model) {
+    let [latent_storage, rope_storage, index_storage] = modes;
+    let g = Geometry {
+        kv_lora_rank: WIDTHS[0],
+        rope_head_dim: WIDTHS[1],
+        latent_storage,
+        rope_storage,
+        index_storage,
+        layout,
+        ..Geometry::default()
+    };
+    let mut cache = LatentCache::new(g).unwrap();
+    let mut model = Model::with_modes(WIDTHS, modes);
+    model.ragged = layout == LayoutKind::Ragged;
+    let (batch, tokens) = (pads.len(), 9);
+    let data: [Vec<f32>; 3] = std::array::from_fn(|f| normal(rng, batch * tokens * WIDTHS[f]));
+    cache.append_host_padded(batch, tokens, pads, &data[0], &data[1], None).unwrap();
+    model.append_padded(batch, tokens, pads, &data);
+    let data: [Vec<f32>; 3] = std::array::from_fn(|f| normal(rng, batch * 3 * WIDTHS[f]));
+    cache.append_host(batch, 3, &data[0], &data[1], None).unwrap();
+    model.append(batch, 3, &data);
+    (cache, model)
+}
+
+/// The attention of query `i` of `lq` (heads `h`) for row `b`, float64, over the row's values.
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    model: &Model,
+    b: usize,
+    q_latent: &[f32],
+    q_rope: &[f32],
+    scale: f64,
+    causal: bool,
+    lq: usize,
+    i: usize,
+    extra: impl Fn(usize) -> f64,
+) -> Vec<f64> {
+    let (r, p) = (WIDTHS[0], WIDTHS[1]);
+    let row = &model.rows[b];
+    let len = model.len(b);
+    let seen = if causal { len - lq + i + 1 } else { len };
+    let scores: Vec<f64> = (0..seen)
+        .map(|t| {
+            let dot = |q: &[f32], v: &[f32], w: usize| (0..w).map(|c| q[c] as f64 * v[t * w + c] as f64).sum::<f64>();
+            scale * (dot(q_latent, &row.families[0], r) + dot(q_rope, &row.families[1], p)) + extra(t)
+        })
+        .collect();
+    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    (0..r).map(|c| (0..seen).map(|t| weights[t] / total * row.families[0][t * r + c] as f64).sum()).collect()
+}
+
+fn check(cache: &LatentCache, model: &Model, rng: &mut Rng, mode: MaskMode, what: &str, tolerance: f64) {
+    let donor = cache.capture_donor_rows().unwrap();
+    let (batch, heads, lq, t) = (model.rows.len(), 2, 2, donor.offset());
+    let q_latent = normal(rng, batch * heads * lq * WIDTHS[0]);
+    let q_rope = normal(rng, batch * heads * lq * WIDTHS[1]);
+    let extra_mask = normal(rng, batch * lq * t);
+    let arr = |v: &[f32], shape: &[i32]| Array::from_slice(v, shape);
+    let (b_, h_, q_) = (batch as i32, heads as i32, lq as i32);
+    let mask_array = arr(&extra_mask, &[b_, 1, q_, t as i32]);
+    let scale = 0.09;
+    let out = donor
+        .attend(
+            &arr(&q_latent, &[b_, h_, q_, WIDTHS[0] as i32]),
+            &arr(&q_rope, &[b_, h_, q_, WIDTHS[1] as i32]),
+            scale,
+            mode,
+            (mode == MaskMode::Array).then_some(&mask_array),
+        )
+        .unwrap();
+    assert_eq!(out.shape(), &[b_, h_, q_, WIDTHS[0] as i32]);
+    let got = mlx_ops::to_host(&out).unwrap();
+    let pads = model.left_pad();
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..lq {
+                let at = (b * heads + h) * lq + i;
+                let ql = &q_latent[at * WIDTHS[0]..(at + 1) * WIDTHS[0]];
+                let qr = &q_rope[at * WIDTHS[1]..(at + 1) * WIDTHS[1]];
+                // The additive mask is indexed by window position: row position j sits at pads[b] + j.
+                let extra = |j: usize| match mode {
+                    MaskMode::Array => extra_mask[(b * lq + i) * t + pads[b] + j] as f64,
+                    _ => 0.0,
+                };
+                let want = reference(model, b, ql, qr, scale as f64, mode == MaskMode::Causal, lq, i, extra);
+                let got = &got[at * WIDTHS[0]..(at + 1) * WIDTHS[0]];
+                for (c, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (*g as f64 - w).abs() <= tolerance * (1.0 + w.abs()),
+                        "{what}: row {b} head {h} query {i} channel {c}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_over_donor_rows_matches_a_float64_reference() {
+    use StorageMode::*;
+    let mut rng = Rng::new(77);
+    for (modes, tolerance) in [
+        ([F32, F32, F32], 1e-5),
+        ([Bf16, Bf16, F32], 1e-5),
+        ([F16, F16, F32], 1e-5),
+        ([Q8, Bf16, F32], 1e-2),
+        ([Q4, Bf16, F32], 1e-2),
+        ([Fp8, Bf16, F32], 1e-5),
+    ] {
+        for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
+            let (cache, model) = filled(&mut rng, modes, layout, &[0, 4, 2]);
+            for mode in [MaskMode::None, MaskMode::Causal, MaskMode::Array] {
+                check(&cache, &model, &mut rng, mode, &format!("{modes:?} {layout:?} {mode:?}"), tolerance);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_donor_outlives_its_cache_and_refuses_bad_queries() {
+    let mut rng = Rng::new(78);
+    let (mut cache, model) = filled(&mut rng, [StorageMode::F32; 3], LayoutKind::Ragged, &[0, 5]);
+    let donor = cache.capture_donor_rows().unwrap();
+    let keep = donor.row_ends().to_vec();
+    // The cache moves on (appends, trims) and is dropped: the donor still shows the old rows.
+    let data: [Vec<f32>; 3] = std::array::from_fn(|f| normal(&mut rng, 2 * 4 * WIDTHS[f]));
+    cache.append_host(2, 4, &data[0], &data[1], None).unwrap();
+    cache.trim(6, false).unwrap();
+    drop(cache);
+    assert_eq!(donor.row_ends(), keep.as_slice());
+    let q = |w: usize| Array::from_slice(&normal(&mut Rng::new(1), 2 * w), &[2, 1, 1, w as i32]);
+    let out = donor.attend(&q(WIDTHS[0]), &q(WIDTHS[1]), 0.1, MaskMode::None, None).unwrap();
+    let got = mlx_ops::to_host(&out).unwrap();
+    let (ql, qr) = (mlx_ops::to_host(&q(WIDTHS[0])).unwrap(), mlx_ops::to_host(&q(WIDTHS[1])).unwrap());
+    for b in 0..2 {
+        let want = reference(&model, b, &ql[b * 128..][..128], &qr[b * 64..][..64], 0.1, false, 1, 0, |_| 0.0);
+        for (g, w) in got[b * 128..][..128].iter().zip(&want) {
+            assert!((*g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()));
+        }
+    }
+    // Refusals: wrong widths, a batch mismatch, masks with the wrong mode, causal beyond a row.
+    let bad = Array::from_slice(&[0f32; 2 * 100], &[2, 1, 1, 100]);
+    assert_eq!(donor.attend(&bad, &q(64), 0.1, MaskMode::None, None).unwrap_err().kind, latent_cache::ErrorKind::Shape);
+    assert_eq!(
+        donor.attend(&q(128), &q(64), 0.1, MaskMode::Array, None).unwrap_err().kind,
+        latent_cache::ErrorKind::InvalidArgument
+    );
+    let many = |w: usize| Array::from_slice(&vec![0.5f32; 2 * 20 * w], &[2, 1, 20, w as i32]);
+    assert_eq!(
+        donor.attend(&many(128), &many(64), 0.1, MaskMode::Causal, None).unwrap_err().kind,
+        latent_cache::ErrorKind::State
+    );
+}
