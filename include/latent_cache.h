@@ -832,6 +832,44 @@ latent_cache_status latent_cache_donor_attend(const latent_cache_donor *donor,
                                               mlx_array mask,
                                               mlx_array *out);
 
+// DSA index scores over the donor's stored index keys: `*out` `[B, Lq, T]` float32 =
+// `sum over index heads h of weights[b, q, h] * ReLU(q_index[b, h, q] . k[b, t])`, with
+// `q_index` `[B, Hi, Lq, index_head_dim]` and `weights` `[B, Lq, Hi]` (float, scaled as the
+// model scales them; borrowed). Positions a query does not see (padding, past its row's end,
+// and with `CAUSAL` the later ones) score -inf. Lazy; `*out` is the caller's.
+// Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE`, `INVALID_ARGUMENT` (a layer without index
+// keys, the `ARRAY` mode, an unknown mode), `INVALID_STATE` (a row with nothing to see), `BACKEND`.
+latent_cache_status latent_cache_donor_index_scores(const latent_cache_donor *donor,
+                                                    mlx_array q_index,
+                                                    mlx_array weights,
+                                                    uint32_t mode,
+                                                    mlx_array *out);
+
+// The `k` window positions with the highest `scores` (`[B, Lq, T]`, from
+// `latent_cache_donor_index_scores`) per query: `*out` `[B, Lq, k]` int32, in no particular
+// order (GLM-5.2 uses k = 2048). When the window holds no more than `k` positions `*out`
+// receives `ctx == NULL`: attend densely (`latent_cache_donor_attend`), as DeepSeek's indexer
+// does. Lazy; `*out` is the caller's.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`k` is 0), `BACKEND`.
+latent_cache_status latent_cache_donor_select(const latent_cache_donor *donor,
+                                              mlx_array scores,
+                                              size_t k,
+                                              mlx_array *out);
+
+// Attention over the selected positions alone: `latent_cache_donor_attend`'s formula with each
+// query reading only its `k` positions from `indices` (`[B, Lq, k]` int32, from
+// `latent_cache_donor_select`); selected positions the query does not see are masked out.
+// `*out` `[B, H, Lq, kv_lora_rank]` float32, lazily; reads k positions, not the window.
+// Returns what `latent_cache_donor_attend` returns (`mode` `NONE` or `CAUSAL`), and `SHAPE`
+// for indices of another shape or dtype.
+latent_cache_status latent_cache_donor_attend_selected(const latent_cache_donor *donor,
+                                                       mlx_array q_latent,
+                                                       mlx_array q_rope,
+                                                       float scale,
+                                                       uint32_t mode,
+                                                       mlx_array indices,
+                                                       mlx_array *out);
+
 // Copies this thread's last failure message into `out` (at most `out_len - 1` bytes plus a NUL
 // terminator; truncated when longer) and returns the message's full length in bytes, not
 // counting the terminator. Pass `out = NULL, out_len = 0` to learn the length. Returns 0 and

@@ -144,6 +144,29 @@ class Donor {
     return Array(out);
   }
 
+  // DSA index scores [B, Lq, T] (latent_cache_donor_index_scores), lazily.
+  Array index_scores(const Array &q_index, const Array &weights, latent_cache_mask_mode mode = LATENT_CACHE_MASK_NONE) const {
+    mlx_array out{nullptr};
+    check(latent_cache_donor_index_scores(handle_.get(), q_index.get(), weights.get(), static_cast<uint32_t>(mode), &out));
+    return Array(out);
+  }
+
+  // The top-k positions per query [B, Lq, k]; empty when the window holds no more than k.
+  Array select(const Array &scores, size_t k) const {
+    mlx_array out{nullptr};
+    check(latent_cache_donor_select(handle_.get(), scores.get(), k, &out));
+    return Array(out);
+  }
+
+  // Attention over the selected positions alone (latent_cache_donor_attend_selected).
+  Array attend_selected(const Array &q_latent, const Array &q_rope, float scale, const Array &indices,
+                        latent_cache_mask_mode mode = LATENT_CACHE_MASK_NONE) const {
+    mlx_array out{nullptr};
+    check(latent_cache_donor_attend_selected(handle_.get(), q_latent.get(), q_rope.get(), scale,
+                                             static_cast<uint32_t>(mode), indices.get(), &out));
+    return Array(out);
+  }
+
  private:
   struct Rows {
     size_t batch = 0, offset = 0;

@@ -3,7 +3,8 @@
 //! moves on or is freed, and GLM-5's absorbed MLA attention computed from it lazily:
 //! `softmax(scale * (q_latent . latent^T + q_rope . rope^T) + mask) . latent`, every row's
 //! padding and positions past its end masked out. Affine-quantized families are read by MLX's
-//! quantized matmul from their packed codes, never expanded.
+//! quantized matmul from their packed codes, never expanded. On layers with index keys, DSA's
+//! selection: index scores, the top-k positions per query, and attention over those alone.
 use mlx_rs::{Array, Dtype};
 
 use super::cache::LatentCache;
@@ -148,6 +149,130 @@ impl Donor {
         mlx_math::select(&visible, &mlx_ops::scalar(0.0), &mlx_ops::scalar(f32::NEG_INFINITY))
     }
 
+    /// The values of a family at `indices` (`[B, Lq, k]` window positions), `[B, Lq, k, width]`
+    /// float32: the selected positions' parts are gathered, then decoded (k positions, not T).
+    fn gather(&self, family: Family, indices: &Array) -> Result<Array> {
+        let shape = indices.shape();
+        let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
+        let flat = mlx_ops::reshape(indices, &[batch, queries * k, 1])?;
+        let parts =
+            self.parts(family).iter().map(|part| mlx_math::take_along_axis(part, &flat, 1)).collect::<Result<Vec<Array>>>()?;
+        let width = self.geometry.width(family).expect("present");
+        let values = mlx_ops::astype(&self.geometry.storage(family).decode(&parts, width)?, Dtype::Float32)?;
+        mlx_ops::reshape(&values, &[batch, queries, k, width])
+    }
+
+    /// DSA index scores, `[B, Lq, T]` float32: `sum over index heads h of weights[b, q, h] *
+    /// ReLU(q_index[b, h, q] . k[b, t])` against the stored index keys, with positions the query
+    /// does not see (padding, past the row's end, and with `Causal` the later positions) at -inf.
+    /// `q_index` is `[B, Hi, Lq, index_head_dim]`, `weights` `[B, Lq, Hi]` (scaled as the model
+    /// scales them).
+    pub fn index_scores(&self, q_index: &Array, weights: &Array, mode: MaskMode) -> Result<Array> {
+        let Some(width) = self.geometry.width(Family::IndexKeys) else {
+            return fail!(InvalidArgument, "this layer has no DSA index keys");
+        };
+        let (heads, queries) = self.check_query("q_index", q_index, width)?;
+        if weights.shape() != [self.batch_size() as i32, queries, heads] {
+            return fail!(Shape, "weights must be [{}, {queries}, {heads}], got {:?}", self.batch_size(), weights.shape());
+        }
+        if mode == MaskMode::Array {
+            return fail!(InvalidArgument, "index scores take the NONE or CAUSAL mask mode");
+        }
+        self.check_rows(mode, queries as usize)?;
+        let keys = Self::per_head(&mlx_ops::astype(
+            &self.geometry.index_storage.decode(self.parts(Family::IndexKeys), width)?,
+            Dtype::Float32,
+        )?)?;
+        let q = mlx_ops::astype(q_index, Dtype::Float32)?;
+        let per_head = mlx_ops::maximum(&mlx_math::matmul(&q, &mlx_math::swapaxes(&keys, -1, -2)?)?, &mlx_ops::scalar(0.0))?;
+        // [B, Lq, Hi] -> [B, Hi, Lq, 1]
+        let weights = mlx_math::expand_dims(&mlx_math::swapaxes(&mlx_ops::astype(weights, Dtype::Float32)?, 1, 2)?, 3)?;
+        let scores = mlx_math::sum(&mlx_ops::multiply(&per_head, &weights)?, 1)?;
+        mlx_math::add(&scores, &self.query_mask(mode, queries as usize)?)
+    }
+
+    /// The `k` positions with the highest scores per query (`scores` `[B, Lq, T]` from
+    /// `index_scores`), `[B, Lq, k]` int32 window positions in no particular order; `None` when
+    /// the window holds no more than `k` positions (attend densely, as DeepSeek's indexer does).
+    pub fn select(&self, scores: &Array, k: usize) -> Result<Option<Array>> {
+        if k == 0 {
+            return fail!(InvalidArgument, "top-k needs k of at least 1");
+        }
+        if self.offset <= k {
+            return Ok(None);
+        }
+        let order = mlx_math::argpartition(&mlx_math::negative(scores)?, (k - 1) as i32, -1)?;
+        let shape = order.shape();
+        let top = mlx_ops::slice(&order, &[0, 0, 0], &[shape[0] as usize, shape[1] as usize, k])?;
+        Ok(Some(mlx_ops::astype(&top, Dtype::Int32)?))
+    }
+
+    /// Attention over the selected positions alone (`indices` `[B, Lq, k]` from `select`): the
+    /// formula of `attend` with `T` replaced by each query's `k` positions; selected positions
+    /// the query does not see (a row shorter than `k`) are masked out. `[B, H, Lq,
+    /// kv_lora_rank]` float32, lazily; reads `k` positions per query, not the whole window.
+    pub fn attend_selected(
+        &self,
+        q_latent: &Array,
+        q_rope: &Array,
+        scale: f32,
+        mode: MaskMode,
+        indices: &Array,
+    ) -> Result<Array> {
+        let dims = self.check_query("q_latent", q_latent, self.geometry.kv_lora_rank)?;
+        if self.check_query("q_rope", q_rope, self.geometry.rope_head_dim)? != dims {
+            return fail!(Shape, "q_rope's heads and queries {:?} differ from q_latent's", q_rope.shape());
+        }
+        let shape = indices.shape();
+        if shape.len() != 3 || shape[0] as usize != self.batch_size() || shape[1] != dims.1 || indices.dtype() != Dtype::Int32 {
+            return fail!(
+                Shape,
+                "indices must be int32 [{}, {}, k], got {:?} {:?}",
+                self.batch_size(),
+                dims.1,
+                shape,
+                indices.dtype()
+            );
+        }
+        if mode == MaskMode::Array {
+            return fail!(InvalidArgument, "selected attention takes the NONE or CAUSAL mask mode");
+        }
+        self.check_rows(mode, dims.1 as usize)?;
+        // [B, H, Lq, w] -> [B, Lq, H, w], against [B, Lq, k, w]^T: [B, Lq, H, k].
+        let per_query = |q: &Array, family: Family| -> Result<Array> {
+            let q = mlx_math::swapaxes(&mlx_ops::astype(q, Dtype::Float32)?, 1, 2)?;
+            mlx_math::matmul(&q, &mlx_math::swapaxes(&self.gather(family, indices)?, -1, -2)?)
+        };
+        let scores = mlx_math::add(&per_query(q_latent, Family::Latent)?, &per_query(q_rope, Family::Rope)?)?;
+        let scores = mlx_ops::multiply(&scores, &mlx_ops::scalar(scale))?;
+        // Visibility of the selected positions: the row mask gathered at them, [B, Lq, 1, k].
+        let mask = self.query_mask(mode, dims.1 as usize)?;
+        let visible = mlx_math::expand_dims(&mlx_math::take_along_axis(&mask, indices, 2)?, 2)?;
+        let probs = mlx_math::softmax(&mlx_math::add(&scores, &visible)?, -1)?;
+        let out = mlx_math::matmul(&probs, &self.gather(Family::Latent, indices)?)?;
+        mlx_math::swapaxes(&out, 1, 2)
+    }
+
+    /// `row_mask` without the head axis: `[B, 1 or Lq, T]`.
+    fn query_mask(&self, mode: MaskMode, queries: usize) -> Result<Array> {
+        let mask = self.row_mask(mode, queries)?;
+        let rows = mask.shape()[2] as usize;
+        mlx_ops::reshape(&mask, &[self.batch_size(), rows, self.offset])
+    }
+
+    /// Refuses rows where a query would see no position.
+    fn check_rows(&self, mode: MaskMode, queries: usize) -> Result<()> {
+        let lengths: Vec<usize> = self.left_pad.iter().zip(&self.row_ends).map(|(p, e)| e - p).collect();
+        let shortest = lengths.iter().copied().min().unwrap_or(0);
+        if self.batch_size() == 0 || shortest == 0 || (mode == MaskMode::Causal && shortest < queries) {
+            return fail!(
+                State,
+                "every row must hold a position each query sees (rows: {lengths:?}, {queries} queries, {mode:?})"
+            );
+        }
+        Ok(())
+    }
+
     /// GLM-5's absorbed MLA attention over the donor's rows (see the module doc), `[B, H, Lq,
     /// kv_lora_rank]` float32, lazily. `mask` is required with `MaskMode::Array` and refused
     /// otherwise. Every row must hold a position each query sees (with `Causal`, at least `Lq`).
@@ -157,14 +282,7 @@ impl Donor {
             return fail!(Shape, "q_rope's heads and queries {:?} differ from q_latent's", q_rope.shape());
         }
         let queries = dims.1 as usize;
-        let shortest = self.left_pad.iter().zip(&self.row_ends).map(|(p, e)| e - p).min().unwrap_or(0);
-        if self.batch_size() == 0 || shortest == 0 || (mode == MaskMode::Causal && shortest < queries) {
-            return fail!(
-                State,
-                "every row must hold a position each query sees (rows: {:?}, {queries} queries, {mode:?})",
-                self.left_pad.iter().zip(&self.row_ends).map(|(p, e)| e - p).collect::<Vec<_>>()
-            );
-        }
+        self.check_rows(mode, queries)?;
         let extra = match (mode, mask) {
             (MaskMode::Array, Some(mask)) => Some(mask),
             (MaskMode::Array, None) => return fail!(InvalidArgument, "the ARRAY mask mode needs a mask"),

@@ -74,3 +74,22 @@ pub fn quantized_matmul(
         )
     })
 }
+
+/// `a`'s values at `indices` along `axis` (`indices` broadcast against `a` on the other axes).
+pub fn take_along_axis(a: &Array, indices: &Array, axis: i32) -> Result<Array> {
+    call("take_along_axis", |res, s| unsafe { mlx_sys::mlx_take_along_axis(res, a.as_ptr(), indices.as_ptr(), axis, s) })
+}
+
+/// Indices that partition `a` along `axis` around its `kth` smallest element (the first `kth + 1`
+/// indices point at the smallest values, in no particular order).
+pub fn argpartition(a: &Array, kth: i32, axis: i32) -> Result<Array> {
+    call("argpartition", |res, s| unsafe { mlx_sys::mlx_argpartition_axis(res, a.as_ptr(), kth, axis, s) })
+}
+
+pub fn sum(a: &Array, axis: i32) -> Result<Array> {
+    call("sum", |res, s| unsafe { mlx_sys::mlx_sum_axis(res, a.as_ptr(), axis, false, s) })
+}
+
+pub fn negative(a: &Array) -> Result<Array> {
+    call("negative", |res, s| unsafe { mlx_sys::mlx_negative(res, a.as_ptr(), s) })
+}

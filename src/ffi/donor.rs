@@ -38,6 +38,32 @@ pub enum latent_cache_mask_mode {
 
 /// Live donors by token. A donor's arrays are handles MLX shares between threads; the mutex
 /// keeps calls on one donor one at a time, like calls on one cache.
+/// Converts a `latent_cache_mask_mode` value received as an integer.
+fn mask_mode(value: u32) -> FfiResult<MaskMode> {
+    match value {
+        m if m == latent_cache_mask_mode::LatentCacheMaskNone as u32 => Ok(MaskMode::None),
+        m if m == latent_cache_mask_mode::LatentCacheMaskCausal as u32 => Ok(MaskMode::Causal),
+        m if m == latent_cache_mask_mode::LatentCacheMaskArray as u32 => Ok(MaskMode::Array),
+        m => Err(Failure::new(latent_cache_status::InvalidArgument, format!("mode {m} is not a latent_cache_mask_mode"))),
+    }
+}
+
+/// Borrows a caller's array for the call.
+fn borrow(a: mlx_array, name: &str) -> FfiResult<ManuallyDrop<Array>> {
+    if a.ctx.is_null() {
+        return Err(Failure::null(name));
+    }
+    // SAFETY: a non-NULL caller array; ManuallyDrop keeps it the caller's.
+    Ok(ManuallyDrop::new(unsafe { Array::from_ptr(a) }))
+}
+
+/// Hands an array to the caller, who frees it.
+fn give(array: Array) -> mlx_array {
+    let handle = array.as_ptr();
+    std::mem::forget(array);
+    handle
+}
+
 static DONORS: Lazy<RwLock<HashMap<usize, Arc<Mutex<Donor>>>>> = Lazy::new(|| RwLock::new(HashMap::new()));
 
 /// Looks up `ptr`, locks its donor and runs `f` on it.
@@ -153,28 +179,88 @@ pub unsafe extern "C" fn latent_cache_donor_attend(
 ) -> latent_cache_status {
     ffi_boundary! {
         let out = out_ptr(out, "out")?;
-        let mode = match mode {
-            m if m == latent_cache_mask_mode::LatentCacheMaskNone as u32 => MaskMode::None,
-            m if m == latent_cache_mask_mode::LatentCacheMaskCausal as u32 => MaskMode::Causal,
-            m if m == latent_cache_mask_mode::LatentCacheMaskArray as u32 => MaskMode::Array,
-            m => return Err(Failure::new(latent_cache_status::InvalidArgument, format!("mode {m} is not a latent_cache_mask_mode"))),
-        };
-        let borrow = |a: mlx_array, name: &str| -> FfiResult<ManuallyDrop<Array>> {
-            if a.ctx.is_null() {
-                return Err(Failure::null(name));
-            }
-            // SAFETY: a non-NULL caller array, borrowed for the call.
-            Ok(ManuallyDrop::new(unsafe { Array::from_ptr(a) }))
-        };
+        let mode = mask_mode(mode)?;
         let (q_latent, q_rope) = (borrow(q_latent, "q_latent")?, borrow(q_rope, "q_rope")?);
         let mask = match mask.ctx.is_null() {
             true => None,
             false => Some(borrow(mask, "mask")?),
         };
         let result = with_donor(donor, |d| Ok(d.attend(&q_latent, &q_rope, scale, mode, mask.as_deref())?))?;
-        let handle = result.as_ptr();
-        std::mem::forget(result);
-        unsafe { write(out, handle) };
+        unsafe { write(out, give(result)) };
+        Ok(())
+    }
+}
+
+/// DSA index scores over the donor's stored index keys: `*out` `[B, Lq, T]` float32 =
+/// `sum over index heads h of weights[b, q, h] * ReLU(q_index[b, h, q] . k[b, t])`, with
+/// `q_index` `[B, Hi, Lq, index_head_dim]` and `weights` `[B, Lq, Hi]` (float, scaled as the
+/// model scales them; borrowed). Positions a query does not see (padding, past its row's end,
+/// and with `CAUSAL` the later ones) score -inf. Lazy; `*out` is the caller's.
+/// Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE`, `INVALID_ARGUMENT` (a layer without index
+/// keys, the `ARRAY` mode, an unknown mode), `INVALID_STATE` (a row with nothing to see), `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_donor_index_scores(
+    donor: *const latent_cache_donor,
+    q_index: mlx_array,
+    weights: mlx_array,
+    mode: u32,
+    out: *mut mlx_array,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        let mode = mask_mode(mode)?;
+        let (q_index, weights) = (borrow(q_index, "q_index")?, borrow(weights, "weights")?);
+        let scores = with_donor(donor, |d| Ok(d.index_scores(&q_index, &weights, mode)?))?;
+        unsafe { write(out, give(scores)) };
+        Ok(())
+    }
+}
+
+/// The `k` window positions with the highest `scores` (`[B, Lq, T]`, from
+/// `latent_cache_donor_index_scores`) per query: `*out` `[B, Lq, k]` int32, in no particular
+/// order (GLM-5.2 uses k = 2048). When the window holds no more than `k` positions `*out`
+/// receives `ctx == NULL`: attend densely (`latent_cache_donor_attend`), as DeepSeek's indexer
+/// does. Lazy; `*out` is the caller's.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`k` is 0), `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_donor_select(
+    donor: *const latent_cache_donor,
+    scores: mlx_array,
+    k: usize,
+    out: *mut mlx_array,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        let scores = borrow(scores, "scores")?;
+        let selected = with_donor(donor, |d| Ok(d.select(&scores, k)?))?;
+        unsafe { write(out, selected.map_or(mlx_array { ctx: std::ptr::null_mut() }, give)) };
+        Ok(())
+    }
+}
+
+/// Attention over the selected positions alone: `latent_cache_donor_attend`'s formula with each
+/// query reading only its `k` positions from `indices` (`[B, Lq, k]` int32, from
+/// `latent_cache_donor_select`); selected positions the query does not see are masked out.
+/// `*out` `[B, H, Lq, kv_lora_rank]` float32, lazily; reads k positions, not the window.
+/// Returns what `latent_cache_donor_attend` returns (`mode` `NONE` or `CAUSAL`), and `SHAPE`
+/// for indices of another shape or dtype.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_donor_attend_selected(
+    donor: *const latent_cache_donor,
+    q_latent: mlx_array,
+    q_rope: mlx_array,
+    scale: f32,
+    mode: u32,
+    indices: mlx_array,
+    out: *mut mlx_array,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        let mode = mask_mode(mode)?;
+        let (q_latent, q_rope) = (borrow(q_latent, "q_latent")?, borrow(q_rope, "q_rope")?);
+        let indices = borrow(indices, "indices")?;
+        let result = with_donor(donor, |d| Ok(d.attend_selected(&q_latent, &q_rope, scale, mode, &indices)?))?;
+        unsafe { write(out, give(result)) };
         Ok(())
     }
 }

@@ -642,6 +642,49 @@ static void test_donor_attention(void) {
   latent_cache_array_free(q_rope);
   latent_cache_free(c);
   latent_cache_donor_free(d);
+
+  /* DSA selection on a layer with index keys: scores, the top 2 positions, attention over them. */
+  cfg.index_head_dim = 8;
+  cfg.layout = LATENT_CACHE_LAYOUT_RIGHT_JUSTIFIED;
+  OK(latent_cache_new(&cfg, &c));
+  float keys[B * 5 * 8];
+  for (size_t i = 0; i < B * 5 * 8; i++) keys[i] = (float)(i % 9) / 9.0f + 0.1f;
+  OK(latent_cache_append_host(c, B, 5, lat, B * 5 * R, rope, B * 5 * P, keys, B * 5 * 8));
+  latent_cache_donor *dsa = NULL;
+  OK(latent_cache_capture_donor_rows(c, &dsa));
+  float qi[B * 1 * 1 * 8], w[B * 1 * 1];
+  for (size_t i = 0; i < B * 8; i++) qi[i] = 0.5f + (float)i / 32.0f;
+  for (size_t i = 0; i < B; i++) w[i] = 1.0f;
+  size_t shape_qi[4] = {B, 1, 1, 8}, shape_w[3] = {B, 1, 1};
+  mlx_array q_index = {NULL}, weights = {NULL}, scores = {NULL}, picked = {NULL}, sparse = {NULL};
+  OK(latent_cache_array_from_host_shape(qi, B * 8, shape_qi, 4, &q_index));
+  OK(latent_cache_array_from_host_shape(w, B, shape_w, 3, &weights));
+  OK(latent_cache_donor_index_scores(dsa, q_index, weights, LATENT_CACHE_MASK_NONE, &scores));
+  float sc[B * 5];
+  OK(latent_cache_array_to_host(scores, sc, B * 5, &n));
+  CHECK(n == B * 5 && sc[0] > 0.0f);
+  OK(latent_cache_donor_select(dsa, scores, 5, &picked));
+  CHECK(picked.ctx == NULL); /* no more positions than k: attend densely */
+  OK(latent_cache_donor_select(dsa, scores, 2, &picked));
+  CHECK(picked.ctx != NULL);
+  float pk[B * 2];
+  OK(latent_cache_array_to_host(picked, pk, B * 2, &n));
+  for (size_t b = 0; b < B; b++) { /* the two best-scoring positions of each row */
+    for (size_t j = 0; j < 2; j++) {
+      size_t p = (size_t)pk[b * 2 + j], better = 0;
+      for (size_t t = 0; t < 5; t++) better += sc[b * 5 + t] > sc[b * 5 + p];
+      CHECK(better < 2);
+    }
+  }
+  OK(latent_cache_array_from_host_shape(ql, B * H * R, shape_l, 4, &q_latent));
+  OK(latent_cache_array_from_host_shape(qr, B * H * P, shape_r, 4, &q_rope));
+  OK(latent_cache_donor_attend_selected(dsa, q_latent, q_rope, 0.5f, LATENT_CACHE_MASK_NONE, picked, &sparse));
+  OK(latent_cache_array_to_host(sparse, got, B * H * R, &n));
+  CHECK(n == B * H * R);
+  mlx_array arrays[7] = {q_index, weights, scores, picked, sparse, q_latent, q_rope};
+  for (int i = 0; i < 7; i++) latent_cache_array_free(arrays[i]);
+  latent_cache_donor_free(dsa);
+  latent_cache_free(c);
   latent_cache_donor_free(d); /* ignored, with a message */
   CHECK(latent_cache_last_error(NULL, 0) > 0);
   FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_donor_rows(d, &batch, &offset, NULL, NULL, 0));
