@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-.PHONY: deps build header check-header lint test test-rust test-c test-valgrind demo examples bench bench-quick bench-ab bench-deps fuzz clean
+.PHONY: deps build header check-header lint test test-rust test-c test-valgrind test-interop demo examples bench bench-quick bench-ab bench-deps fuzz clean
 
 UNAME := $(shell uname -s)
 DEPS := $(CURDIR)/.deps
@@ -64,10 +64,15 @@ lint: deps
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
-test: build check-header lint test-rust test-c test-valgrind check-symbols test-install
+test: build check-header lint test-rust test-c test-valgrind check-symbols test-install test-interop
 
 test-rust: deps
 	cargo test --release -p latent-cache
+
+# Files exchanged with mlx-lm itself (its save_prompt_cache / load_prompt_cache), on PyPI's
+# mlx and mlx-lm of the versions the benchmarks use.
+test-interop: bench-deps
+	LATENT_CACHE_MLX_LM_PYTHONPATH=$(BENCH_PY) cargo test --release -p latent-cache --test mlx_lm_interop -- --ignored
 
 # The soak test again under valgrind memcheck (fewer operations: memcheck is slow): no definite
 # leaks, no memory errors.
@@ -91,6 +96,9 @@ test-c: ship
 	$(OUT)/readme_decode
 	$(OUT)/test_api
 	$(OUT)/test_threads
+	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_persist.c -o $(OUT)/test_persist $(LINK)
+	$(OUT)/test_persist save $(OUT)/persisted.safetensors
+	$(OUT)/test_persist load $(OUT)/persisted.safetensors
 	$(CXX) -std=c++17 $(CWARN) $(SAN) -g -Iinclude examples/decode.cpp -o $(OUT)/decode_cpp_asan $(LINK)
 	$(OUT)/test_cpp
 	$(OUT)/engine_asan --layers 6 --dsa 2 --prefill 600 --chunk 256 --decode 12

@@ -77,6 +77,9 @@ typedef struct mlx_array_ {
 #endif
 
 
+// The format this library writes, and the newest it reads.
+#define FORMAT_VERSION 1
+
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
 typedef enum {
@@ -785,6 +788,54 @@ latent_cache_status latent_cache_set_bytes_in_use(const latent_cache_set *set, s
 latent_cache_status latent_cache_glm52_configs(latent_cache_config *out,
                                                size_t out_len,
                                                size_t *written);
+
+// Saves every layer of `set` to `path` (safetensors; the README and docs/packaging describe
+// the layout): written to a temporary file in the same folder, synced, then renamed over
+// `path`, so a crash never leaves a partial file under that name. Evaluates the set's state.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8 or names no
+// file), `INVALID_STATE` (layers that disagree), `BACKEND` (the file could not be written).
+latent_cache_status latent_cache_set_save(const latent_cache_set *set, const char *path);
+
+// Loads a set saved by `latent_cache_set_save` (or a GLM-5 prompt cache mlx-lm's
+// `save_prompt_cache` wrote: float storage in its dtype, rows right-justified). Everything is
+// checked first (format version, geometry, every tensor's shape, dtype and checksum, the rows);
+// on any failure nothing is created. `*out` receives the set, owned by the caller.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, a
+// newer format), `BACKEND`.
+latent_cache_status latent_cache_set_load(const char *path, latent_cache_set **out);
+
+// `latent_cache_set_save` into bytes: `*out` (`*out_len` bytes) receives them, owned by the
+// caller (free with `latent_cache_bytes_free`), to ship a request's state over the engine's own
+// transport. (MLX writes safetensors to files: the bytes pass through a temporary file.)
+// Returns what `latent_cache_set_save` returns.
+latent_cache_status latent_cache_set_save_to_buffer(const latent_cache_set *set,
+                                                    uint8_t **out,
+                                                    size_t *out_len);
+
+// `latent_cache_set_load` from `len` bytes at `data` (borrowed).
+latent_cache_status latent_cache_set_load_from_buffer(const uint8_t *data,
+                                                      size_t len,
+                                                      latent_cache_set **out);
+
+// Saves one cache to `path` (a one-layer state; rules of `latent_cache_set_save`).
+latent_cache_status latent_cache_save(const latent_cache *cache, const char *path);
+
+// Loads a one-layer state into a new cache (rules of `latent_cache_set_load`; a state of
+// several layers is `INVALID_ARGUMENT`: load it as a set). `*out` is the caller's.
+latent_cache_status latent_cache_load(const char *path, latent_cache **out);
+
+// Saves one cache into bytes (rules of `latent_cache_set_save_to_buffer`).
+latent_cache_status latent_cache_save_to_buffer(const latent_cache *cache,
+                                                uint8_t **out,
+                                                size_t *out_len);
+
+// Loads a one-layer state from bytes into a new cache.
+latent_cache_status latent_cache_load_from_buffer(const uint8_t *data,
+                                                  size_t len,
+                                                  latent_cache **out);
+
+// Frees bytes a `..._save_to_buffer` call returned (`len` as it returned it). NULL is ignored.
+void latent_cache_bytes_free(uint8_t *data, size_t len);
 
 // `*out` receives a snapshot of every stored family of `cache` and of its row layout (batch,
 // offset, `left_pad`, `row_ends`), owned by the caller (`latent_cache_donor_free`). No copy is

@@ -292,6 +292,13 @@ class Cache {
     return s;
   }
 
+  void save(const std::string &path) const { check(latent_cache_save(get(), path.c_str())); }
+  static Cache load(const std::string &path) {
+    latent_cache *raw = nullptr;
+    check(latent_cache_load(path.c_str(), &raw));
+    return Cache(raw);
+  }
+
   Donor capture_donor_rows() const {
     latent_cache_donor *raw = nullptr;
     check(latent_cache_capture_donor_rows(get(), &raw));
@@ -458,6 +465,27 @@ class Set {
     size_t out = 0;
     check(latent_cache_set_bytes_in_use(get(), &out));
     return out;
+  }
+
+  // Saving and loading (latent_cache_set_save / _load, and to and from bytes).
+  void save(const std::string &path) const { check(latent_cache_set_save(get(), path.c_str())); }
+  static Set load(const std::string &path) {
+    latent_cache_set *raw = nullptr;
+    check(latent_cache_set_load(path.c_str(), &raw));
+    return Set(raw);
+  }
+  std::vector<uint8_t> save_to_buffer() const {
+    uint8_t *data = nullptr;
+    size_t len = 0;
+    check(latent_cache_set_save_to_buffer(get(), &data, &len));
+    std::vector<uint8_t> out(data, data + len);
+    latent_cache_bytes_free(data, len);
+    return out;
+  }
+  static Set load_from_buffer(const std::vector<uint8_t> &bytes) {
+    latent_cache_set *raw = nullptr;
+    check(latent_cache_set_load_from_buffer(bytes.data(), bytes.size(), &raw));
+    return Set(raw);
   }
 
  private:

@@ -87,6 +87,13 @@ fn every_call_refuses(stale: *mut Handle, live: *mut Handle) -> Vec<String> {
     let [l, r, i] = &mut outs;
     refused(&mut f, "state", || unsafe { latent_cache_state(c, l, r, i) });
     unwritten(&mut f, "state", outs.iter().any(|a| !a.ctx.is_null()));
+    let path = c"/nonexistent/never-written.safetensors";
+    refused(&mut f, "save", || unsafe { latent_cache::ffi::persist::latent_cache_save(c, path.as_ptr()) });
+    let (mut bytes, mut len) = (std::ptr::null_mut(), 0);
+    refused(&mut f, "save_to_buffer", || unsafe {
+        latent_cache::ffi::persist::latent_cache_save_to_buffer(c, &mut bytes, &mut len)
+    });
+    unwritten(&mut f, "save_to_buffer", !bytes.is_null() || len != 0);
     let mut donor = std::ptr::null_mut();
     refused(&mut f, "capture_donor_rows", || unsafe { latent_cache::ffi::donor::latent_cache_capture_donor_rows(c, &mut donor) });
     unwritten(&mut f, "capture_donor_rows", !donor.is_null());

@@ -37,6 +37,11 @@ impl LatentCache {
         Ok(LatentCache { geometry, layout, storage: Storage::new(&geometry), reserved: 0 })
     }
 
+    /// A cache over storage and a layout a load checked (`persist`).
+    pub(crate) fn adopt(geometry: Geometry, layout: RowLayout, storage: Storage) -> Self {
+        LatentCache { geometry, layout, storage, reserved: 0 }
+    }
+
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
     }

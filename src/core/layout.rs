@@ -80,6 +80,25 @@ impl RowLayout {
         RowLayout { kind, offset, left_pad, row_end, round: None }
     }
 
+    /// A layout of rows at `[left_pad[b], row_end[b])` (what a load adopts), checked: equal
+    /// lengths, `left_pad <= row_end <= positions`, and for right-justified rows every end at
+    /// the window's width.
+    pub fn from_rows(kind: LayoutKind, left_pad: &[usize], row_end: &[usize], positions: usize) -> Result<RowLayout> {
+        if left_pad.len() != row_end.len() {
+            return fail!(InvalidArgument, "{} left pads for {} row ends", left_pad.len(), row_end.len());
+        }
+        let offset = row_end.iter().copied().max().unwrap_or(0);
+        for (b, (&pad, &end)) in left_pad.iter().zip(row_end).enumerate() {
+            if pad > end || end > positions || (kind == LayoutKind::RightJustified && end != offset) {
+                return fail!(InvalidArgument, "row {b} spans [{pad}, {end}) of a {positions}-position window ({kind:?})");
+            }
+        }
+        if offset != positions && !left_pad.is_empty() {
+            return fail!(InvalidArgument, "the window holds {positions} positions but the longest row ends at {offset}");
+        }
+        Ok(RowLayout { kind, offset, left_pad: left_pad.to_vec(), row_end: row_end.to_vec(), round: None })
+    }
+
     pub fn kind(&self) -> LayoutKind {
         self.kind
     }

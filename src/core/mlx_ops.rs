@@ -35,6 +35,11 @@ static STREAM: Lazy<LibraryStream> = Lazy::new(|| {
     }
 });
 
+/// The library's stream, for the few mlx-c calls outside this file that take one.
+pub(crate) fn library_stream() -> mlx_sys::mlx_stream {
+    STREAM.0
+}
+
 /// mlx-c reports failures through a process-wide handler; mlx-rs installs one that keeps the
 /// message for the failing thread instead of exiting the process. Make sure it is installed
 /// before our first direct mlx-c call. Cloning an array is a guarded mlx-rs call that touches

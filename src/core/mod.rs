@@ -10,6 +10,7 @@ pub mod layout;
 pub mod memory;
 pub mod mlx_math;
 pub mod mlx_ops;
+pub mod persist;
 pub mod rows;
 pub mod set;
 pub mod storage;

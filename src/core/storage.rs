@@ -145,6 +145,21 @@ impl Storage {
         self.capacity
     }
 
+    /// Storage holding `parts` (`[rows, positions, part_width]` per family, as `codec` lays
+    /// them out) as its buffers: what a load adopts. The caller checked every shape and dtype.
+    pub fn from_parts(geometry: &Geometry, rows: usize, positions: usize, parts: Families<Vec<Array>>) -> Self {
+        let mut storage = Storage::new(geometry);
+        storage.rows = rows;
+        storage.capacity = positions;
+        storage.buffers.as_mut().zip(parts).map(|_, (buffer, parts)| buffer.data = Some(parts));
+        storage
+    }
+
+    /// The parts one family is stored as (widths and dtypes).
+    pub fn part_specs(geometry: &Geometry, family: Family) -> Vec<Part> {
+        geometry.storage(family).parts(geometry.width(family).expect("callers ask for present families"))
+    }
+
     /// Bytes the buffers hold (rows x capacity x bytes per position), 0 before the first write.
     pub fn held_bytes(&self) -> usize {
         match self.buffers.latent.data {

@@ -29,7 +29,7 @@ struct SetHandle {
 static SETS: Lazy<RwLock<HashMap<usize, Arc<SetHandle>>>> = Lazy::new(|| RwLock::new(HashMap::new()));
 
 /// Registers caches as a new set's layers.
-fn register(caches: Vec<LatentCache>) -> *mut latent_cache_set {
+pub(crate) fn register_set(caches: Vec<LatentCache>) -> *mut latent_cache_set {
     let layers = caches
         .into_iter()
         .map(|cache| {
@@ -57,6 +57,17 @@ fn get(ptr: *const latent_cache_set, name: &str) -> FfiResult<Arc<SetHandle>> {
 /// other or with merges).
 fn lock(set: &SetHandle) -> FfiResult<Vec<MutexGuard<'_, LatentCache>>> {
     set.layers.iter().map(|(_, handle)| handle.lock()).collect()
+}
+
+/// Looks up `ptr`, locks all its layers and runs `f` on them.
+pub(crate) fn with_set_layers<T>(
+    ptr: *const latent_cache_set,
+    f: impl FnOnce(&mut [&mut LatentCache]) -> FfiResult<T>,
+) -> FfiResult<T> {
+    with_layers(ptr, |layers| {
+        crate::core::set::check_agree(layers)?;
+        f(layers)
+    })
 }
 
 /// Looks up `ptr`, locks all its layers and runs `f` on them.
@@ -89,7 +100,7 @@ pub unsafe extern "C" fn latent_cache_set_new(
             geometries.push(config.geometry().map_err(|f| f.prefixed(&format!("layers[{i}]")))?);
         }
         let caches = make_all(geometries.len(), |i| LatentCache::new(geometries[i]))?;
-        unsafe { write(out, register(caches)) };
+        unsafe { write(out, register_set(caches)) };
         Ok(())
     }
 }
@@ -278,7 +289,7 @@ pub unsafe extern "C" fn latent_cache_set_extract_row(
             crate::core::set::check_agree(layers)?;
             Ok(make_all(layers.len(), |i| layers[i].extract_row(row))?)
         })?;
-        unsafe { write(out, register(caches)) };
+        unsafe { write(out, register_set(caches)) };
         Ok(())
     }
 }

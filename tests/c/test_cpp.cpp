@@ -144,6 +144,8 @@ int main() {
     both.filter_rows({2, 0});
     both.trim(1);
     CHECK(both.bytes_in_use() > 0);
+    latent_cache_cpp::Set copy = latent_cache_cpp::Set::load_from_buffer(both.save_to_buffer());
+    CHECK(copy.layer_count() == 3);
     try {
       set.spec_round_rollback(std::vector<size_t>{1, 1});  // no round open
       CHECK(false);

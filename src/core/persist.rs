@@ -1,0 +1,547 @@
+//! Saving and loading a model's caches: safetensors through MLX's own IO.
+//!
+//! - Layers whose families are all float (f32, bf16, f16) are laid out as mlx-lm 0.32.2's
+//!   `save_prompt_cache` lays out a GLM-5 prompt cache: layer `i` is a `CacheList(KVCache,
+//!   KVCache)`, the latent `[B, 1, T, kv_lora_rank]` as the first cache's keys (`i.0.0.0`), the
+//!   rope key as its values (`i.0.0.1`), the index keys as the second cache's keys (`i.1.0.0`,
+//!   with zeros as values, as mlx-lm's indexer keeps them; an empty cache on a layer without
+//!   index keys), offsets as scalars, and mlx-lm's class names and scalar table in the metadata.
+//! - Layers with a quantized family store their parts under names of our own
+//!   (`latent_cache.<i>.<family>.<part>`): no mlx-lm class holds them.
+//! - Our metadata (in mlx-lm's user metadata, keys `0.latent_cache.*`): the format version, each
+//!   layer's geometry, storage, layout, role, left pads and row ends, and a checksum (FNV-1a 64
+//!   over dtype, shape and bytes) of every tensor, since safetensors has none.
+//!
+//! A load checks everything (version, geometry, every tensor's presence, dtype, shape and
+//! checksum, the row layout) before it creates anything. A file mlx-lm wrote (no metadata of
+//! ours) is imported: float storage in the file's dtype, rows right-justified, no padding.
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+
+use mlx_rs::{Array, Dtype};
+
+use super::cache::LatentCache;
+use super::codec::StorageMode;
+use super::error::{fail, Result};
+use super::eval::eval;
+use super::families::Families;
+use super::geometry::{Family, Geometry, Role};
+use super::layout::{LayoutKind, RowLayout};
+use super::mlx_ops;
+use super::storage::Storage;
+
+/// A `CacheError` of `kind` with a formatted message (for `map_err`).
+macro_rules! error {
+    ($kind:ident, $($arg:tt)*) => {
+        super::error::CacheError::new(super::error::ErrorKind::$kind, format!($($arg)*))
+    };
+}
+
+/// The format this library writes, and the newest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+const PREFIX: &str = "0.latent_cache.";
+
+/// FNV-1a 64 over a tensor's dtype, shape and bytes.
+fn checksum(a: &Array) -> Result<String> {
+    let a = mlx_ops::contiguous(a)?;
+    eval([&a])?;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            hash ^= b as u64;
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    feed(format!("{:?}{:?}", a.dtype(), a.shape()).as_bytes());
+    // SAFETY: evaluated and row-contiguous; `nbytes` bytes at its data pointer.
+    unsafe {
+        let n = mlx_sys::mlx_array_nbytes(a.as_ptr());
+        if n > 0 {
+            let data = mlx_sys::mlx_array_data_uint8(a.as_ptr());
+            if data.is_null() {
+                return fail!(Backend, "reading a tensor for its checksum: no data");
+            }
+            feed(std::slice::from_raw_parts(data, n));
+        }
+    }
+    Ok(format!("{hash:016x}"))
+}
+
+fn int_scalar(value: usize) -> Array {
+    Array::from_int(value as i32)
+}
+
+fn string_array(s: &str) -> Array {
+    let codes: Vec<i32> = s.chars().map(|c| c as i32).collect();
+    Array::from_slice(&codes, &[codes.len() as i32])
+}
+
+fn none_array() -> Array {
+    Array::from_slice::<f32>(&[], &[0])
+}
+
+fn is_float(mode: StorageMode) -> bool {
+    matches!(mode, StorageMode::F32 | StorageMode::Bf16 | StorageMode::F16)
+}
+
+fn float_layer(g: &Geometry) -> bool {
+    Family::ALL.iter().all(|&f| g.width(f).is_none() || is_float(g.storage(f)))
+}
+
+fn describe(g: &Geometry) -> String {
+    let layout = match g.layout {
+        LayoutKind::RightJustified => "right-justified",
+        LayoutKind::Ragged => "ragged",
+    };
+    let role = match g.role {
+        Role::Target => "target",
+        Role::Mtp => "mtp",
+    };
+    format!(
+        "{};{};{};{};{};{};{};{};{}",
+        g.kv_lora_rank,
+        g.rope_head_dim,
+        g.index_head_dim,
+        g.max_tokens,
+        g.latent_storage.name(),
+        g.rope_storage.name(),
+        g.index_storage.name(),
+        layout,
+        role
+    )
+}
+
+fn parse_geometry(s: &str) -> Result<Geometry> {
+    let f: Vec<&str> = s.split(';').collect();
+    let bad = || fail!(InvalidArgument, "layer geometry {s:?} is not this library's");
+    if f.len() != 9 {
+        return bad();
+    }
+    let num = |x: &str| x.parse::<usize>().ok();
+    let mode = |x: &str| StorageMode::ALL.into_iter().find(|m| m.name() == x);
+    let (Some(r), Some(p), Some(i), Some(m)) = (num(f[0]), num(f[1]), num(f[2]), num(f[3])) else { return bad() };
+    let (Some(ls), Some(rs), Some(is)) = (mode(f[4]), mode(f[5]), mode(f[6])) else { return bad() };
+    let layout = match f[7] {
+        "right-justified" => LayoutKind::RightJustified,
+        "ragged" => LayoutKind::Ragged,
+        _ => return bad(),
+    };
+    let role = match f[8] {
+        "target" => Role::Target,
+        "mtp" => Role::Mtp,
+        _ => return bad(),
+    };
+    let g = Geometry {
+        kv_lora_rank: r,
+        rope_head_dim: p,
+        index_head_dim: i,
+        max_tokens: m,
+        latent_storage: ls,
+        rope_storage: rs,
+        index_storage: is,
+        layout,
+        role,
+    };
+    g.validate()?;
+    Ok(g)
+}
+
+fn list(values: &[usize]) -> String {
+    values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn parse_list(s: &str) -> Result<Vec<usize>> {
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',').map(|v| v.parse().map_err(|_| error!(InvalidArgument, "{s:?} is not a list of counts"))).collect()
+}
+
+/// What a save writes: tensors and metadata strings.
+#[derive(Default)]
+struct Contents {
+    tensors: Vec<(String, Array)>,
+    metadata: Vec<(String, String)>,
+    /// mlx-lm's scalar table: (tensor name, "scalar" | "string" | "none").
+    scalars: Vec<(String, &'static str)>,
+}
+
+impl Contents {
+    fn tensor(&mut self, name: String, a: Array) {
+        self.tensors.push((name, a));
+    }
+
+    fn scalar(&mut self, name: String, a: Array, kind: &'static str) {
+        self.scalars.push((name.clone(), kind));
+        self.tensors.push((name, a));
+    }
+}
+
+/// `[B, T, w]` -> `[B, 1, T, w]`, as mlx-lm's caches hold keys and values.
+fn with_head_axis(a: &Array) -> Result<Array> {
+    let s = a.shape();
+    mlx_ops::reshape(a, &[s[0] as usize, 1, s[1] as usize, s[2] as usize])
+}
+
+fn add_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
+    let g = cache.geometry();
+    let t = cache.offset();
+    c.metadata.push((format!("{PREFIX}layer.{i}.geometry"), describe(g)));
+    c.metadata.push((format!("{PREFIX}layer.{i}.left_pad"), list(cache.left_pad())));
+    c.metadata.push((format!("{PREFIX}layer.{i}.row_ends"), list(cache.row_ends())));
+    c.metadata.push((format!("{PREFIX}layer.{i}.positions"), t.to_string()));
+    if !float_layer(g) {
+        for family in Family::ALL {
+            if g.width(family).is_some() {
+                for (k, part) in cache.packed(family)?.into_iter().enumerate() {
+                    c.tensor(format!("latent_cache.{i}.{}.{k}", family.name()), part);
+                }
+            }
+        }
+        return Ok(());
+    }
+    let state = cache.state()?;
+    c.tensor(format!("{i}.0.0.0"), with_head_axis(&state.latent)?);
+    c.tensor(format!("{i}.0.0.1"), with_head_axis(&state.rope)?);
+    c.scalar(format!("{i}.0.0.2"), int_scalar(t), "scalar");
+    c.scalar(format!("{i}.0.1"), string_array("KVCache"), "string");
+    match &state.index_keys {
+        Some(keys) => {
+            let keys = with_head_axis(keys)?;
+            let s = keys.shape().iter().map(|&d| d as usize).collect::<Vec<_>>();
+            c.tensor(format!("{i}.1.0.1"), mlx_ops::zeros(&s, keys.dtype())?);
+            c.tensor(format!("{i}.1.0.0"), keys);
+            c.scalar(format!("{i}.1.0.2"), int_scalar(t), "scalar");
+        }
+        None => {
+            c.scalar(format!("{i}.1.0.0"), none_array(), "none");
+            c.scalar(format!("{i}.1.0.1"), none_array(), "none");
+            c.scalar(format!("{i}.1.0.2"), int_scalar(0), "scalar");
+        }
+    }
+    c.scalar(format!("{i}.1.1"), string_array("KVCache"), "string");
+    c.metadata.push((format!("1.{i}"), "CacheList".into()));
+    Ok(())
+}
+
+fn contents(layers: &[&LatentCache]) -> Result<Contents> {
+    let mut c = Contents::default();
+    c.metadata.push((format!("{PREFIX}format"), FORMAT_VERSION.to_string()));
+    c.metadata.push((format!("{PREFIX}layers"), layers.len().to_string()));
+    for (i, cache) in layers.iter().enumerate() {
+        add_layer(&mut c, i, cache)?;
+    }
+    // mlx-lm's scalar table, flattened as its tree_flatten writes it.
+    c.metadata.push(("2.0".into(), String::new()));
+    for (k, (name, kind)) in c.scalars.clone().into_iter().enumerate() {
+        c.metadata.push((format!("2.{}.0", k + 1), name));
+        c.metadata.push((format!("2.{}.1", k + 1), kind.into()));
+    }
+    let sums = c.tensors.iter().map(|(n, a)| Ok((format!("{PREFIX}sum.{n}"), checksum(a)?))).collect::<Result<Vec<_>>>()?;
+    c.metadata.extend(sums);
+    let meta_sum = metadata_checksum(c.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    c.metadata.push((format!("{PREFIX}meta_sum"), meta_sum));
+    Ok(c)
+}
+
+/// FNV-1a 64 over every metadata entry but `meta_sum` itself, in key order.
+fn metadata_checksum<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+    let mut entries: Vec<(&str, &str)> = entries.filter(|(k, _)| *k != format!("{PREFIX}meta_sum")).collect();
+    entries.sort();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (k, v) in entries {
+        for &b in k.as_bytes().iter().chain([0u8].iter()).chain(v.as_bytes()).chain([0u8].iter()) {
+            hash ^= b as u64;
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+fn cstring(s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| error!(InvalidArgument, "{s:?} contains a NUL byte"))
+}
+
+/// Writes `layers` to `path` through a temporary file in the same folder, synced and renamed
+/// over `path`: a crash mid-save never leaves a partial file under the final name.
+pub fn save(layers: &[&LatentCache], path: &Path) -> Result<()> {
+    let c = contents(layers)?;
+    eval(c.tensors.iter().map(|(_, a)| a))?;
+    let tmp = temporary_beside(path)?;
+    let written = write_safetensors(&c, &tmp).and_then(|_| {
+        std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| error!(Backend, "syncing {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, path).map_err(|e| error!(Backend, "renaming {} to {}: {e}", tmp.display(), path.display()))
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+fn temporary_beside(path: &Path) -> Result<PathBuf> {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let Some(name) = path.file_name() else {
+        return fail!(InvalidArgument, "{} names no file", path.display());
+    };
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = format!(".{}.tmp-{}-{n}.safetensors", name.to_string_lossy(), std::process::id());
+    Ok(path.with_file_name(tmp))
+}
+
+fn write_safetensors(c: &Contents, path: &Path) -> Result<()> {
+    let file = cstring(&path.to_string_lossy())?;
+    // SAFETY: maps are created and freed here; keys and values are copied by mlx-c.
+    unsafe {
+        let arrays = mlx_sys::mlx_map_string_to_array_new();
+        let strings = mlx_sys::mlx_map_string_to_string_new();
+        let mut ok = true;
+        for (name, a) in &c.tensors {
+            let key = cstring(name)?;
+            ok &= mlx_sys::mlx_map_string_to_array_insert(arrays, key.as_ptr(), a.as_ptr()) == 0;
+        }
+        for (k, v) in &c.metadata {
+            let (k, v) = (cstring(k)?, cstring(v)?);
+            ok &= mlx_sys::mlx_map_string_to_string_insert(strings, k.as_ptr(), v.as_ptr()) == 0;
+        }
+        let rc = if ok { mlx_sys::mlx_save_safetensors(file.as_ptr(), arrays, strings) } else { 1 };
+        mlx_sys::mlx_map_string_to_array_free(arrays);
+        mlx_sys::mlx_map_string_to_string_free(strings);
+        if rc != 0 {
+            return fail!(Backend, "MLX could not write {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Reads a safetensors file's tensors and metadata through MLX.
+fn read_safetensors(path: &Path) -> Result<(HashMap<String, Array>, HashMap<String, String>)> {
+    if !path.is_file() {
+        return fail!(InvalidArgument, "{} is not a file", path.display());
+    }
+    let file = cstring(&path.to_string_lossy())?;
+    let stream = mlx_ops::library_stream();
+    // SAFETY: the maps are MLX's results, read and freed here; arrays are copied into owned
+    // handles, strings into Rust strings.
+    unsafe {
+        let mut arrays = mlx_sys::mlx_map_string_to_array_new();
+        let mut strings = mlx_sys::mlx_map_string_to_string_new();
+        let rc = mlx_sys::mlx_load_safetensors(&mut arrays, &mut strings, file.as_ptr(), stream);
+        let mut tensors = HashMap::new();
+        let mut metadata = HashMap::new();
+        if rc == 0 {
+            let it = mlx_sys::mlx_map_string_to_array_iterator_new(arrays);
+            loop {
+                let mut key = std::ptr::null();
+                let mut value = mlx_sys::mlx_array_new();
+                if mlx_sys::mlx_map_string_to_array_iterator_next(&mut key, &mut value, it) != 0 || key.is_null() {
+                    mlx_sys::mlx_array_free(value);
+                    break;
+                }
+                tensors.insert(CStr::from_ptr(key).to_string_lossy().into_owned(), Array::from_ptr(value));
+            }
+            mlx_sys::mlx_map_string_to_array_iterator_free(it);
+            let it = mlx_sys::mlx_map_string_to_string_iterator_new(strings);
+            loop {
+                let (mut key, mut value) = (std::ptr::null(), std::ptr::null());
+                if mlx_sys::mlx_map_string_to_string_iterator_next(&mut key, &mut value, it) != 0 || key.is_null() {
+                    break;
+                }
+                metadata.insert(
+                    CStr::from_ptr(key).to_string_lossy().into_owned(),
+                    CStr::from_ptr(value).to_string_lossy().into_owned(),
+                );
+            }
+            mlx_sys::mlx_map_string_to_string_iterator_free(it);
+        }
+        mlx_sys::mlx_map_string_to_array_free(arrays);
+        mlx_sys::mlx_map_string_to_string_free(strings);
+        if rc != 0 {
+            return fail!(InvalidArgument, "{} is not a readable safetensors file", path.display());
+        }
+        Ok((tensors, metadata))
+    }
+}
+
+/// Loads the caches saved in `path`, every check passed before any cache is made.
+pub fn load(path: &Path) -> Result<Vec<LatentCache>> {
+    let (tensors, metadata) = read_safetensors(path)?;
+    match metadata.get(&format!("{PREFIX}format")) {
+        Some(version) => load_ours(version, &tensors, &metadata),
+        None => import_mlx_lm(&tensors, &metadata),
+    }
+}
+
+fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<String, String>) -> Result<Vec<LatentCache>> {
+    if version.parse::<u32>().map_or(true, |v| v == 0 || v > FORMAT_VERSION) {
+        return fail!(InvalidArgument, "format version {version:?}: this library reads 1 to {FORMAT_VERSION}");
+    }
+    // The metadata and every tensor in the file must match their checksums before anything is
+    // read from them.
+    let meta_sum = meta.get(&format!("{PREFIX}meta_sum"));
+    if meta_sum != Some(&metadata_checksum(meta.iter().map(|(k, v)| (k.as_str(), v.as_str())))) {
+        return fail!(InvalidArgument, "the file's metadata does not match its checksum (the file is damaged)");
+    }
+    for (name, a) in tensors {
+        if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum(a)?) {
+            return fail!(InvalidArgument, "tensor {name} does not match its checksum (the file is damaged)");
+        }
+    }
+    let get = |k: &str| meta.get(&format!("{PREFIX}{k}")).ok_or_else(|| error!(InvalidArgument, "metadata {k} is missing"));
+    let layers: usize = get("layers")?.parse().map_err(|_| error!(InvalidArgument, "metadata layers is not a count"))?;
+    if layers == 0 || layers > 4096 {
+        return fail!(InvalidArgument, "a file of {layers} layers");
+    }
+    let tensor = |name: &str| -> Result<Array> {
+        match tensors.get(name) {
+            Some(a) => Ok(a.clone()),
+            None => fail!(InvalidArgument, "tensor {name} is missing"),
+        }
+    };
+    let mut plans = Vec::with_capacity(layers);
+    for i in 0..layers {
+        let g = parse_geometry(get(&format!("layer.{i}.geometry"))?)?;
+        let (pads, ends) = (parse_list(get(&format!("layer.{i}.left_pad"))?)?, parse_list(get(&format!("layer.{i}.row_ends"))?)?);
+        let positions: usize =
+            get(&format!("layer.{i}.positions"))?.parse().map_err(|_| error!(InvalidArgument, "layer {i}: positions"))?;
+        let layout = RowLayout::from_rows(g.layout, &pads, &ends, positions).map_err(|mut e| {
+            e.message = format!("layer {i}: {}", e.message);
+            e
+        })?;
+        let rows = pads.len();
+        let families = Families::for_geometry(&g, |family, _| family);
+        let parts = families.try_map(|family, _| -> Result<Vec<Array>> {
+            let specs = Storage::part_specs(&g, family);
+            let arrays: Vec<Array> = if float_layer(&g) {
+                let name = match family {
+                    Family::Latent => format!("{i}.0.0.0"),
+                    Family::Rope => format!("{i}.0.0.1"),
+                    Family::IndexKeys => format!("{i}.1.0.0"),
+                };
+                let a = tensor(&name)?;
+                if a.ndim() != 4 || a.shape()[1] != 1 {
+                    return fail!(InvalidArgument, "tensor {name} is {:?}, not [B, 1, T, width]", a.shape());
+                }
+                let s = a.shape();
+                vec![mlx_ops::reshape(&a, &[s[0] as usize, s[2] as usize, s[3] as usize])?]
+            } else {
+                (0..specs.len()).map(|k| tensor(&format!("latent_cache.{i}.{}.{k}", family.name()))).collect::<Result<_>>()?
+            };
+            if arrays.len() != specs.len() {
+                return fail!(InvalidArgument, "layer {i}: {} has {} parts, not {}", family.name(), arrays.len(), specs.len());
+            }
+            for (a, spec) in arrays.iter().zip(&specs) {
+                let want = [rows as i32, positions as i32, spec.width as i32];
+                if a.shape() != want || a.dtype() != spec.dtype {
+                    return fail!(
+                        InvalidArgument,
+                        "layer {i}: {} is {:?} {:?}, expected {:?} {:?}",
+                        family.name(),
+                        a.shape(),
+                        a.dtype(),
+                        want,
+                        spec.dtype
+                    );
+                }
+            }
+            Ok(arrays)
+        })?;
+        plans.push((g, layout, rows, positions, parts));
+    }
+    Ok(plans
+        .into_iter()
+        .map(|(g, layout, rows, positions, parts)| LatentCache::adopt(g, layout, Storage::from_parts(&g, rows, positions, parts)))
+        .collect())
+}
+
+/// A prompt cache mlx-lm saved for a GLM-5-shaped model (batch rows without padding).
+fn import_mlx_lm(tensors: &HashMap<String, Array>, meta: &HashMap<String, String>) -> Result<Vec<LatentCache>> {
+    let mut caches = Vec::new();
+    for i in 0.. {
+        let Some(class) = meta.get(&format!("1.{i}")) else { break };
+        let (base, index_base) = match class.as_str() {
+            "CacheList" => (format!("{i}.0.0"), Some(format!("{i}.1.0"))),
+            "KVCache" => (format!("{i}"), None),
+            other => return fail!(InvalidArgument, "layer {i} is an mlx-lm {other}, not a GLM-5 MLA cache"),
+        };
+        let get = |name: &str| tensors.get(name).ok_or_else(|| error!(InvalidArgument, "tensor {name} is missing"));
+        let offset = mlx_ops::to_host(&mlx_ops::astype(get(&format!("{base}.2"))?, Dtype::Float32)?)?;
+        let t = offset.first().copied().unwrap_or(-1.0);
+        if t < 0.0 || t.fract() != 0.0 {
+            return fail!(InvalidArgument, "layer {i}: offset {t} is not a position count");
+        }
+        let t = t as usize;
+        let window = |name: &str| -> Result<Option<Array>> {
+            let a = get(name)?;
+            if a.ndim() == 1 && a.shape()[0] == 0 {
+                return Ok(None);
+            }
+            let s = a.shape();
+            if a.ndim() != 4 || s[1] != 1 || (s[2] as usize) < t {
+                return fail!(InvalidArgument, "tensor {name} is {s:?}, not [B, 1, >= {t}, width]");
+            }
+            let part = mlx_ops::slice(a, &[0, 0, 0, 0], &[s[0] as usize, 1, t, s[3] as usize])?;
+            Ok(Some(mlx_ops::reshape(&part, &[s[0] as usize, t, s[3] as usize])?))
+        };
+        let (Some(latent), Some(rope)) = (window(&format!("{base}.0"))?, window(&format!("{base}.1"))?) else {
+            return fail!(InvalidArgument, "layer {i} holds no latent");
+        };
+        let keys = match &index_base {
+            Some(b) => window(&format!("{b}.0"))?,
+            None => None,
+        };
+        let mode = |a: &Array| match a.dtype() {
+            Dtype::Float32 => Ok(StorageMode::F32),
+            Dtype::Bfloat16 => Ok(StorageMode::Bf16),
+            Dtype::Float16 => Ok(StorageMode::F16),
+            d => fail!(InvalidArgument, "layer {i}: a {d:?} tensor is not a float cache"),
+        };
+        let rows = latent.shape()[0] as usize;
+        let g = Geometry {
+            kv_lora_rank: latent.shape()[2] as usize,
+            rope_head_dim: rope.shape()[2] as usize,
+            index_head_dim: keys.as_ref().map_or(0, |k| k.shape()[2] as usize),
+            latent_storage: mode(&latent)?,
+            rope_storage: mode(&rope)?,
+            index_storage: keys.as_ref().map_or(Ok(StorageMode::F32), mode)?,
+            ..Geometry::default()
+        };
+        g.validate()?;
+        if rope.shape()[0] as usize != rows || keys.as_ref().is_some_and(|k| k.shape()[0] as usize != rows) {
+            return fail!(InvalidArgument, "layer {i}: families with different batch sizes");
+        }
+        let layout = RowLayout::from_rows(LayoutKind::RightJustified, &vec![0; rows], &vec![t; rows], t)?;
+        let parts = Families { latent: vec![latent], rope: vec![rope], index_keys: keys.map(|k| vec![k]) };
+        caches.push((g, layout, rows, t, parts));
+    }
+    if caches.is_empty() {
+        return fail!(InvalidArgument, "the file holds neither this library's caches nor an mlx-lm prompt cache");
+    }
+    Ok(caches
+        .into_iter()
+        .map(|(g, layout, rows, t, parts)| LatentCache::adopt(g, layout, Storage::from_parts(&g, rows, t, parts)))
+        .collect())
+}
+
+/// Saves to bytes (through a temporary file: MLX writes safetensors to files).
+pub fn save_to_bytes(layers: &[&LatentCache]) -> Result<Vec<u8>> {
+    let path = scratch_path()?;
+    let result =
+        save(layers, &path).and_then(|_| std::fs::read(&path).map_err(|e| error!(Backend, "reading back the saved state: {e}")));
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+/// Loads from bytes a save wrote (through a temporary file).
+pub fn load_from_bytes(bytes: &[u8]) -> Result<Vec<LatentCache>> {
+    let path = scratch_path()?;
+    let result = std::fs::write(&path, bytes).map_err(|e| error!(Backend, "staging the bytes: {e}")).and_then(|_| load(&path));
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+fn scratch_path() -> Result<PathBuf> {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(std::env::temp_dir().join(format!("latent-cache-{}-{n}.safetensors", std::process::id())))
+}

@@ -1,0 +1,169 @@
+//! Saving and loading: a set or one cache to a file or to bytes, and back (see `core::persist`
+//! for the format, mlx-lm's prompt-cache layout for float storage).
+use std::ffi::{c_char, CStr};
+use std::path::PathBuf;
+
+use super::args::{in_slice, out_ptr, write};
+use super::error::{Failure, FfiResult};
+use super::handle::{latent_cache, with_cache, Handle};
+use super::panic::ffi_boundary;
+use super::set::{latent_cache_set, register_set, with_set_layers};
+use super::status::latent_cache_status;
+use crate::core::persist;
+use crate::core::LatentCache;
+
+fn path(ptr: *const c_char) -> FfiResult<PathBuf> {
+    if ptr.is_null() {
+        return Err(Failure::null("path"));
+    }
+    // SAFETY: a non-NULL, NUL-terminated string from the caller.
+    let s = unsafe { CStr::from_ptr(ptr) }
+        .to_str()
+        .map_err(|_| Failure::new(latent_cache_status::InvalidArgument, "path is not UTF-8"))?;
+    Ok(PathBuf::from(s))
+}
+
+/// Hands bytes to the caller (freed with `latent_cache_bytes_free`).
+unsafe fn give_bytes(bytes: Vec<u8>, out: *mut *mut u8, out_len: *mut usize) {
+    let boxed = bytes.into_boxed_slice();
+    let len = boxed.len();
+    unsafe {
+        write(out_len, len);
+        write(out, Box::into_raw(boxed).cast::<u8>());
+    }
+}
+
+fn one_layer(mut caches: Vec<LatentCache>) -> FfiResult<LatentCache> {
+    match caches.len() {
+        1 => Ok(caches.remove(0)),
+        n => Err(Failure::new(latent_cache_status::InvalidArgument, format!("the state holds {n} layers; load it as a set"))),
+    }
+}
+
+/// Saves every layer of `set` to `path` (safetensors; the README and docs/packaging describe
+/// the layout): written to a temporary file in the same folder, synced, then renamed over
+/// `path`, so a crash never leaves a partial file under that name. Evaluates the set's state.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8 or names no
+/// file), `INVALID_STATE` (layers that disagree), `BACKEND` (the file could not be written).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_save(set: *const latent_cache_set, path: *const c_char) -> latent_cache_status {
+    ffi_boundary! {
+        let path = self::path(path)?;
+        with_set_layers(set, |layers| Ok(persist::save(&layers.iter().map(|l| &**l).collect::<Vec<_>>(), &path)?))
+    }
+}
+
+/// Loads a set saved by `latent_cache_set_save` (or a GLM-5 prompt cache mlx-lm's
+/// `save_prompt_cache` wrote: float storage in its dtype, rows right-justified). Everything is
+/// checked first (format version, geometry, every tensor's shape, dtype and checksum, the rows);
+/// on any failure nothing is created. `*out` receives the set, owned by the caller.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, a
+/// newer format), `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_load(path: *const c_char, out: *mut *mut latent_cache_set) -> latent_cache_status {
+    ffi_boundary! {
+        let path = self::path(path)?;
+        let out = out_ptr(out, "out")?;
+        let caches = persist::load(&path)?;
+        unsafe { write(out, register_set(caches)) };
+        Ok(())
+    }
+}
+
+/// `latent_cache_set_save` into bytes: `*out` (`*out_len` bytes) receives them, owned by the
+/// caller (free with `latent_cache_bytes_free`), to ship a request's state over the engine's own
+/// transport. (MLX writes safetensors to files: the bytes pass through a temporary file.)
+/// Returns what `latent_cache_set_save` returns.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_save_to_buffer(
+    set: *const latent_cache_set,
+    out: *mut *mut u8,
+    out_len: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let (out, out_len) = (out_ptr(out, "out")?, out_ptr(out_len, "out_len")?);
+        let bytes = with_set_layers(set, |layers| Ok(persist::save_to_bytes(&layers.iter().map(|l| &**l).collect::<Vec<_>>())?))?;
+        unsafe { give_bytes(bytes, out, out_len) };
+        Ok(())
+    }
+}
+
+/// `latent_cache_set_load` from `len` bytes at `data` (borrowed).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_load_from_buffer(
+    data: *const u8,
+    len: usize,
+    out: *mut *mut latent_cache_set,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let data = unsafe { in_slice(data, len, "data") }?;
+        let out = out_ptr(out, "out")?;
+        let caches = persist::load_from_bytes(data)?;
+        unsafe { write(out, register_set(caches)) };
+        Ok(())
+    }
+}
+
+/// Saves one cache to `path` (a one-layer state; rules of `latent_cache_set_save`).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_save(cache: *const latent_cache, path: *const c_char) -> latent_cache_status {
+    ffi_boundary! {
+        let path = self::path(path)?;
+        with_cache(cache, |cache| Ok(persist::save(&[&*cache], &path)?))
+    }
+}
+
+/// Loads a one-layer state into a new cache (rules of `latent_cache_set_load`; a state of
+/// several layers is `INVALID_ARGUMENT`: load it as a set). `*out` is the caller's.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_load(path: *const c_char, out: *mut *mut latent_cache) -> latent_cache_status {
+    ffi_boundary! {
+        let path = self::path(path)?;
+        let out = out_ptr(out, "out")?;
+        let cache = one_layer(persist::load(&path)?)?;
+        unsafe { write(out, Handle::register(cache)) };
+        Ok(())
+    }
+}
+
+/// Saves one cache into bytes (rules of `latent_cache_set_save_to_buffer`).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_save_to_buffer(
+    cache: *const latent_cache,
+    out: *mut *mut u8,
+    out_len: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let (out, out_len) = (out_ptr(out, "out")?, out_ptr(out_len, "out_len")?);
+        let bytes = with_cache(cache, |cache| Ok(persist::save_to_bytes(&[&*cache])?))?;
+        unsafe { give_bytes(bytes, out, out_len) };
+        Ok(())
+    }
+}
+
+/// Loads a one-layer state from bytes into a new cache.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_load_from_buffer(
+    data: *const u8,
+    len: usize,
+    out: *mut *mut latent_cache,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let data = unsafe { in_slice(data, len, "data") }?;
+        let out = out_ptr(out, "out")?;
+        let cache = one_layer(persist::load_from_bytes(data)?)?;
+        unsafe { write(out, Handle::register(cache)) };
+        Ok(())
+    }
+}
+
+/// Frees bytes a `..._save_to_buffer` call returned (`len` as it returned it). NULL is ignored.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_bytes_free(data: *mut u8, len: usize) {
+    ffi_boundary!(on_panic = ();
+        if !data.is_null() {
+            // SAFETY: the pointer and length a save returned, freed once.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(data, len)) });
+        }
+    )
+}
