@@ -135,8 +135,10 @@ bench bench-quick: bench-deps
 	@mkdir -p $(BENCH_OUT)
 	$(PIN) target/release/latent-cache-bench $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/rust.json
 	$(PIN) target/release/latent-cache-bench --modes $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/modes.json
+	$(PIN) target/release/latent-cache-bench --rounds $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/rounds.json
+	$(PIN) target/release/latent-cache-bench --persist $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/persist.json
 	PYTHONPATH=$(BENCH_PY) $(PIN) python3 bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
-	PYTHONPATH=$(BENCH_PY) python3 bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/mlx_lm.json \
+	PYTHONPATH=$(BENCH_PY) python3 bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/rounds.json $(BENCH_OUT)/persist.json $(BENCH_OUT)/mlx_lm.json \
 	  --title "decode step time, GLM-5.2 shape, $$(nproc)-core CPU$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"
 	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png"
 
@@ -170,6 +172,9 @@ $(CARGO_FUZZ):
 fuzz: deps $(CARGO_FUZZ)
 	@mkdir -p target/fuzz-corpus
 	RUSTC_BOOTSTRAP=1 $(CARGO_FUZZ) run --fuzz-dir fuzz api target/fuzz-corpus fuzz/corpus/api -- \
+	  -max_total_time=$(FUZZ_SECONDS)
+	@mkdir -p target/fuzz-corpus-load
+	RUSTC_BOOTSTRAP=1 $(CARGO_FUZZ) run --fuzz-dir fuzz load target/fuzz-corpus-load fuzz/corpus/load -- \
 	  -max_total_time=$(FUZZ_SECONDS)
 
 clean:

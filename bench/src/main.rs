@@ -13,10 +13,13 @@
 //! - `--modes`: the storage modes instead (see `modes.rs`): decode and uniform rounds per mode
 //!   side by side, memory held per position, and accuracy; batch 1 from 1K to 64K (128K with
 //!   `--gpu`).
+//! - `--persist`: saving and loading the model's state beside `cp` of the same file, and the
+//!   decode step through one `latent_cache_set` beside 78 separate handles (see `persist.rs`).
 //! - `--rounds`: the two row layouts instead (right-justified and ragged, Rust API), side by
 //!   side: decode, uniform rounds and rounds where rows keep different counts, at batch 8 with
 //!   1K and 4K positions per row (and 16K with `--gpu`: 25 GB per system).
 mod modes;
+mod persist;
 mod systems;
 
 use std::time::Instant;
@@ -293,6 +296,18 @@ struct Maker {
 fn main() {
     let cfg = config();
     let mut out = Vec::new();
+    if std::env::args().any(|a| a == "--persist") {
+        let positions = if cfg.quick { 1024 } else { 4096 };
+        out.extend(persist::run(std::path::Path::new("target/bench/persist"), positions, if cfg.quick { 2 } else { 5 }));
+        // The same decode step through one set's lent layers and through separate handles.
+        let mut systems: Vec<Box<dyn System>> = vec![Box::new(OursC::new()), Box::new(OursC::from_set())];
+        measure(&mut out, &mut systems, &cfg, 1, positions);
+        if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
+        return;
+    }
     eprintln!("bench: {} mode, MLX device {:?}", if cfg.quick { "quick" } else { "full" }, mlx_rs::Device::default());
     let mut makers: Vec<Maker> = match (cfg.modes, cfg.rounds) {
         (true, _) => (0..modes::MODE_SETS.len())

@@ -6,6 +6,7 @@ use latent_cache::core::mlx_ops;
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
+use latent_cache::ffi::set::*;
 use latent_cache::ffi::spec::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_config, latent_cache_status};
 use latent_cache::{Geometry, LatentCache, LayoutKind};
@@ -100,6 +101,11 @@ pub fn geometry(l: usize) -> Geometry {
     }
 }
 
+/// The model's layers as plain caches, for the save / load measurement.
+pub fn model_layers() -> Vec<LatentCache> {
+    (0..LAYERS).map(|l| LatentCache::new(geometry(l)).unwrap()).collect()
+}
+
 pub struct OursRust {
     name: &'static str,
     layers: Vec<LatentCache>,
@@ -178,7 +184,10 @@ fn moved_positions(cache: &LatentCache, keep: &[usize]) -> usize {
 }
 
 pub struct OursC {
+    name: &'static str,
     layers: Vec<*mut Handle>,
+    /// The set that owns `layers` when they are a set's lent layers (rounds are then set-wide).
+    set: Option<*mut latent_cache_set>,
 }
 
 fn ok(status: latent_cache_status) {
@@ -196,19 +205,44 @@ impl OursC {
                 handle
             })
             .collect();
-        OursC { layers }
+        OursC { name: "latent-cache (C ABI)", layers, set: None }
+    }
+
+    /// The same model as one `latent_cache_set`: forwards go through its lent layer handles,
+    /// rounds through the set-wide calls.
+    pub fn from_set() -> Self {
+        let configs: Vec<latent_cache_config> = (0..LAYERS)
+            .map(|l| {
+                let mut cfg = latent_cache_config_default();
+                cfg.index_head_dim = if is_dsa(l) { WIDTHS[2] } else { 0 };
+                cfg
+            })
+            .collect();
+        let mut set = std::ptr::null_mut();
+        ok(unsafe { latent_cache_set_new(configs.as_ptr(), configs.len(), &mut set) });
+        let layers = (0..LAYERS)
+            .map(|l| {
+                let mut handle = std::ptr::null_mut();
+                ok(unsafe { latent_cache_set_layer(set, l, &mut handle) });
+                handle
+            })
+            .collect();
+        OursC { name: "latent-cache (C ABI, one set)", layers, set: Some(set) }
     }
 }
 
 impl Drop for OursC {
     fn drop(&mut self) {
-        self.layers.iter().for_each(|&h| unsafe { latent_cache_free(h) });
+        match self.set {
+            Some(set) => unsafe { latent_cache_set_free(set) },
+            None => self.layers.iter().for_each(|&h| unsafe { latent_cache_free(h) }),
+        }
     }
 }
 
 impl System for OursC {
     fn name(&self) -> &'static str {
-        "latent-cache (C ABI)"
+        self.name
     }
 
     fn forward(&mut self, inputs: &Inputs, step: Step) {
@@ -237,20 +271,35 @@ impl System for OursC {
     }
 
     fn spec_begin(&mut self) {
-        self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_spec_round_begin(h) }));
+        match self.set {
+            Some(set) => ok(unsafe { latent_cache_set_spec_round_begin(set) }),
+            None => self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_spec_round_begin(h) })),
+        }
     }
 
     fn spec_rollback(&mut self, keep: usize) {
-        self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_spec_round_rollback(h, keep) }));
+        match self.set {
+            Some(set) => ok(unsafe { latent_cache_set_spec_round_rollback(set, keep) }),
+            None => self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_spec_round_rollback(h, keep) })),
+        }
     }
 
     fn spec_rollback_rows(&mut self, keep: &[usize]) -> bool {
-        self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_spec_round_rollback_rows(h, keep.as_ptr(), keep.len()) }));
+        match self.set {
+            Some(set) => ok(unsafe { latent_cache_set_spec_round_rollback_rows(set, keep.as_ptr(), keep.len()) }),
+            None => self
+                .layers
+                .iter()
+                .for_each(|&h| ok(unsafe { latent_cache_spec_round_rollback_rows(h, keep.as_ptr(), keep.len()) })),
+        }
         true
     }
 
     fn reserve(&mut self, tokens: usize) {
-        self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_reserve(h, tokens) }));
+        match self.set {
+            Some(set) => ok(unsafe { latent_cache_set_reserve(set, tokens) }),
+            None => self.layers.iter().for_each(|&h| ok(unsafe { latent_cache_reserve(h, tokens) })),
+        }
     }
 }
 

@@ -3,6 +3,10 @@
 #![no_main]
 
 #[allow(dead_code)]
+#[path = "../../tests/common/codec_ref.rs"]
+mod codec_ref;
+
+#[allow(dead_code)]
 #[path = "../../tests/common/model.rs"]
 mod model;
 

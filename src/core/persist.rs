@@ -9,8 +9,8 @@
 //! - Layers with a quantized family store their parts under names of our own
 //!   (`latent_cache.<i>.<family>.<part>`): no mlx-lm class holds them.
 //! - Our metadata (in mlx-lm's user metadata, keys `0.latent_cache.*`): the format version, each
-//!   layer's geometry, storage, layout, role, left pads and row ends, and a checksum (FNV-1a 64
-//!   over dtype, shape and bytes) of every tensor, since safetensors has none.
+//!   layer's geometry, storage, layout, role, left pads and row ends, and a 64-bit checksum of
+//!   every tensor (over dtype, shape and bytes) and of the metadata, since safetensors has none.
 //!
 //! A load checks everything (version, geometry, every tensor's presence, dtype, shape and
 //! checksum, the row layout) before it creates anything. A file mlx-lm wrote (no metadata of
@@ -42,18 +42,16 @@ macro_rules! error {
 pub const FORMAT_VERSION: u32 = 1;
 const PREFIX: &str = "0.latent_cache.";
 
-/// FNV-1a 64 over a tensor's dtype, shape and bytes.
+/// A 64-bit checksum of a tensor's dtype, shape and bytes: FNV-1a's multiply-xor over 8-byte
+/// words (then the tail bytes), fast enough to run over every byte of a saved state.
 fn checksum(a: &Array) -> Result<String> {
     let a = mlx_ops::contiguous(a)?;
     eval([&a])?;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut feed = |bytes: &[u8]| {
-        for &b in bytes {
-            hash ^= b as u64;
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    };
-    feed(format!("{:?}{:?}", a.dtype(), a.shape()).as_bytes());
+    for &b in format!("{:?}{:?}", a.dtype(), a.shape()).as_bytes() {
+        hash = (hash ^ b as u64).wrapping_mul(PRIME);
+    }
     // SAFETY: evaluated and row-contiguous; `nbytes` bytes at its data pointer.
     unsafe {
         let n = mlx_sys::mlx_array_nbytes(a.as_ptr());
@@ -62,7 +60,15 @@ fn checksum(a: &Array) -> Result<String> {
             if data.is_null() {
                 return fail!(Backend, "reading a tensor for its checksum: no data");
             }
-            feed(std::slice::from_raw_parts(data, n));
+            let bytes = std::slice::from_raw_parts(data, n);
+            let mut words = bytes.chunks_exact(8);
+            for w in &mut words {
+                hash = (hash ^ u64::from_le_bytes(w.try_into().expect("8 bytes"))).wrapping_mul(PRIME);
+                hash ^= hash >> 29;
+            }
+            for &b in words.remainder() {
+                hash = (hash ^ b as u64).wrapping_mul(PRIME);
+            }
         }
     }
     Ok(format!("{hash:016x}"))
@@ -168,13 +174,16 @@ struct Contents {
 }
 
 impl Contents {
-    fn tensor(&mut self, name: String, a: Array) {
-        self.tensors.push((name, a));
+    /// Adds a tensor, laid out contiguously once (its checksum and MLX's writer then read the
+    /// same buffer, with no copy of their own).
+    fn tensor(&mut self, name: String, a: Array) -> Result<()> {
+        self.tensors.push((name, mlx_ops::contiguous(&a)?));
+        Ok(())
     }
 
-    fn scalar(&mut self, name: String, a: Array, kind: &'static str) {
+    fn scalar(&mut self, name: String, a: Array, kind: &'static str) -> Result<()> {
         self.scalars.push((name.clone(), kind));
-        self.tensors.push((name, a));
+        self.tensor(name, a)
     }
 }
 
@@ -195,32 +204,32 @@ fn add_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
         for family in Family::ALL {
             if g.width(family).is_some() {
                 for (k, part) in cache.packed(family)?.into_iter().enumerate() {
-                    c.tensor(format!("latent_cache.{i}.{}.{k}", family.name()), part);
+                    c.tensor(format!("latent_cache.{i}.{}.{k}", family.name()), part)?;
                 }
             }
         }
         return Ok(());
     }
     let state = cache.state()?;
-    c.tensor(format!("{i}.0.0.0"), with_head_axis(&state.latent)?);
-    c.tensor(format!("{i}.0.0.1"), with_head_axis(&state.rope)?);
-    c.scalar(format!("{i}.0.0.2"), int_scalar(t), "scalar");
-    c.scalar(format!("{i}.0.1"), string_array("KVCache"), "string");
+    c.tensor(format!("{i}.0.0.0"), with_head_axis(&state.latent)?)?;
+    c.tensor(format!("{i}.0.0.1"), with_head_axis(&state.rope)?)?;
+    c.scalar(format!("{i}.0.0.2"), int_scalar(t), "scalar")?;
+    c.scalar(format!("{i}.0.1"), string_array("KVCache"), "string")?;
     match &state.index_keys {
         Some(keys) => {
             let keys = with_head_axis(keys)?;
             let s = keys.shape().iter().map(|&d| d as usize).collect::<Vec<_>>();
-            c.tensor(format!("{i}.1.0.1"), mlx_ops::zeros(&s, keys.dtype())?);
-            c.tensor(format!("{i}.1.0.0"), keys);
-            c.scalar(format!("{i}.1.0.2"), int_scalar(t), "scalar");
+            c.tensor(format!("{i}.1.0.1"), mlx_ops::zeros(&s, keys.dtype())?)?;
+            c.tensor(format!("{i}.1.0.0"), keys)?;
+            c.scalar(format!("{i}.1.0.2"), int_scalar(t), "scalar")?;
         }
         None => {
-            c.scalar(format!("{i}.1.0.0"), none_array(), "none");
-            c.scalar(format!("{i}.1.0.1"), none_array(), "none");
-            c.scalar(format!("{i}.1.0.2"), int_scalar(0), "scalar");
+            c.scalar(format!("{i}.1.0.0"), none_array(), "none")?;
+            c.scalar(format!("{i}.1.0.1"), none_array(), "none")?;
+            c.scalar(format!("{i}.1.0.2"), int_scalar(0), "scalar")?;
         }
     }
-    c.scalar(format!("{i}.1.1"), string_array("KVCache"), "string");
+    c.scalar(format!("{i}.1.1"), string_array("KVCache"), "string")?;
     c.metadata.push((format!("1.{i}"), "CacheList".into()));
     Ok(())
 }
@@ -238,6 +247,7 @@ fn contents(layers: &[&LatentCache]) -> Result<Contents> {
         c.metadata.push((format!("2.{}.0", k + 1), name));
         c.metadata.push((format!("2.{}.1", k + 1), kind.into()));
     }
+    eval(c.tensors.iter().map(|(_, a)| a))?;
     let sums = c.tensors.iter().map(|(n, a)| Ok((format!("{PREFIX}sum.{n}"), checksum(a)?))).collect::<Result<Vec<_>>>()?;
     c.metadata.extend(sums);
     let meta_sum = metadata_checksum(c.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -267,7 +277,6 @@ fn cstring(s: &str) -> Result<CString> {
 /// over `path`: a crash mid-save never leaves a partial file under the final name.
 pub fn save(layers: &[&LatentCache], path: &Path) -> Result<()> {
     let c = contents(layers)?;
-    eval(c.tensors.iter().map(|(_, a)| a))?;
     let tmp = temporary_beside(path)?;
     let written = write_safetensors(&c, &tmp).and_then(|_| {
         std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| error!(Backend, "syncing {}: {e}", tmp.display()))?;
