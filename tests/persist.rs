@@ -146,4 +146,10 @@ fn damaged_files_are_refused() {
         assert!(persist::load_from_bytes(&damaged).is_err(), "a flipped data byte at {at} was not caught");
     }
     assert!(persist::load_from_bytes(b"not a safetensors file").is_err());
+    // Paths MLX would read as format strings, and folders that do not exist: a status.
+    for path in ["/tmp/100%s%n.safetensors", "/nonexistent/folder/state.safetensors"] {
+        let path = std::path::Path::new(path);
+        assert!(persist::save(&[&a], path).is_err(), "{}", path.display());
+        assert!(persist::load(path).is_err(), "{}", path.display());
+    }
 }

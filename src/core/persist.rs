@@ -273,9 +273,20 @@ fn cstring(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| error!(InvalidArgument, "{s:?} contains a NUL byte"))
 }
 
+/// A path MLX may be handed. MLX's C API formats its error messages (which quote paths) with the
+/// message as a format string, so a `%` in a path could crash the process: refused.
+fn mlx_path(path: &Path) -> Result<CString> {
+    let s = path.to_string_lossy();
+    if s.contains('%') {
+        return fail!(InvalidArgument, "{s:?}: paths with '%' are refused (MLX would read it as a format conversion)");
+    }
+    cstring(&s)
+}
+
 /// Writes `layers` to `path` through a temporary file in the same folder, synced and renamed
 /// over `path`: a crash mid-save never leaves a partial file under the final name.
 pub fn save(layers: &[&LatentCache], path: &Path) -> Result<()> {
+    mlx_path(path)?;
     let c = contents(layers)?;
     let tmp = temporary_beside(path)?;
     let written = write_safetensors(&c, &tmp).and_then(|_| {
@@ -299,7 +310,10 @@ fn temporary_beside(path: &Path) -> Result<PathBuf> {
 }
 
 fn write_safetensors(c: &Contents, path: &Path) -> Result<()> {
-    let file = cstring(&path.to_string_lossy())?;
+    let file = mlx_path(path)?;
+    if path.parent().is_some_and(|dir| !dir.as_os_str().is_empty() && !dir.is_dir()) {
+        return fail!(Backend, "cannot write {}: its folder does not exist", path.display());
+    }
     // SAFETY: maps are created and freed here; keys and values are copied by mlx-c.
     unsafe {
         let arrays = mlx_sys::mlx_map_string_to_array_new();
@@ -323,12 +337,37 @@ fn write_safetensors(c: &Contents, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Reads a safetensors file's tensors and metadata through MLX.
+/// Checks a safetensors file's frame before MLX reads it: the header length fits the file, and
+/// the header is printable ASCII without `%`. MLX's C API formats its error messages with the
+/// message as a format string, and its parse errors quote the header: a `%` from a damaged or
+/// hostile file would reach `vsnprintf` as a conversion.
+fn check_frame(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(|e| error!(InvalidArgument, "{}: {e}", path.display()))?;
+    let size = file.metadata().map_err(|e| error!(InvalidArgument, "{}: {e}", path.display()))?.len();
+    let mut len = [0u8; 8];
+    if size < 8 || file.read_exact(&mut len).is_err() {
+        return fail!(InvalidArgument, "{} is too short for a safetensors file", path.display());
+    }
+    let header_len = u64::from_le_bytes(len);
+    if header_len == 0 || header_len > size - 8 || header_len > 256 << 20 {
+        return fail!(InvalidArgument, "{} announces a {header_len}-byte header in {size} bytes", path.display());
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact(&mut header).map_err(|e| error!(InvalidArgument, "{}: {e}", path.display()))?;
+    if header[0] != b'{' || header.iter().any(|&b| !(0x20..=0x7e).contains(&b) || b == b'%') {
+        return fail!(InvalidArgument, "{} has a damaged header (not printable JSON, or a '%' in it)", path.display());
+    }
+    Ok(())
+}
+
+/// Reads a safetensors file's tensors and metadata through MLX (its frame checked first).
 fn read_safetensors(path: &Path) -> Result<(HashMap<String, Array>, HashMap<String, String>)> {
     if !path.is_file() {
         return fail!(InvalidArgument, "{} is not a file", path.display());
     }
-    let file = cstring(&path.to_string_lossy())?;
+    let file = mlx_path(path)?;
+    check_frame(path)?;
     let stream = mlx_ops::library_stream();
     // SAFETY: the maps are MLX's results, read and freed here; arrays are copied into owned
     // handles, strings into Rust strings.
