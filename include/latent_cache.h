@@ -869,8 +869,9 @@ latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
 // the caller's (free it with `latent_cache_array_free`).
 //
 // Float storage is read as stored. `Q8` / `Q4` families are read by MLX's quantized matmul from
-// their packed codes, never expanded (it computes in the scales' dtype, bfloat16). `FP8`
-// families are decoded to float32 for the call (O(stored) each time).
+// their packed codes, never expanded (it computes in the scales' dtype, bfloat16), except on
+// MLX's CUDA backend, which has no kernel for these batched shapes: there they are decoded for
+// the call, like `FP8` families everywhere (O(stored) each time).
 //
 // Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE` (a query's batch or width), `INVALID_ARGUMENT`
 // (unknown mode, a mask with another mode or none with `ARRAY`), `INVALID_STATE` (a row with no

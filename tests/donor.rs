@@ -121,6 +121,9 @@ fn check(cache: &LatentCache, model: &Model, rng: &mut Rng, mode: MaskMode, what
 fn attention_over_donor_rows_matches_a_float64_reference() {
     use StorageMode::*;
     let mut rng = Rng::new(77);
+    // MLX's CUDA backend runs float32 matmuls at TF32 precision (10-bit mantissas): on a GPU
+    // every mode is held to that.
+    let gpu = matches!(mlx_rs::Device::default().get_type().unwrap(), mlx_rs::DeviceType::Gpu);
     for (modes, tolerance) in [
         ([F32, F32, F32], 1e-5),
         ([Bf16, Bf16, F32], 1e-5),
@@ -132,6 +135,7 @@ fn attention_over_donor_rows_matches_a_float64_reference() {
         for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
             let (cache, model) = filled(&mut rng, modes, layout, &[0, 4, 2]);
             for mode in [MaskMode::None, MaskMode::Causal, MaskMode::Array] {
+                let tolerance = if gpu { f64::max(tolerance, 1e-2) } else { tolerance };
                 check(&cache, &model, &mut rng, mode, &format!("{modes:?} {layout:?} {mode:?}"), tolerance);
             }
         }

@@ -42,6 +42,11 @@ fn filled(rng: &mut Rng, layout: LayoutKind, index_storage: StorageMode) -> (Lat
 fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
     let mut rng = Rng::new(91);
     let (heads, queries, k) = (2usize, 2usize, 6usize);
+    // MLX's CUDA backend runs float32 matmuls at TF32 precision (10-bit mantissas).
+    let tolerance = match mlx_rs::Device::default().get_type().unwrap() {
+        mlx_rs::DeviceType::Gpu => 1e-2,
+        _ => 1e-5,
+    };
     for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
         for index_storage in [StorageMode::F32, StorageMode::Bf16] {
             for mode in [MaskMode::None, MaskMode::Causal] {
@@ -97,7 +102,10 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                             let got = got_scores[(b * queries + i) * donor.offset() + t];
                             match t.checked_sub(pads[b]).filter(|&j| j < seen) {
                                 Some(j) => {
-                                    assert!((got as f64 - want[j]).abs() <= 1e-4 * want[j].abs(), "{what}: score {b},{i},{t}")
+                                    assert!(
+                                        (got as f64 - want[j]).abs() <= 10.0 * tolerance * want[j].abs(),
+                                        "{what}: score {b},{i},{t}"
+                                    )
                                 }
                                 None => assert_eq!(got, f32::NEG_INFINITY, "{what}: unseen position {b},{i},{t}"),
                             }
@@ -135,7 +143,7 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                                     js.iter().zip(&e).map(|(&j, w)| w / total * row.families[0][j * WIDTHS[0] + c] as f64).sum();
                                 let got = got_out[at * WIDTHS[0] + c] as f64;
                                 assert!(
-                                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                                    (got - want).abs() <= tolerance * (1.0 + want.abs()),
                                     "{what}: out {b},{h},{i},{c}: {got} vs {want}"
                                 );
                             }

@@ -15,6 +15,17 @@ use super::geometry::{Family, Geometry};
 use super::mlx_math;
 use super::mlx_ops;
 
+/// Whether MLX's quantized matmul takes the batched shapes attention needs on the default
+/// device. MLX 0.32's CUDA backend has no kernel for them (it fails at evaluation, too late to
+/// fall back), so there the quantized families are decoded for the call instead.
+static BATCHED_QUANTIZED_MATMUL: once_cell::sync::Lazy<bool> = once_cell::sync::Lazy::new(|| {
+    let mut cuda = false;
+    // SAFETY: a plain query writing one bool.
+    unsafe { mlx_sys::mlx_cuda_is_available(&mut cuda) };
+    let gpu = matches!(mlx_rs::Device::default().get_type(), Ok(mlx_rs::DeviceType::Gpu));
+    !(cuda && gpu)
+});
+
 /// Which positions a query sees besides its row's valid range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MaskMode {
@@ -83,39 +94,42 @@ impl Donor {
         mlx_math::expand_dims(part, 1)
     }
 
+    /// `x` times a quantized family's values (`transpose`: their transpose), read by MLX's
+    /// quantized matmul from the packed codes, with `x` in the scales' dtype (bfloat16, as the
+    /// kernels take it). `None` for float families, and where MLX has no kernel for the shape
+    /// (its CUDA backend lacks some batched shapes): the caller then decodes.
+    fn quantized_product(&self, family: Family, x: &Array, transpose: bool) -> Result<Option<Array>> {
+        let (mode, parts) = (self.geometry.storage(family), self.parts(family));
+        if !matches!(mode, StorageMode::Q8 | StorageMode::Q4) || !*BATCHED_QUANTIZED_MATMUL {
+            return Ok(None);
+        }
+        let [codes, scales, biases] = [&parts[0], &parts[1], &parts[2]].map(Self::per_head);
+        let x = mlx_ops::astype(x, Dtype::Bfloat16)?;
+        match mlx_math::quantized_matmul(&x, &codes?, &scales?, &biases?, transpose, AFFINE_GROUP as i32, mode.bits() as i32) {
+            Ok(out) => Ok(Some(mlx_ops::astype(&out, Dtype::Float32)?)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// A family's values `[B, 1, T, width]` (decoded for the quantized modes: O(stored)).
+    fn values(&self, family: Family) -> Result<Array> {
+        let mode = self.geometry.storage(family);
+        Self::per_head(&mode.decode(self.parts(family), self.geometry.width(family).expect("present"))?)
+    }
+
     /// `q . family^T`, `[B, H, Lq, T]`.
     fn scores(&self, family: Family, q: &Array) -> Result<Array> {
-        let (mode, parts) = (self.geometry.storage(family), self.parts(family));
-        match mode {
-            StorageMode::Q8 | StorageMode::Q4 => {
-                let [codes, scales, biases] = [&parts[0], &parts[1], &parts[2]].map(Self::per_head);
-                mlx_math::quantized_matmul(q, &codes?, &scales?, &biases?, true, AFFINE_GROUP as i32, mode.bits() as i32)
-            }
-            _ => {
-                let values = Self::per_head(&mode.decode(parts, self.geometry.width(family).expect("present"))?)?;
-                mlx_math::matmul(q, &mlx_math::swapaxes(&values, -1, -2)?)
-            }
+        match self.quantized_product(family, q, true)? {
+            Some(scores) => Ok(scores),
+            None => mlx_math::matmul(q, &mlx_math::swapaxes(&self.values(family)?, -1, -2)?),
         }
     }
 
     /// `probs . latent`, `[B, H, Lq, kv_lora_rank]`.
     fn weighted_latent(&self, probs: &Array) -> Result<Array> {
-        let (mode, parts) = (self.geometry.latent_storage, self.parts(Family::Latent));
-        match mode {
-            StorageMode::Q8 | StorageMode::Q4 => {
-                let [codes, scales, biases] = [&parts[0], &parts[1], &parts[2]].map(Self::per_head);
-                let out = mlx_math::quantized_matmul(
-                    probs,
-                    &codes?,
-                    &scales?,
-                    &biases?,
-                    false,
-                    AFFINE_GROUP as i32,
-                    mode.bits() as i32,
-                )?;
-                mlx_ops::astype(&out, Dtype::Float32)
-            }
-            _ => mlx_math::matmul(probs, &Self::per_head(&mode.decode(parts, self.geometry.kv_lora_rank)?)?),
+        match self.quantized_product(Family::Latent, probs, false)? {
+            Some(out) => Ok(out),
+            None => mlx_math::matmul(probs, &self.values(Family::Latent)?),
         }
     }
 
