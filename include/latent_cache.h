@@ -574,6 +574,47 @@ latent_cache_status latent_cache_spec_round_rollback_rows(latent_cache *cache,
                                                           const size_t *keep,
                                                           size_t keep_len);
 
+// Opens a padded batched prefill. Each of `lengths`, `left_padding`, `right_padding` is NULL
+// (absent) or `rows` entries, borrowed for the call; `rows` is the batch size (of the coming
+// first append on an empty cache).
+// - `left_padding` (empty cache only): the first append's rows start after that many padding
+//   positions, as with `latent_cache_append_latent_padded` (when that append gives none).
+// - `right_padding[b]`: the last positions the prefill appends to row b are padding (a shorter
+//   prompt padded at its end). `latent_cache_prefill_finalize` drops them, so the row ends with
+//   its prompt's last position; before it, reads and attention see them.
+// - `lengths[b]`: row b's prompt length, checked at finalize against what the row gained.
+//
+// Between prepare and finalize, appends and trims work as usual, a speculative round cannot
+// begin, a merge into the cache is refused, `latent_cache_filter_rows` keeps the kept rows'
+// padding, and `latent_cache_extract_row` returns the row without its right padding.
+//
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a vector's length is not the batch size),
+// `OUT_OF_RANGE` (an entry over INT32_MAX), `INVALID_STATE` (a round or a prefill is open, or
+// left padding on a cache that holds rows). On failure nothing changed.
+latent_cache_status latent_cache_prefill_prepare(latent_cache *cache,
+                                                 const size_t *lengths,
+                                                 const size_t *left_padding,
+                                                 const size_t *right_padding,
+                                                 size_t rows);
+
+// Closes the prefill: every row drops its right padding (right-justified rows shift, only the
+// rows that move and only their positions, in place; ragged row ends move). Without an open
+// prefill it does nothing and returns `OK`.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (right_padding's or lengths' entries do not
+// match the rows), `OUT_OF_RANGE` (a row holds fewer positions than its right padding),
+// `CAPACITY`, `BACKEND`. On failure nothing changed and the prefill stays open.
+latent_cache_status latent_cache_prefill_finalize(latent_cache *cache);
+
+// Set-wide `latent_cache_prefill_prepare` (the same vectors for every layer).
+latent_cache_status latent_cache_set_prefill_prepare(latent_cache_set *set,
+                                                     const size_t *lengths,
+                                                     const size_t *left_padding,
+                                                     const size_t *right_padding,
+                                                     size_t rows);
+
+// Set-wide `latent_cache_prefill_finalize`.
+latent_cache_status latent_cache_set_prefill_finalize(latent_cache_set *set);
+
 // Fills the empty `destination` with every row of every source, in order: a batch source
 // gives all its rows, an empty source that never had rows gives one empty row. Rows are
 // right-justified to the longest. Sources are borrowed and not changed; a source may appear

@@ -5,6 +5,7 @@
 #ifndef LATENT_CACHE_HPP
 #define LATENT_CACHE_HPP
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -33,6 +34,17 @@ inline void check(latent_cache_status status) {
   latent_cache_last_error(message.data(), message.size() + 1);
   throw Error(status, message);
 }
+
+namespace detail {
+// A prefill vector for the C call: NULL when empty; otherwise it must hold `rows` entries (the
+// C call reads that many).
+inline const size_t *or_null(const std::vector<size_t> &v, size_t rows) {
+  if (v.empty()) return nullptr;
+  if (v.size() != rows)
+    throw Error(LATENT_CACHE_STATUS_INVALID_ARGUMENT, "prefill vectors must be empty or all of one length");
+  return v.data();
+}
+}  // namespace detail
 
 inline const char *version() noexcept { return latent_cache_version(); }
 
@@ -322,6 +334,14 @@ class Cache {
     check(latent_cache_spec_round_rollback_rows(get(), keep.data(), keep.size()));
   }
   void filter_rows(const std::vector<size_t> &rows) { check(latent_cache_filter_rows(get(), rows.data(), rows.size())); }
+  // A padded batched prefill; an empty vector is "absent", the others give one entry per row.
+  void prefill_prepare(const std::vector<size_t> &lengths, const std::vector<size_t> &left_padding,
+                       const std::vector<size_t> &right_padding) {
+    size_t rows = std::max({lengths.size(), left_padding.size(), right_padding.size()});
+    check(latent_cache_prefill_prepare(get(), detail::or_null(lengths, rows), detail::or_null(left_padding, rows),
+                                       detail::or_null(right_padding, rows), rows));
+  }
+  void prefill_finalize() { check(latent_cache_prefill_finalize(get())); }
   // Fills this empty cache with every row of `sources`, in order.
   void merge_rows(const std::vector<const Cache *> &sources) {
     std::vector<const latent_cache *> raw;
@@ -450,6 +470,14 @@ class Set {
   void filter_rows(const std::vector<size_t> &rows) {
     check(latent_cache_set_filter_rows(get(), rows.data(), rows.size()));
   }
+  void prefill_prepare(const std::vector<size_t> &lengths, const std::vector<size_t> &left_padding,
+                       const std::vector<size_t> &right_padding) {
+    size_t rows = std::max({lengths.size(), left_padding.size(), right_padding.size()});
+    check(latent_cache_set_prefill_prepare(get(), detail::or_null(lengths, rows),
+                                           detail::or_null(left_padding, rows), detail::or_null(right_padding, rows),
+                                           rows));
+  }
+  void prefill_finalize() { check(latent_cache_set_prefill_finalize(get())); }
   void merge_rows(const std::vector<const Set *> &sources) {
     std::vector<const latent_cache_set *> raw;
     raw.reserve(sources.size());

@@ -59,3 +59,74 @@ fn files_cross_between_this_library_and_mlx_lm() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The values both sides feed a prefill (tests/interop/mlx_lm_prefill.py `value`).
+fn prefill_value(row: usize, pos: usize, family: usize, width: usize) -> Vec<f32> {
+    let base = row * 37 + pos * 11 + family * 5;
+    (0..width).map(|c| ((c + base) % 251) as f32 * 0.25).collect()
+}
+
+fn list(part: &str) -> Vec<usize> {
+    part.split(',').filter(|x| !x.is_empty()).map(|x| x.parse().unwrap()).collect()
+}
+
+/// This library running a scenario (`lengths;left;right;chunks;decode`) as the script does.
+fn prefill_ours(scenario: &str, layout: latent_cache::LayoutKind) -> LatentCache {
+    let parts: Vec<Vec<usize>> = scenario.split(';').map(list).collect();
+    let (lengths, left, right, chunks, decode) = (&parts[0], &parts[1], &parts[2], &parts[3], &parts[4]);
+    let batch = lengths.len();
+    let mut cache = LatentCache::new(Geometry { kv_lora_rank: 8, rope_head_dim: 4, layout, ..Geometry::default() }).unwrap();
+    fn opt(v: &[usize]) -> Option<&[usize]> {
+        (!v.is_empty()).then_some(v)
+    }
+    cache.prefill_prepare(Some(lengths), opt(left), opt(right)).unwrap();
+    let mut pos = 0;
+    for (i, &tokens) in chunks.iter().chain(decode).enumerate() {
+        if i == chunks.len() {
+            cache.prefill_finalize().unwrap();
+        }
+        let data = |f: usize, w: usize| -> Vec<f32> {
+            (0..batch).flat_map(|r| (0..tokens).flat_map(move |p| prefill_value(r, pos + p, f, w))).collect()
+        };
+        cache.append_host(batch, tokens, &data(0, 8), &data(1, 4), None).unwrap();
+        pos += tokens;
+    }
+    cache.prefill_finalize().unwrap();
+    cache
+}
+
+#[test]
+#[ignore = "needs mlx-lm: run by `make test` (test-interop) with LATENT_CACHE_MLX_LM_PYTHONPATH"]
+fn padded_prefills_keep_the_rows_mlx_lm_keeps() {
+    let pythonpath = std::env::var("LATENT_CACHE_MLX_LM_PYTHONPATH").expect("LATENT_CACHE_MLX_LM_PYTHONPATH");
+    // lengths; left padding; right padding; prefill chunks; decode steps after finalize.
+    let scenarios = ["5,2,7;;2,5,0;4,3;1", "3,6,1;3,0,5;;6;2", "4,1,3;1,2,0;2,4,4;3,4;1,1", "2,9;;7,0;9;"];
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/mlx_lm_prefill.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(scenarios)
+        .env("PYTHONPATH", pythonpath)
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "mlx-lm's side failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = 0;
+    for layout in [latent_cache::LayoutKind::RightJustified, latent_cache::LayoutKind::Ragged] {
+        let ours: Vec<LatentCache> = scenarios.iter().map(|s| prefill_ours(s, layout)).collect();
+        for line in text.lines() {
+            let mut fields = line.split(' ');
+            let mut next = || fields.next().unwrap().parse::<usize>().unwrap();
+            let (s, row, family) = (next(), next(), next());
+            let theirs: Vec<f32> = line.split(' ').skip(3).filter(|x| !x.is_empty()).map(|x| x.parse().unwrap()).collect();
+            let family = [Family::Latent, Family::Rope][family];
+            let got = ours[s].read_row(family, row).unwrap();
+            assert_eq!(got, theirs, "scenario {} row {row} {} ({layout:?})", scenarios[s], family.name());
+            lines += 1;
+        }
+        for (s, cache) in ours.iter().enumerate() {
+            let rows = list(scenarios[s].split(';').next().unwrap()).len();
+            assert_eq!(cache.batch_size(), rows, "scenario {}", scenarios[s]);
+        }
+    }
+    assert_eq!(lines, 2 * 2 * (3 + 3 + 3 + 2), "every row of every scenario compared");
+}

@@ -8,6 +8,7 @@ use super::families::Families;
 use super::geometry::{Family, Geometry};
 use super::layout::RowLayout;
 use super::mlx_ops;
+use super::prefill::Prefill;
 use super::storage::{Pending, Storage};
 
 /// The rejection of any index-key access on a layer without DSA.
@@ -28,18 +29,20 @@ pub struct LatentCache {
     pub(crate) storage: Storage,
     /// Positions per row the engine asked to have room for (see `reserve`).
     pub(crate) reserved: usize,
+    /// A padded batched prefill between `prefill_prepare` and `prefill_finalize`.
+    pub(crate) prefill: Option<Prefill>,
 }
 
 impl LatentCache {
     pub fn new(geometry: Geometry) -> Result<Self> {
         geometry.validate()?;
         let layout = RowLayout::new(geometry.layout);
-        Ok(LatentCache { geometry, layout, storage: Storage::new(&geometry), reserved: 0 })
+        Ok(LatentCache { geometry, layout, storage: Storage::new(&geometry), reserved: 0, prefill: None })
     }
 
     /// A cache over storage and a layout a load checked (`persist`).
     pub(crate) fn adopt(geometry: Geometry, layout: RowLayout, storage: Storage) -> Self {
-        LatentCache { geometry, layout, storage, reserved: 0 }
+        LatentCache { geometry, layout, storage, reserved: 0, prefill: None }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -212,6 +215,8 @@ impl LatentCache {
         left_pad: Option<&[usize]>,
         views: bool,
     ) -> Result<Option<LatentState>> {
+        let prepared = self.prepared_left_pad();
+        let left_pad = left_pad.or(prepared.as_deref());
         let (batch, tokens) = self.check_arrays(latent, rope, index_keys)?;
         self.check_placement(batch, tokens, left_pad)?;
         let pending = self.prepare_write(Families { latent, rope, index_keys }, batch, tokens)?;
@@ -259,6 +264,8 @@ impl LatentCache {
         rope: &[f32],
         index_keys: Option<&[f32]>,
     ) -> Result<()> {
+        let prepared = self.prepared_left_pad();
+        let left_pad = left_pad.or(prepared.as_deref());
         self.check_placement(batch, tokens, left_pad)?;
         let to_array = |family: Family, data: &[f32]| -> Result<Array> {
             mlx_ops::from_host(data, &[batch, tokens, self.width(family)?], family.name())
@@ -331,6 +338,7 @@ impl LatentCache {
     pub fn reset(&mut self) {
         self.layout.reset();
         self.reserved = 0;
+        self.prefill = None;
         self.storage.clear();
     }
 

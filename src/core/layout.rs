@@ -285,19 +285,26 @@ impl RowLayout {
             }
             drops.push(appended - kept);
         }
+        Ok(self.plan_drops(&drops))
+    }
+
+    /// Plans dropping the last `drops[b]` positions of each row (checked by the caller): a trim
+    /// when all are equal; otherwise ragged rows move their ends, right-justified rows shift.
+    /// The plan's layout has no open round.
+    pub fn plan_drops(&self, drops: &[usize]) -> Rollback {
         let min_drop = drops.iter().copied().min().unwrap_or(0);
         if drops.iter().all(|&d| d == min_drop) {
-            return Ok(Rollback::Trim(min_drop));
+            return Rollback::Trim(min_drop);
         }
         if self.kind == LayoutKind::Ragged {
             let mut layout = self.clone();
-            layout.row_end.iter_mut().zip(&drops).for_each(|(end, d)| *end -= d);
+            layout.row_end.iter_mut().zip(drops).for_each(|(end, d)| *end -= d);
             layout.offset = layout.row_end.iter().copied().max().unwrap_or(0);
             layout.round = None;
-            return Ok(Rollback::Ends(layout));
+            return Rollback::Ends(layout);
         }
-        let lengths: Vec<usize> = now.iter().zip(&drops).map(|(len, d)| len - d).collect();
-        Ok(Rollback::Relayout(self.relayout((0..keep.len()).collect(), lengths, &drops)))
+        let lengths: Vec<usize> = self.row_offsets().iter().zip(drops).map(|(len, d)| len - d).collect();
+        Rollback::Relayout(self.relayout((0..drops.len()).collect(), lengths, drops))
     }
 
     /// Closes the round after a rollback applied as a trim.

@@ -11,6 +11,7 @@ pub mod memory;
 pub mod mlx_math;
 pub mod mlx_ops;
 pub mod persist;
+pub mod prefill;
 pub mod rows;
 pub mod set;
 pub mod storage;

@@ -5,21 +5,24 @@
 use super::cache::LatentCache;
 use super::error::{fail, Result};
 use super::layout::{Relayout, Rollback, RowLayout};
+use super::prefill::Prefill;
 use super::storage::{Pending, RowPiece, Storage, MIN_CAPACITY};
 
 /// A prepared change of one cache: made (and whatever it allocates, allocated) by a `prepare_*`
 /// call that changes nothing, applied by `apply`, which cannot fail. A set of caches prepares
 /// every layer's change before applying any, so a failure on one layer leaves all as they were.
 pub struct Change {
-    layout: RowLayout,
-    pending: Option<Pending>,
-    reserved: usize,
+    pub(crate) layout: RowLayout,
+    pub(crate) pending: Option<Pending>,
+    pub(crate) reserved: usize,
+    /// The open prefill after the change (its rows follow filters).
+    pub(crate) prefill: Option<Prefill>,
 }
 
 impl LatentCache {
     /// A change that keeps storage and sets the layout to `layout`.
-    fn relabel(&self, layout: RowLayout) -> Change {
-        Change { layout, pending: None, reserved: self.reserved }
+    pub(crate) fn relabel(&self, layout: RowLayout) -> Change {
+        Change { layout, pending: None, reserved: self.reserved, prefill: self.prefill.clone() }
     }
 
     /// Applies a prepared change.
@@ -29,6 +32,7 @@ impl LatentCache {
         }
         self.layout = change.layout;
         self.reserved = change.reserved;
+        self.prefill = change.prefill;
     }
 
     /// Records every row's position count; appends and reads then behave as usual.
@@ -39,6 +43,9 @@ impl LatentCache {
     }
 
     pub fn prepare_round_begin(&self) -> Result<Change> {
+        if self.in_prefill() {
+            return fail!(State, "a speculative round cannot begin inside a prefill (call prefill_finalize first)");
+        }
         let mut layout = self.layout.clone();
         layout.begin_round()?;
         Ok(self.relabel(layout))
@@ -67,7 +74,11 @@ impl LatentCache {
     }
 
     pub fn prepare_rollback(&self, keep: &[usize]) -> Result<Change> {
-        match self.layout.plan_rollback(keep)? {
+        self.prepare_plan(self.layout.plan_rollback(keep)?)
+    }
+
+    pub(crate) fn prepare_plan(&self, plan: Rollback) -> Result<Change> {
+        match plan {
             Rollback::Trim(n) => {
                 let mut layout = self.layout.clone();
                 layout.trim(n);
@@ -122,7 +133,7 @@ impl LatentCache {
         };
         let mut layout = plan.layout.clone();
         layout.finish_rollback();
-        Ok(Change { layout, pending: Some(pending), reserved: self.reserved })
+        Ok(Change { layout, pending: Some(pending), reserved: self.reserved, prefill: self.prefill.clone() })
     }
 
     /// Keeps rows `rows` in that order and drops the padding no kept row needs.
@@ -134,7 +145,9 @@ impl LatentCache {
 
     pub fn prepare_filter(&self, rows: &[usize]) -> Result<Change> {
         let plan = self.layout.plan_filter(rows)?;
-        self.prepare_relayout(&plan)
+        let mut change = self.prepare_relayout(&plan)?;
+        change.prefill = self.prefill.as_ref().map(|p| p.keep_rows(rows));
+        Ok(change)
     }
 
     /// Makes room for `tokens` positions per row now (see `reserve`), as a change.
@@ -150,7 +163,7 @@ impl LatentCache {
             }
             _ => self.storage.prepare_reserve(tokens, self.offset())?,
         };
-        Ok(Change { layout: self.layout.clone(), pending, reserved: self.reserved.max(tokens) })
+        Ok(Change { layout: self.layout.clone(), pending, reserved: self.reserved.max(tokens), prefill: self.prefill.clone() })
     }
 
     /// A new single-row cache holding exactly row `row`'s valid positions.
@@ -159,7 +172,9 @@ impl LatentCache {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
         let mut out = LatentCache::new(self.geometry)?;
-        let (lo, hi) = (self.layout.left_pad()[row], self.layout.row_ends()[row]);
+        let (lo, end) = (self.layout.left_pad()[row], self.layout.row_ends()[row]);
+        // A row leaving mid-prefill leaves without its right padding.
+        let hi = end - self.prefill_right_padding(row).min(end - lo);
         out.fill_from(&[(&self.storage, row, lo, hi)], &[hi - lo])?;
         Ok(out)
     }
@@ -190,8 +205,8 @@ impl LatentCache {
         if sources.is_empty() {
             return fail!(InvalidArgument, "merge needs at least one source");
         }
-        if self.batch_size() != 0 || self.in_spec_round() {
-            return fail!(State, "the merge destination must be empty and outside a round");
+        if self.batch_size() != 0 || self.in_spec_round() || self.prefill.is_some() {
+            return fail!(State, "the merge destination must be empty, outside a round and outside a prefill");
         }
         let mut rows = Vec::new();
         let mut lengths = Vec::new();

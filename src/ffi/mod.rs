@@ -19,6 +19,7 @@ pub mod config;
 pub mod cache;
 pub mod arrays;
 pub mod spec;
+pub mod prefill;
 pub mod rows;
 pub mod query;
 pub mod set;

@@ -71,7 +71,10 @@ pub(crate) fn with_set_layers<T>(
 }
 
 /// Looks up `ptr`, locks all its layers and runs `f` on them.
-fn with_layers<T>(ptr: *const latent_cache_set, f: impl FnOnce(&mut [&mut LatentCache]) -> FfiResult<T>) -> FfiResult<T> {
+pub(crate) fn with_layers<T>(
+    ptr: *const latent_cache_set,
+    f: impl FnOnce(&mut [&mut LatentCache]) -> FfiResult<T>,
+) -> FfiResult<T> {
     let set = get(ptr, "set")?;
     let mut guards = lock(&set)?;
     let mut layers: Vec<&mut LatentCache> = guards.iter_mut().map(|g| &mut **g).collect();

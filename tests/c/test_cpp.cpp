@@ -84,6 +84,19 @@ int main() {
   merged.reset();
   CHECK(merged.batch_size() == 0);
 
+  // A padded prefill: row 0's prompt is 2 long, padded with 1 at its end; row 1 is 3 long.
+  merged.prefill_prepare({2, 3}, {}, {1, 0});
+  merged.append(2, 3, latent, rope);
+  merged.prefill_finalize();
+  CHECK(merged.row_offsets() == (std::vector<size_t>{2, 3}));
+  CHECK(merged.read_row(LATENT_CACHE_FAMILY_LATENT, 0) == std::vector<float>(latent.begin(), latent.begin() + 8));
+  try {
+    merged.prefill_prepare({1, 2, 3}, {}, {0});  // vectors of different lengths
+    CHECK(false);
+  } catch (const Error &err) {
+    CHECK(err.status() == LATENT_CACHE_STATUS_INVALID_ARGUMENT);
+  }
+
   // The MLX-array path: arrays own themselves, State and Packed release their views.
   {
     latent_cache_config ragged = config;

@@ -2,4 +2,5 @@
 pub mod api_driver;
 pub mod check;
 pub mod codec_ref;
+pub mod core_check;
 pub mod model;
