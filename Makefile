@@ -176,6 +176,10 @@ fuzz: deps $(CARGO_FUZZ)
 	@mkdir -p target/fuzz-corpus-load
 	RUSTC_BOOTSTRAP=1 $(CARGO_FUZZ) run --fuzz-dir fuzz load target/fuzz-corpus-load fuzz/corpus/load -- \
 	  -max_total_time=$(FUZZ_SECONDS)
+	@mkdir -p target/fuzz-corpus-mlxbun
+	python3 tests/interop/mlxbun_kv.py write-example target/fuzz-corpus-mlxbun/seed-example.mlxkv
+	RUSTC_BOOTSTRAP=1 $(CARGO_FUZZ) run --fuzz-dir fuzz load_mlxbun target/fuzz-corpus-mlxbun -- \
+	  -max_total_time=$(FUZZ_SECONDS) -max_len=131072
 
 clean:
 	cargo clean

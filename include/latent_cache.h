@@ -264,6 +264,20 @@ typedef struct {
   mlx_array biases;
 } latent_cache_packed;
 
+// What a file of the seed's format says besides the caches. Every pointer is borrowed for the
+// call; a NULL string is left out of the file.
+typedef struct {
+  // The token ids the state encodes (the prompt prefix), `tokens_len` of them.
+  const uint32_t *tokens;
+  size_t tokens_len;
+  // Identity strings the seed's server compares before it reuses a file (UTF-8).
+  const char *model_id;
+  const char *config_fingerprint;
+  const char *tokenizer_hash;
+  // The adapter namespace (`""` for the base model; the seed's SSD tier expects the key).
+  const char *ns;
+} latent_cache_mlxbun_info;
+
 // A lock or unlock callback; receives the `ctx` given to `latent_cache_set_eval_lock`.
 typedef void (*latent_cache_lock_fn)(void *ctx);
 
@@ -877,6 +891,51 @@ latent_cache_status latent_cache_load_from_buffer(const uint8_t *data,
 
 // Frees bytes a `..._save_to_buffer` call returned (`len` as it returned it). NULL is ignored.
 void latent_cache_bytes_free(uint8_t *data, size_t len);
+
+// Saves every layer of `set` as the seed's implementation (mlx-bun) saves a prompt cache, so
+// its loader reads it: format version 3, kinds `mla`, `mla-dsa` and `mtp-mla`, float32
+// `[B, offset, width]` tensors at 16 KiB-aligned offsets, the header and every tensor hashed;
+// written to a temporary file beside `path` (mode 0600), synced and renamed. `info` may be NULL
+// (no tokens, no identity strings). The seed's format keeps one offset per layer and float32
+// values only, so every layer must store float32 and hold rows of one length without padding
+// (extract a row first to save one request of a batch).
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path or string that is not UTF-8, compact
+// storage, rows of different lengths, an empty layer), `INVALID_STATE` (layers that disagree),
+// `BACKEND` (the file could not be written). On failure no file is left under `path` or beside it.
+latent_cache_status latent_cache_set_save_mlxbun(const latent_cache_set *set,
+                                                 const char *path,
+                                                 const latent_cache_mlxbun_info *info);
+
+// Loads a prompt cache the seed's implementation wrote (format versions 3 and 4; its v4
+// attachments, such as the MTP draft state, are not read) or `latent_cache_set_save_mlxbun`
+// wrote. The magic, the header's hash, every field (kinds, geometry, `maxTokens`, shapes, dtype,
+// offsets inside the file) and every tensor's hash are checked; on any failure nothing is
+// created. `*out` receives a set of float32 layers in the file's order, rows right-justified and
+// all holding the layer's offset, owned by the caller. The tokens and identity strings: read
+// them with `latent_cache_mlxbun_header` / `latent_cache_mlxbun_tokens`.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, format
+// version 5), `CAPACITY`, `BACKEND`.
+latent_cache_status latent_cache_set_load_mlxbun(const char *path, latent_cache_set **out);
+
+// Copies the token ids of a file of the seed's format into `out` (`out_len` entries) and their
+// count into `*written`, after checking the header's hash; no tensor is read.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (not such a file, or damaged),
+// `BUFFER_TOO_SMALL` (nothing written).
+latent_cache_status latent_cache_mlxbun_tokens(const char *path,
+                                               uint32_t *out,
+                                               size_t out_len,
+                                               size_t *written);
+
+// Copies the JSON header of a file of the seed's format, after checking its hash, into `out`
+// (`out_len` bytes, holding the text and its terminator); `*written` receives the length
+// without the terminator. For engines that check the identity strings (`modelId`,
+// `configFingerprint`, `tokenizerHash`, `ns`) before loading.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (not such a file, or damaged),
+// `BUFFER_TOO_SMALL` (nothing written).
+latent_cache_status latent_cache_mlxbun_header(const char *path,
+                                               char *out,
+                                               size_t out_len,
+                                               size_t *written);
 
 // `*out` receives a snapshot of every stored family of `cache` and of its row layout (batch,
 // offset, `left_pad`, `row_ends`), owned by the caller (`latent_cache_donor_free`). No copy is

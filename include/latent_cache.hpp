@@ -516,6 +516,34 @@ class Set {
     return Set(raw);
   }
 
+  // The seed's (mlx-bun's) prompt-cache files: float32 layers whose rows all hold one length.
+  void save_mlxbun(const std::string &path, const std::vector<uint32_t> &tokens,
+                   const latent_cache_mlxbun_info &identity = latent_cache_mlxbun_info{}) const {
+    latent_cache_mlxbun_info info = identity;
+    info.tokens = tokens.data();
+    info.tokens_len = tokens.size();
+    check(latent_cache_set_save_mlxbun(get(), path.c_str(), &info));
+  }
+  static Set load_mlxbun(const std::string &path) {
+    latent_cache_set *raw = nullptr;
+    check(latent_cache_set_load_mlxbun(path.c_str(), &raw));
+    return Set(raw);
+  }
+  static std::vector<uint32_t> mlxbun_tokens(const std::string &path) {
+    size_t written = 0;
+    std::vector<uint32_t> out(1024);
+    while (true) {
+      latent_cache_status status = latent_cache_mlxbun_tokens(path.c_str(), out.data(), out.size(), &written);
+      if (status != LATENT_CACHE_STATUS_BUFFER_TOO_SMALL) {
+        check(status);
+        break;
+      }
+      out.resize(out.size() * 4);
+    }
+    out.resize(written);
+    return out;
+  }
+
  private:
   explicit Set(latent_cache_set *raw) : handle_(raw) {}
   struct Free {

@@ -18,6 +18,9 @@
 //! - `--rounds`: the two row layouts instead (right-justified and ragged, Rust API), side by
 //!   side: decode, uniform rounds and rounds where rows keep different counts, at batch 8 with
 //!   1K and 4K positions per row (and 16K with `--gpu`: 25 GB per system).
+//! - `--attention`: one layer's decode attention through the read path per storage mode, and
+//!   DSA's sparse step (see `attention.rs`); mlx-lm's peer is bench/mlx_lm_attention_bench.py.
+mod attention;
 mod modes;
 mod persist;
 mod systems;
@@ -296,6 +299,12 @@ struct Maker {
 fn main() {
     let cfg = config();
     let mut out = Vec::new();
+    if std::env::args().any(|a| a == "--attention") {
+        let out = attention::run(cfg.quick, std::env::args().any(|a| a == "--gpu"));
+        std::fs::create_dir_all(std::path::Path::new(&cfg.out).parent().unwrap()).unwrap();
+        std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
+        return;
+    }
     if std::env::args().any(|a| a == "--persist") {
         let positions = if cfg.quick { 1024 } else { 4096 };
         out.extend(persist::run(std::path::Path::new("target/bench/persist"), positions, if cfg.quick { 2 } else { 5 }));

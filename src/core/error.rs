@@ -79,6 +79,14 @@ macro_rules! fail {
 }
 pub(crate) use fail;
 
+/// A `CacheError` of `kind` with a formatted message (for `map_err`).
+macro_rules! error {
+    ($kind:ident, $($arg:tt)*) => {
+        $crate::core::error::CacheError::new($crate::core::error::ErrorKind::$kind, format!($($arg)*))
+    };
+}
+pub(crate) use error;
+
 #[cfg(test)]
 mod tests {
     use super::without_source_location;

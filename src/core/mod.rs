@@ -10,11 +10,13 @@ pub mod layout;
 pub mod memory;
 pub mod mlx_math;
 pub mod mlx_ops;
+pub mod mlxbun;
 pub mod persist;
 pub mod prefill;
 pub mod rows;
 pub mod set;
 pub mod storage;
+pub mod wyhash;
 
 pub use cache::{LatentCache, LatentState};
 pub use codec::StorageMode;

@@ -23,20 +23,13 @@ use mlx_rs::{Array, Dtype};
 
 use super::cache::LatentCache;
 use super::codec::StorageMode;
-use super::error::{fail, Result};
+use super::error::{error, fail, Result};
 use super::eval::eval;
 use super::families::Families;
 use super::geometry::{Family, Geometry, Role};
 use super::layout::{LayoutKind, RowLayout};
 use super::mlx_ops;
 use super::storage::Storage;
-
-/// A `CacheError` of `kind` with a formatted message (for `map_err`).
-macro_rules! error {
-    ($kind:ident, $($arg:tt)*) => {
-        super::error::CacheError::new(super::error::ErrorKind::$kind, format!($($arg)*))
-    };
-}
 
 /// The format this library writes, and the newest it reads.
 pub const FORMAT_VERSION: u32 = 1;

@@ -24,6 +24,7 @@ pub mod rows;
 pub mod query;
 pub mod set;
 pub mod persist;
+pub mod mlxbun;
 pub mod donor;
 pub mod last_error;
 pub mod eval_lock;

@@ -12,7 +12,7 @@ use super::status::latent_cache_status;
 use crate::core::persist;
 use crate::core::LatentCache;
 
-fn path(ptr: *const c_char) -> FfiResult<PathBuf> {
+pub(crate) fn path(ptr: *const c_char) -> FfiResult<PathBuf> {
     if ptr.is_null() {
         return Err(Failure::null("path"));
     }

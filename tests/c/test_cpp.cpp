@@ -1,6 +1,8 @@
 // C++ client test: the RAII header over the whole C ABI, under ASan/UBSan (and LeakSanitizer: every
 // array, packed state and cache the wrapper owns is freed). Errors arrive as exceptions with the
 // right status, and a rejected call leaves the cache as it was.
+#include <unistd.h>
+
 #include <cstdio>
 #include <vector>
 
@@ -159,6 +161,19 @@ int main() {
     CHECK(both.bytes_in_use() > 0);
     latent_cache_cpp::Set copy = latent_cache_cpp::Set::load_from_buffer(both.save_to_buffer());
     CHECK(copy.layer_count() == 3);
+    // The seed's file format: one request (rows of one length), its tokens beside it.
+    const std::string seed_file = "/tmp/latent-cache-test-cpp-" + std::to_string(getpid()) + ".mlxkv";
+    one.save_mlxbun(seed_file, {11, 12, 13});
+    latent_cache_cpp::Set reloaded = latent_cache_cpp::Set::load_mlxbun(seed_file);
+    CHECK(reloaded.layer_count() == 3);
+    CHECK(latent_cache_cpp::Set::mlxbun_tokens(seed_file) == (std::vector<uint32_t>{11, 12, 13}));
+    std::remove(seed_file.c_str());
+    try {
+      (void)latent_cache_cpp::Set::mlxbun_tokens(seed_file);  // removed
+      CHECK(false);
+    } catch (const Error &err) {
+      CHECK(err.status() == LATENT_CACHE_STATUS_INVALID_ARGUMENT);
+    }
     try {
       set.spec_round_rollback(std::vector<size_t>{1, 1});  // no round open
       CHECK(false);

@@ -1,0 +1,162 @@
+//! One GLM-5.2 layer's decode attention through the read path (`latent-cache-bench --attention`):
+//! `Donor::attend` over the stored latent and rope key (64 query heads, kv_lora_rank 512, rope
+//! 64, one query per row) per storage mode, at batch 1 and 8; and at the largest context DSA's
+//! sparse step (index scores over the stored index keys, top-2048 selection, attention over the
+//! selected positions). mlx-lm's absorbed path is measured the same way by
+//! bench/mlx_lm_attention_bench.py. One record per (system, scenario, batch, context): median,
+//! p10 and p90 of the step (build + one evaluation) after warmup, and the bytes of stored state
+//! the step reads (for bandwidth).
+use std::time::Instant;
+
+use latent_cache::core::donor::{Donor, MaskMode};
+use latent_cache::core::eval::eval;
+use latent_cache::core::mlx_ops;
+use latent_cache::{Family, Geometry, LatentCache, StorageMode};
+use mlx_rs::{Array, Dtype};
+
+use crate::modes::{ModeSet, MODE_SETS};
+use crate::systems::WIDTHS;
+
+/// GLM-5.2's attention: 64 query heads (qk_nope 192 + rope 64 wide before absorption); its
+/// indexer: 32 heads of width 128, top-2048.
+const HEADS: usize = 64;
+const INDEX_HEADS: usize = 32;
+const TOPK: usize = 2048;
+const RANK: usize = WIDTHS[0];
+const ROPE: usize = WIDTHS[1];
+const INDEX: usize = WIDTHS[2];
+/// Positions per fill append.
+const CHUNK: usize = 4096;
+
+/// Uniform values in [-1, 1) from a fixed xorshift stream, `[shape]` float32.
+fn uniform(shape: &[usize], seed: u64) -> Array {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect();
+    Array::from_slice(&data, &shape.iter().map(|&d| d as i32).collect::<Vec<_>>())
+}
+
+/// A layer stored as `set` says, filled to `context` positions per row.
+fn filled(set: &ModeSet, batch: usize, context: usize) -> LatentCache {
+    let [latent_storage, rope_storage, index_storage] = set.storage;
+    let g = Geometry {
+        kv_lora_rank: RANK,
+        rope_head_dim: ROPE,
+        index_head_dim: INDEX,
+        latent_storage,
+        rope_storage,
+        index_storage,
+        ..Geometry::default()
+    };
+    let mut cache = LatentCache::new(g).unwrap();
+    cache.reserve(context).unwrap();
+    let n = CHUNK.min(context);
+    let chunk = [RANK, ROPE, INDEX].map(|w| uniform(&[batch, n, w], w as u64));
+    eval(chunk.iter()).unwrap();
+    let mut done = 0;
+    while done < context {
+        // Each chunk scaled differently, so positions (and index scores) stay distinct.
+        let factor = mlx_ops::scalar(1.0 + done as f32 / context as f32);
+        let take = n.min(context - done);
+        let part = |a: &Array, w: usize| mlx_ops::multiply(&mlx_ops::slice(a, &[0, 0, 0], &[batch, take, w]).unwrap(), &factor);
+        let [l, r, k] = [(&chunk[0], RANK), (&chunk[1], ROPE), (&chunk[2], INDEX)].map(|(a, w)| part(a, w).unwrap());
+        cache.append(&l, &r, Some(&k)).unwrap();
+        cache.eval().unwrap();
+        done += take;
+    }
+    cache
+}
+
+/// Median, p10, p90 (us) of `samples` timed calls of `step` after `warmup`.
+fn time(warmup: usize, samples: usize, mut step: impl FnMut()) -> [f64; 3] {
+    let mut us: Vec<f64> = (0..warmup + samples)
+        .map(|_| {
+            let start = Instant::now();
+            step();
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .skip(warmup)
+        .collect();
+    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];
+    [at(0.5), at(0.1), at(0.9)]
+}
+
+fn record(system: &str, scenario: &str, batch: usize, context: usize, t: [f64; 3], samples: usize, bytes: usize) -> String {
+    let line = format!(
+        "{{\"system\": \"{system}\", \"scenario\": \"{scenario}\", \"batch\": {batch}, \"context\": {context}, \
+         \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"samples\": {samples}, \"heads\": {HEADS}, \
+         \"topk\": {TOPK}, \"bytes_read\": {bytes}}}",
+        t[0], t[1], t[2]
+    );
+    eprintln!("{line}");
+    line
+}
+
+/// The dense step and (when `sparse`) the DSA step of one mode at one point.
+fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, sparse: bool, runs: (usize, usize)) {
+    let cache = filled(set, batch, context);
+    let donor: Donor = cache.capture_donor_rows().unwrap();
+    // Queries in the dtype an engine forms them in: float32 for the f32 mode, bfloat16 else.
+    let dtype = if set.storage[0] == StorageMode::F32 { Dtype::Float32 } else { Dtype::Bfloat16 };
+    let q = |shape: &[usize], seed| {
+        mlx_ops::astype(&mlx_ops::multiply(&uniform(shape, seed), &mlx_ops::scalar(0.05)).unwrap(), dtype).unwrap()
+    };
+    let (q_latent, q_rope) = (q(&[batch, HEADS, 1, RANK], 1), q(&[batch, HEADS, 1, ROPE], 2));
+    let (q_index, weights) = (q(&[batch, INDEX_HEADS, 1, INDEX], 3), q(&[batch, 1, INDEX_HEADS], 4));
+    eval([&q_latent, &q_rope, &q_index, &weights]).unwrap();
+    let scale = 1.0 / ((192 + ROPE) as f32).sqrt(); // mlx-lm's q_head_dim^-0.5
+    let g = donor.geometry();
+    let per_position = |f: Family| g.storage(f).bytes_per_position(g.width(f).unwrap());
+    let attended = per_position(Family::Latent) + per_position(Family::Rope);
+    let dense = time(runs.0, runs.1, || {
+        let o = donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap();
+        eval([&o]).unwrap();
+    });
+    out.push(record(set.name, "attention", batch, context, dense, runs.1, batch * context * attended));
+    if sparse {
+        let step = || {
+            let scores = donor.index_scores(&q_index, &weights, MaskMode::None).unwrap();
+            let indices = donor.select(&scores, TOPK).unwrap().expect("more positions than top-k");
+            let o = donor.attend_selected(&q_latent, &q_rope, scale, MaskMode::None, &indices).unwrap();
+            eval([&o]).unwrap();
+        };
+        let t = time(runs.0, runs.1, step);
+        let bytes = batch * (context * per_position(Family::IndexKeys) + TOPK * attended);
+        out.push(record(set.name, "attention_dsa", batch, context, t, runs.1, bytes));
+    }
+}
+
+/// Every point: contexts 4K-128K (`gpu`), 1K and 4K (`quick`), else 4K and 16K; batch 1 and 8.
+pub fn run(quick: bool, gpu: bool) -> Vec<String> {
+    let contexts: &[usize] = match (quick, gpu) {
+        (true, _) => &[1024, 4096],
+        (false, true) => &[4096, 16384, 65536, 131072],
+        (false, false) => &[4096, 16384],
+    };
+    let runs = match (quick, gpu) {
+        (true, _) => (1, 5),
+        (false, true) => (5, 50),
+        (false, false) => (2, 10),
+    };
+    // The modes attend reads: f32, bf16, q8 and fp8 (rope bf16); not q4.
+    let sets: Vec<&ModeSet> = MODE_SETS.iter().filter(|s| s.storage[0] != StorageMode::Q4).collect();
+    eprintln!("attention: MLX device {:?}", mlx_rs::Device::default());
+    let mut out = Vec::new();
+    for batch in [1, 8] {
+        for &context in contexts {
+            for set in &sets {
+                mlx_rs::memory::clear_cache().unwrap();
+                measure(&mut out, set, batch, context, context == *contexts.last().unwrap(), runs);
+            }
+        }
+    }
+    out
+}

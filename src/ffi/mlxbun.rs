@@ -1,0 +1,143 @@
+//! The seed's own prompt-cache files (mlx-bun's `MLXBUNKV2` layout, see `core::mlxbun`): a set
+//! saved for, or loaded from, the seed's implementation, and a file's header read on its own.
+use std::ffi::{c_char, CStr};
+
+use super::args::{copy_out, in_slice, out_ptr, write};
+use super::error::{Failure, FfiResult};
+use super::panic::ffi_boundary;
+use super::persist::path;
+use super::set::{latent_cache_set, register_set, with_set_layers};
+use super::status::latent_cache_status;
+use crate::core::mlxbun::{self, MlxbunInfo};
+
+/// What a file of the seed's format says besides the caches. Every pointer is borrowed for the
+/// call; a NULL string is left out of the file.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct latent_cache_mlxbun_info {
+    /// The token ids the state encodes (the prompt prefix), `tokens_len` of them.
+    pub tokens: *const u32,
+    pub tokens_len: usize,
+    /// Identity strings the seed's server compares before it reuses a file (UTF-8).
+    pub model_id: *const c_char,
+    pub config_fingerprint: *const c_char,
+    pub tokenizer_hash: *const c_char,
+    /// The adapter namespace (`""` for the base model; the seed's SSD tier expects the key).
+    pub ns: *const c_char,
+}
+
+fn text(ptr: *const c_char, name: &str) -> FfiResult<Option<String>> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: a non-NULL, NUL-terminated string from the caller.
+    let s = unsafe { CStr::from_ptr(ptr) }
+        .to_str()
+        .map_err(|_| Failure::new(latent_cache_status::InvalidArgument, format!("{name} is not UTF-8")))?;
+    Ok(Some(s.to_owned()))
+}
+
+unsafe fn info(info: *const latent_cache_mlxbun_info) -> FfiResult<MlxbunInfo> {
+    // SAFETY: NULL or a valid struct from the caller.
+    let Some(i) = (unsafe { info.as_ref() }) else {
+        return Ok(MlxbunInfo::default());
+    };
+    Ok(MlxbunInfo {
+        tokens: unsafe { in_slice(i.tokens, i.tokens_len, "info->tokens") }?.to_vec(),
+        model_id: text(i.model_id, "info->model_id")?,
+        config_fingerprint: text(i.config_fingerprint, "info->config_fingerprint")?,
+        tokenizer_hash: text(i.tokenizer_hash, "info->tokenizer_hash")?,
+        ns: text(i.ns, "info->ns")?,
+    })
+}
+
+/// Saves every layer of `set` as the seed's implementation (mlx-bun) saves a prompt cache, so
+/// its loader reads it: format version 3, kinds `mla`, `mla-dsa` and `mtp-mla`, float32
+/// `[B, offset, width]` tensors at 16 KiB-aligned offsets, the header and every tensor hashed;
+/// written to a temporary file beside `path` (mode 0600), synced and renamed. `info` may be NULL
+/// (no tokens, no identity strings). The seed's format keeps one offset per layer and float32
+/// values only, so every layer must store float32 and hold rows of one length without padding
+/// (extract a row first to save one request of a batch).
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path or string that is not UTF-8, compact
+/// storage, rows of different lengths, an empty layer), `INVALID_STATE` (layers that disagree),
+/// `BACKEND` (the file could not be written). On failure no file is left under `path` or beside it.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_save_mlxbun(
+    set: *const latent_cache_set,
+    path: *const c_char,
+    info: *const latent_cache_mlxbun_info,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let path = self::path(path)?;
+        let info = unsafe { self::info(info) }?;
+        with_set_layers(set, |layers| Ok(mlxbun::save(&layers.iter().map(|l| &**l).collect::<Vec<_>>(), &info, &path)?))
+    }
+}
+
+/// Loads a prompt cache the seed's implementation wrote (format versions 3 and 4; its v4
+/// attachments, such as the MTP draft state, are not read) or `latent_cache_set_save_mlxbun`
+/// wrote. The magic, the header's hash, every field (kinds, geometry, `maxTokens`, shapes, dtype,
+/// offsets inside the file) and every tensor's hash are checked; on any failure nothing is
+/// created. `*out` receives a set of float32 layers in the file's order, rows right-justified and
+/// all holding the layer's offset, owned by the caller. The tokens and identity strings: read
+/// them with `latent_cache_mlxbun_header` / `latent_cache_mlxbun_tokens`.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, format
+/// version 5), `CAPACITY`, `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_load_mlxbun(
+    path: *const c_char,
+    out: *mut *mut latent_cache_set,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let path = self::path(path)?;
+        let out = out_ptr(out, "out")?;
+        let (caches, _) = mlxbun::load(&path)?;
+        unsafe { write(out, register_set(caches)) };
+        Ok(())
+    }
+}
+
+/// Copies the token ids of a file of the seed's format into `out` (`out_len` entries) and their
+/// count into `*written`, after checking the header's hash; no tensor is read.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (not such a file, or damaged),
+/// `BUFFER_TOO_SMALL` (nothing written).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_mlxbun_tokens(
+    path: *const c_char,
+    out: *mut u32,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let path = self::path(path)?;
+        let written = out_ptr(written, "written")?;
+        let (_, info) = mlxbun::read_info(&path)?;
+        unsafe { copy_out(out, out_len, &info.tokens, written, "out") }
+    }
+}
+
+/// Copies the JSON header of a file of the seed's format, after checking its hash, into `out`
+/// (`out_len` bytes, holding the text and its terminator); `*written` receives the length
+/// without the terminator. For engines that check the identity strings (`modelId`,
+/// `configFingerprint`, `tokenizerHash`, `ns`) before loading.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (not such a file, or damaged),
+/// `BUFFER_TOO_SMALL` (nothing written).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_mlxbun_header(
+    path: *const c_char,
+    out: *mut c_char,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let path = self::path(path)?;
+        let written = out_ptr(written, "written")?;
+        let (text, _) = mlxbun::read_info(&path)?;
+        let mut bytes = text.into_bytes();
+        bytes.push(0);
+        unsafe { copy_out(out.cast::<u8>(), out_len, &bytes, written, "out")? };
+        // The count excludes the terminator.
+        unsafe { *written -= 1 };
+        Ok(())
+    }
+}
