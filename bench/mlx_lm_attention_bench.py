@@ -125,11 +125,16 @@ def main():
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    # The points and runs of bench/src/attention.rs `run`.
-    contexts = [1024, 4096] if a.quick else [4096, 16384, 65536, 131072] if a.gpu else [4096, 16384]
-    runs = (1, 5) if a.quick else (5, 50) if a.gpu else (2, 10)
+    # The points and runs of bench/src/attention.rs (`points`, `run`).
+    if a.quick:
+        points = {1: [1024, 4096], 8: [1024]}
+    elif a.gpu:
+        points = {1: [4096, 16384, 65536, 131072], 8: [4096, 16384, 65536, 131072]}
+    else:
+        points = {1: [4096, 16384], 8: [4096]}
+    runs = (5, 50) if a.gpu and not a.quick else (1, 5)
     print(f"mlx-lm attention: MLX {mx.__version__}, device {mx.default_device()}", file=sys.stderr)
-    records = [r for batch in (1, 8) for c in contexts for r in measure(batch, c, runs)]
+    records = [r for batch, contexts in points.items() for c in contexts for r in measure(batch, c, runs)]
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)

@@ -134,23 +134,29 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
     }
 }
 
-/// Every point: contexts 4K-128K (`gpu`), 1K and 4K (`quick`), else 4K and 16K; batch 1 and 8.
+/// The (batch, contexts) points: 4K to 128K at batch 1 and 8 (`gpu`); on a CPU (where one step
+/// at batch 8 and 16K takes seconds per mode) 4K and 16K at batch 1, 4K at batch 8; `quick`: 1K
+/// and 4K, 1K. DSA's sparse step is measured at each batch's largest context.
+fn points(quick: bool, gpu: bool) -> [(usize, &'static [usize]); 2] {
+    match (quick, gpu) {
+        (true, _) => [(1, &[1024, 4096]), (8, &[1024])],
+        (false, true) => [(1, &[4096, 16384, 65536, 131072]), (8, &[4096, 16384, 65536, 131072])],
+        (false, false) => [(1, &[4096, 16384]), (8, &[4096])],
+    }
+}
+
 pub fn run(quick: bool, gpu: bool) -> Vec<String> {
-    let contexts: &[usize] = match (quick, gpu) {
-        (true, _) => &[1024, 4096],
-        (false, true) => &[4096, 16384, 65536, 131072],
-        (false, false) => &[4096, 16384],
-    };
+    // (warmup, samples), as bench/mlx_lm_attention_bench.py.
     let runs = match (quick, gpu) {
         (true, _) => (1, 5),
         (false, true) => (5, 50),
-        (false, false) => (2, 10),
+        (false, false) => (1, 5),
     };
     // The modes attend reads: f32, bf16, q8 and fp8 (rope bf16); not q4.
     let sets: Vec<&ModeSet> = MODE_SETS.iter().filter(|s| s.storage[0] != StorageMode::Q4).collect();
     eprintln!("attention: MLX device {:?}", mlx_rs::Device::default());
     let mut out = Vec::new();
-    for batch in [1, 8] {
+    for (batch, contexts) in points(quick, gpu) {
         for &context in contexts {
             for set in &sets {
                 mlx_rs::memory::clear_cache().unwrap();

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use latent_cache::core::{eval::eval, persist};
+use latent_cache::core::{eval::eval, mlxbun, persist};
 
 use crate::systems::{model_layers, Inputs};
 
@@ -38,10 +38,20 @@ pub fn run(dir: &Path, positions: usize, rounds: usize) -> Vec<String> {
     }
     let refs: Vec<_> = layers.iter().collect();
     let (file, copy) = (dir.join("state.safetensors"), dir.join("state-copy.safetensors"));
-    let (mut save, mut cp, mut load) = (Vec::new(), Vec::new(), Vec::new());
+    let seed_file = dir.join("state.mlxkv");
+    let info = mlxbun::MlxbunInfo { tokens: (0..positions as u32).collect(), ..Default::default() };
+    let (mut save, mut cp, mut cp_sync, mut load, mut seed) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let copy_file = || assert!(std::process::Command::new("cp").arg(&file).arg(&copy).status().unwrap().success());
     for _ in 0..rounds {
         save.push(seconds(|| persist::save(&refs, &file).unwrap()));
-        cp.push(seconds(|| assert!(std::process::Command::new("cp").arg(&file).arg(&copy).status().unwrap().success())));
+        cp.push(seconds(copy_file));
+        // A labelled variant: the copy made as durable as the save (its file synced to disk).
+        cp_sync.push(seconds(|| {
+            copy_file();
+            std::fs::File::open(&copy).and_then(|f| f.sync_all()).unwrap();
+        }));
+        // The seed's own file format (`core::mlxbun`: host reads, wyhash of every tensor, synced).
+        seed.push(seconds(|| mlxbun::save(&refs, &info, &seed_file).unwrap()));
         load.push(seconds(|| {
             let loaded = persist::load(&copy).unwrap();
             eval(
@@ -60,7 +70,8 @@ pub fn run(dir: &Path, positions: usize, rounds: usize) -> Vec<String> {
     let bytes = std::fs::metadata(&file).unwrap().len();
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_file(&copy);
-    [("save", save), ("cp", cp), ("load", load)]
+    let _ = std::fs::remove_file(&seed_file);
+    [("save", save), ("cp", cp), ("cp+fsync", cp_sync), ("load", load), ("save seed format", seed)]
         .into_iter()
         .map(|(op, samples)| {
             let line = format!(
