@@ -14,8 +14,10 @@ pub mod mlxbun;
 pub mod persist;
 pub mod prefill;
 pub mod rows;
+pub mod safetensors;
 pub mod set;
 pub mod storage;
+pub mod tensor_bytes;
 pub mod wyhash;
 
 pub use cache::{LatentCache, LatentState};

@@ -29,40 +29,63 @@ use super::families::Families;
 use super::geometry::{Family, Geometry, Role};
 use super::layout::{LayoutKind, RowLayout};
 use super::mlx_ops;
+use super::safetensors;
 use super::storage::Storage;
+use super::tensor_bytes;
 
 /// The format this library writes, and the newest it reads.
 pub const FORMAT_VERSION: u32 = 1;
 const PREFIX: &str = "0.latent_cache.";
 
 /// A 64-bit checksum of a tensor's dtype, shape and bytes: FNV-1a's multiply-xor over 8-byte
-/// words (then the tail bytes), fast enough to run over every byte of a saved state.
+/// words of its row-major bytes (then the tail bytes), fast enough to run over every byte of a
+/// saved state. Read where the evaluated array holds its bytes (`tensor_bytes`), in runs whose
+/// lengths need not be multiples of 8.
 fn checksum(a: &Array) -> Result<String> {
-    let a = mlx_ops::contiguous(a)?;
-    eval([&a])?;
+    eval([a])?;
+    let laid_out;
+    let a = match tensor_bytes::inner_contiguous(a) {
+        true => a,
+        false => {
+            laid_out = mlx_ops::contiguous(a)?;
+            eval([&laid_out])?;
+            &laid_out
+        }
+    };
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in format!("{:?}{:?}", a.dtype(), a.shape()).as_bytes() {
         hash = (hash ^ b as u64).wrapping_mul(PRIME);
     }
-    // SAFETY: evaluated and row-contiguous; `nbytes` bytes at its data pointer.
-    unsafe {
-        let n = mlx_sys::mlx_array_nbytes(a.as_ptr());
-        if n > 0 {
-            let data = mlx_sys::mlx_array_data_uint8(a.as_ptr());
-            if data.is_null() {
-                return fail!(Backend, "reading a tensor for its checksum: no data");
+    let word = |hash: u64, w: u64| {
+        let h = (hash ^ w).wrapping_mul(PRIME);
+        h ^ (h >> 29)
+    };
+    // Bytes of a word split between runs.
+    let (mut pending, mut held) = ([0u8; 8], 0usize);
+    tensor_bytes::for_each_run(a, |mut run| {
+        if held > 0 {
+            let take = (8 - held).min(run.len());
+            pending[held..held + take].copy_from_slice(&run[..take]);
+            held += take;
+            run = &run[take..];
+            if held < 8 {
+                return Ok(());
             }
-            let bytes = std::slice::from_raw_parts(data, n);
-            let mut words = bytes.chunks_exact(8);
-            for w in &mut words {
-                hash = (hash ^ u64::from_le_bytes(w.try_into().expect("8 bytes"))).wrapping_mul(PRIME);
-                hash ^= hash >> 29;
-            }
-            for &b in words.remainder() {
-                hash = (hash ^ b as u64).wrapping_mul(PRIME);
-            }
+            hash = word(hash, u64::from_le_bytes(pending));
+            held = 0;
         }
+        let mut words = run.chunks_exact(8);
+        for w in &mut words {
+            hash = word(hash, u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        }
+        let rest = words.remainder();
+        pending[..rest.len()].copy_from_slice(rest);
+        held = rest.len();
+        Ok(())
+    })?;
+    for &b in &pending[..held] {
+        hash = (hash ^ b as u64).wrapping_mul(PRIME);
     }
     Ok(format!("{hash:016x}"))
 }
@@ -167,10 +190,10 @@ struct Contents {
 }
 
 impl Contents {
-    /// Adds a tensor, laid out contiguously once (its checksum and MLX's writer then read the
-    /// same buffer, with no copy of their own).
+    /// Adds a tensor as it is (a view of the stored buffers): its checksum and the writer read
+    /// it where it lies.
     fn tensor(&mut self, name: String, a: Array) -> Result<()> {
-        self.tensors.push((name, mlx_ops::contiguous(&a)?));
+        self.tensors.push((name, a));
         Ok(())
     }
 
@@ -241,6 +264,11 @@ fn contents(layers: &[&LatentCache]) -> Result<Contents> {
         c.metadata.push((format!("2.{}.1", k + 1), kind.into()));
     }
     eval(c.tensors.iter().map(|(_, a)| a))?;
+    // Runs must be contiguous along the innermost axis (broadcast zeros are not): lay those out.
+    for (_, a) in c.tensors.iter_mut().filter(|(_, a)| !tensor_bytes::inner_contiguous(a)) {
+        *a = mlx_ops::contiguous(a)?;
+        eval([&*a])?;
+    }
     let sums = c.tensors.iter().map(|(n, a)| Ok((format!("{PREFIX}sum.{n}"), checksum(a)?))).collect::<Result<Vec<_>>>()?;
     c.metadata.extend(sums);
     let meta_sum = metadata_checksum(c.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -283,7 +311,6 @@ pub fn save(layers: &[&LatentCache], path: &Path) -> Result<()> {
     let c = contents(layers)?;
     let tmp = temporary_beside(path)?;
     let written = write_safetensors(&c, &tmp).and_then(|_| {
-        std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| error!(Backend, "syncing {}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, path).map_err(|e| error!(Backend, "renaming {} to {}: {e}", tmp.display(), path.display()))
     });
     if written.is_err() {
@@ -303,31 +330,14 @@ fn temporary_beside(path: &Path) -> Result<PathBuf> {
 }
 
 fn write_safetensors(c: &Contents, path: &Path) -> Result<()> {
-    let file = mlx_path(path)?;
     if path.parent().is_some_and(|dir| !dir.as_os_str().is_empty() && !dir.is_dir()) {
         return fail!(Backend, "cannot write {}: its folder does not exist", path.display());
     }
-    // SAFETY: maps are created and freed here; keys and values are copied by mlx-c.
-    unsafe {
-        let arrays = mlx_sys::mlx_map_string_to_array_new();
-        let strings = mlx_sys::mlx_map_string_to_string_new();
-        let mut ok = true;
-        for (name, a) in &c.tensors {
-            let key = cstring(name)?;
-            ok &= mlx_sys::mlx_map_string_to_array_insert(arrays, key.as_ptr(), a.as_ptr()) == 0;
-        }
-        for (k, v) in &c.metadata {
-            let (k, v) = (cstring(k)?, cstring(v)?);
-            ok &= mlx_sys::mlx_map_string_to_string_insert(strings, k.as_ptr(), v.as_ptr()) == 0;
-        }
-        let rc = if ok { mlx_sys::mlx_save_safetensors(file.as_ptr(), arrays, strings) } else { 1 };
-        mlx_sys::mlx_map_string_to_array_free(arrays);
-        mlx_sys::mlx_map_string_to_string_free(strings);
-        if rc != 0 {
-            return fail!(Backend, "MLX could not write {}", path.display());
-        }
-    }
-    Ok(())
+    let file = std::fs::File::create(path).map_err(|e| error!(Backend, "creating {}: {e}", path.display()))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    safetensors::write(&mut out, &c.tensors, &c.metadata)?;
+    let file = out.into_inner().map_err(|e| error!(Backend, "writing {}: {e}", path.display()))?;
+    file.sync_all().map_err(|e| error!(Backend, "syncing {}: {e}", path.display()))
 }
 
 /// Checks a safetensors file's frame before MLX reads it: the header length fits the file, and
@@ -407,9 +417,14 @@ fn read_safetensors(path: &Path) -> Result<(HashMap<String, Array>, HashMap<Stri
 /// Loads the caches saved in `path`, every check passed before any cache is made.
 pub fn load(path: &Path) -> Result<Vec<LatentCache>> {
     let (tensors, metadata) = read_safetensors(path)?;
+    // Any key of ours makes it our file: a damaged format key must not turn it into a foreign
+    // (unchecked) one.
+    if !metadata.keys().any(|k| k.starts_with(PREFIX)) {
+        return import_mlx_lm(&tensors, &metadata);
+    }
     match metadata.get(&format!("{PREFIX}format")) {
         Some(version) => load_ours(version, &tensors, &metadata),
-        None => import_mlx_lm(&tensors, &metadata),
+        None => fail!(InvalidArgument, "the file's format version is missing (the file is damaged)"),
     }
 }
 
@@ -564,13 +579,12 @@ fn import_mlx_lm(tensors: &HashMap<String, Array>, meta: &HashMap<String, String
         .collect())
 }
 
-/// Saves to bytes (through a temporary file: MLX writes safetensors to files).
+/// Saves to bytes, the same bytes a file holds.
 pub fn save_to_bytes(layers: &[&LatentCache]) -> Result<Vec<u8>> {
-    let path = scratch_path()?;
-    let result =
-        save(layers, &path).and_then(|_| std::fs::read(&path).map_err(|e| error!(Backend, "reading back the saved state: {e}")));
-    let _ = std::fs::remove_file(&path);
-    result
+    let c = contents(layers)?;
+    let mut out = Vec::new();
+    safetensors::write(&mut out, &c.tensors, &c.metadata)?;
+    Ok(out)
 }
 
 /// Loads from bytes a save wrote (through a temporary file).

@@ -1,0 +1,65 @@
+//! Writing safetensors ourselves (reading stays with MLX's loader): the header, then every
+//! tensor's bytes streamed from where the evaluated arrays hold them (`tensor_bytes`), so a save
+//! copies the state once, into the file, instead of laying each tensor out again first.
+use std::io::Write;
+
+use mlx_rs::{Array, Dtype};
+
+use super::error::{error, fail, Result};
+use super::tensor_bytes::for_each_run;
+
+/// The safetensors name of an MLX dtype (those MLX's loader reads back).
+fn dtype_name(d: Dtype) -> Result<&'static str> {
+    Ok(match d {
+        Dtype::Bool => "BOOL",
+        Dtype::Uint8 => "U8",
+        Dtype::Uint16 => "U16",
+        Dtype::Uint32 => "U32",
+        Dtype::Uint64 => "U64",
+        Dtype::Int8 => "I8",
+        Dtype::Int16 => "I16",
+        Dtype::Int32 => "I32",
+        Dtype::Int64 => "I64",
+        Dtype::Float16 => "F16",
+        Dtype::Bfloat16 => "BF16",
+        Dtype::Float32 => "F32",
+        Dtype::Float64 => "F64",
+        other => return fail!(Backend, "no safetensors dtype for {other:?}"),
+    })
+}
+
+fn json(s: &str) -> String {
+    serde_json::to_string(s).expect("a string serializes")
+}
+
+/// Writes `tensors` (evaluated, innermost axis contiguous) and `metadata` as one safetensors
+/// file to `out`: an 8-byte little-endian header length, the JSON header padded with spaces to a
+/// multiple of 8, then the tensors' bytes in order.
+pub fn write(out: &mut impl Write, tensors: &[(String, Array)], metadata: &[(String, String)]) -> Result<()> {
+    let meta: Vec<String> = metadata.iter().map(|(k, v)| format!("{}:{}", json(k), json(v))).collect();
+    let mut entries = vec![format!("\"__metadata__\":{{{}}}", meta.join(","))];
+    let mut at = 0usize;
+    for (name, a) in tensors {
+        let bytes = a.size() * a.item_size();
+        let shape: Vec<String> = a.shape().iter().map(|d| d.to_string()).collect();
+        entries.push(format!(
+            "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{at},{}]}}",
+            json(name),
+            dtype_name(a.dtype())?,
+            shape.join(","),
+            at + bytes
+        ));
+        at += bytes;
+    }
+    let mut header = format!("{{{}}}", entries.join(","));
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let io = |e: std::io::Error| error!(Backend, "writing the file: {e}");
+    out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    out.write_all(header.as_bytes()).map_err(io)?;
+    for (_, a) in tensors {
+        for_each_run(a, |run| out.write_all(run).map_err(io))?;
+    }
+    Ok(())
+}
