@@ -102,15 +102,19 @@ test-c: ship
 	$(CXX) -std=c++17 $(CWARN) $(SAN) -g -Iinclude examples/decode.cpp -o $(OUT)/decode_cpp_asan $(LINK)
 	$(OUT)/test_cpp
 	$(OUT)/engine_asan --layers 6 --dsa 2 --prefill 600 --chunk 256 --decode 12
+	$(CC) -std=c11 $(CWARN) $(SAN) -g -O1 -Iinclude examples/attention.c -o $(OUT)/attention_asan $(LINK) -lm
+	$(OUT)/attention_asan --context 700 --steps 2 --topk 256
 	$(OUT)/decode_cpp_asan --steps 8
 
 examples: ship
 	@mkdir -p $(OUT)
 	$(CC) -std=c11 $(CWARN) -O2 -Iinclude examples/engine.c -o $(OUT)/engine $(LINK) -lm
+	$(CC) -std=c11 $(CWARN) -O2 -Iinclude examples/attention.c -o $(OUT)/attention $(LINK) -lm
 	$(CXX) -std=c++17 $(CWARN) -O2 -Iinclude examples/decode.cpp -o $(OUT)/decode_cpp $(LINK)
 
 demo: examples
 	$(OUT)/engine
+	$(OUT)/attention
 
 # Benchmarks (results: bench/results/): this library, the seed's strategy and mlx-lm's caches side by
 # side in one run. mlx-lm runs on PyPI's mlx of the same MLX version, in its own folder.
