@@ -55,6 +55,17 @@ pub(crate) unsafe fn copy_out<T: Copy>(ptr: *mut T, len: usize, values: &[T], wr
     Ok(())
 }
 
+/// `copy_out` for a string: its bytes and a NUL terminator (which `out_len` counts); `*written`
+/// receives the length without the terminator.
+pub(crate) unsafe fn copy_out_str(out: *mut std::ffi::c_char, out_len: usize, s: &str, written: *mut usize) -> FfiResult {
+    let mut bytes = s.as_bytes().to_vec();
+    bytes.push(0);
+    unsafe { copy_out(out.cast::<u8>(), out_len, &bytes, written, "out")? };
+    // The count excludes the terminator.
+    unsafe { *written -= 1 };
+    Ok(())
+}
+
 /// Copies `values` into a buffer checked by `out_buffer` and stores the count in `written`.
 unsafe fn write_buffer<T: Copy>(ptr: *mut T, values: &[T], written: *mut usize) {
     if !values.is_empty() {

@@ -1,7 +1,7 @@
 //! The `latent_cache` handle's lifecycle, host-buffer appends and reads, trim and reset.
 use std::ffi::c_char;
 
-use super::args::{copy_out, in_slice, optional_slice, out_ptr, write};
+use super::args::{copy_out, copy_out_str, in_slice, optional_slice, out_ptr, write};
 use super::config::latent_cache_config;
 use super::error::{set_last_error, Failure, FfiResult};
 use super::family::family;
@@ -237,12 +237,7 @@ pub unsafe extern "C" fn latent_cache_signature(
     ffi_boundary! {
         let written = out_ptr(written, "written")?;
         with_cache(cache, |cache| {
-            let mut signature = cache.signature().into_bytes();
-            signature.push(0);
-            unsafe { copy_out(out.cast::<u8>(), out_len, &signature, written, "out")? };
-            // The count excludes the terminator.
-            unsafe { *written -= 1 };
-            Ok(())
+            unsafe { copy_out_str(out, out_len, &cache.signature(), written) }
         })
     }
 }

@@ -2,7 +2,7 @@
 //! saved for, or loaded from, the seed's implementation, and a file's header read on its own.
 use std::ffi::{c_char, CStr};
 
-use super::args::{copy_out, in_slice, out_ptr, write};
+use super::args::{copy_out, copy_out_str, in_slice, out_ptr, write};
 use super::error::{Failure, FfiResult};
 use super::panic::ffi_boundary;
 use super::persist::path;
@@ -133,11 +133,6 @@ pub unsafe extern "C" fn latent_cache_mlxbun_header(
         let path = self::path(path)?;
         let written = out_ptr(written, "written")?;
         let (text, _) = mlxbun::read_info(&path)?;
-        let mut bytes = text.into_bytes();
-        bytes.push(0);
-        unsafe { copy_out(out.cast::<u8>(), out_len, &bytes, written, "out")? };
-        // The count excludes the terminator.
-        unsafe { *written -= 1 };
-        Ok(())
+        unsafe { copy_out_str(out, out_len, &text, written) }
     }
 }
