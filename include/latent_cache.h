@@ -596,13 +596,18 @@ latent_cache_status latent_cache_spec_round_rollback_rows(latent_cache *cache,
 // - `right_padding[b]`: the last positions the prefill appends to row b are padding (a shorter
 //   prompt padded at its end). `latent_cache_prefill_finalize` drops them, so the row ends with
 //   its prompt's last position; before it, reads and attention see them.
-// - `lengths[b]`: row b's prompt length, checked at finalize against what the row gained.
+// - `lengths[b]`: row b's prompt length, checked at finalize against what the row gained; with
+//   it, a row extracted (or merged into another cache) mid-prefill keeps exactly its prompt,
+//   even before its padding arrived.
 //
+// On an empty cache the vectors bind the first append's batch (another batch: `SHAPE`).
 // Between prepare and finalize, appends and trims work as usual, a speculative round cannot
 // begin, a merge into the cache is refused, `latent_cache_filter_rows` keeps the kept rows'
-// padding, and `latent_cache_extract_row` returns the row without its right padding.
+// padding, and `latent_cache_extract_row` (and a merge from this cache) takes each row without
+// its right padding.
 //
-// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a vector's length is not the batch size),
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a vector's length is not the batch size;
+// left padding with no unpadded row, which no append could take),
 // `OUT_OF_RANGE` (an entry over INT32_MAX), `INVALID_STATE` (a round or a prefill is open, or
 // left padding on a cache that holds rows). On failure nothing changed.
 latent_cache_status latent_cache_prefill_prepare(latent_cache *cache,

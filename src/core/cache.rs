@@ -218,6 +218,7 @@ impl LatentCache {
         let prepared = self.prepared_left_pad();
         let left_pad = left_pad.or(prepared.as_deref());
         let (batch, tokens) = self.check_arrays(latent, rope, index_keys)?;
+        self.check_prefill_batch(batch)?;
         self.check_placement(batch, tokens, left_pad)?;
         let pending = self.prepare_write(Families { latent, rope, index_keys }, batch, tokens)?;
         // Built before the commit, so a failure here leaves the cache as it was.
@@ -264,6 +265,7 @@ impl LatentCache {
         rope: &[f32],
         index_keys: Option<&[f32]>,
     ) -> Result<()> {
+        self.check_prefill_batch(batch)?;
         let prepared = self.prepared_left_pad();
         let left_pad = left_pad.or(prepared.as_deref());
         self.check_placement(batch, tokens, left_pad)?;

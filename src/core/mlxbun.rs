@@ -225,7 +225,7 @@ struct Header {
     data_start: u64,
 }
 
-fn read_header(r: &mut impl Read) -> Result<Header> {
+fn read_header(r: &mut impl Read, file_len: u64) -> Result<Header> {
     let mut prefix = [0u8; PREFIX_LEN as usize];
     r.read_exact(&mut prefix).map_err(|_| error!(InvalidArgument, "too short to be a cache file of the seed's format"))?;
     if &prefix[..10] != MAGIC {
@@ -238,7 +238,7 @@ fn read_header(r: &mut impl Read) -> Result<Header> {
     let header_len = u32::from_le_bytes(prefix[10..14].try_into().unwrap()) as u64;
     let data_start = u32::from_le_bytes(prefix[14..18].try_into().unwrap()) as u64;
     let hash = u64::from_le_bytes(prefix[18..26].try_into().unwrap());
-    if header_len > MAX_HEADER || data_start < PREFIX_LEN + header_len {
+    if header_len > MAX_HEADER || data_start < PREFIX_LEN + header_len || PREFIX_LEN + header_len > file_len {
         return fail!(InvalidArgument, "damaged header fields (length {header_len}, data start {data_start})");
     }
     let mut text = vec![0u8; header_len as usize];
@@ -344,7 +344,7 @@ fn plan_layer(i: usize, e: &Value, data_start: u64, file_len: u64) -> Result<Lay
         err
     })?;
     let offset = dim("offset")?;
-    if offset == 0 || (max_tokens != 0 && offset > max_tokens) {
+    if offset == 0 || offset > i32::MAX as usize || (max_tokens != 0 && offset > max_tokens) {
         return fail!(InvalidArgument, "{what}: offset {offset} (1 to maxTokens {max_tokens})");
     }
     if let Some(m) = e.get("minimumReusableOffset") {
@@ -379,7 +379,7 @@ fn plan_layer(i: usize, e: &Value, data_start: u64, file_len: u64) -> Result<Lay
             return fail!(InvalidArgument, "{what}: not float32 (dtype {})", t["dtype"]);
         }
         let bytes = uint(field(t, "bytes", &what)?, &format!("{what} bytes"))?;
-        let want = batch.checked_mul(offset as u64 * width as u64 * 4);
+        let want = batch.checked_mul(offset as u64).and_then(|n| n.checked_mul(width as u64)).and_then(|n| n.checked_mul(4));
         if want != Some(bytes) {
             return fail!(InvalidArgument, "{what}: {bytes} bytes for shape {shape:?}");
         }
@@ -415,7 +415,24 @@ fn plan(h: &Header, file_len: u64) -> Result<(Vec<LayerPlan>, MlxbunInfo)> {
     if caches.is_empty() || caches.len() > MAX_LAYERS {
         return fail!(InvalidArgument, "{} caches: a file holds 1 to {MAX_LAYERS}", caches.len());
     }
-    let layers = caches.iter().enumerate().map(|(i, e)| plan_layer(i, e, h.data_start, file_len)).collect::<Result<_>>()?;
+    let layers: Vec<LayerPlan> =
+        caches.iter().enumerate().map(|(i, e)| plan_layer(i, e, h.data_start, file_len)).collect::<Result<_>>()?;
+    // One request's state: every cache holds the same rows (as a set's layers must).
+    let (batch, offset) = (layers[0].slots[0].batch, layers[0].offset);
+    if let Some(i) = layers.iter().position(|l| l.slots[0].batch != batch || l.offset != offset) {
+        return fail!(
+            InvalidArgument,
+            "cache {i} holds {} rows of {} positions but cache 0 holds {batch} of {offset}",
+            layers[i].slots[0].batch,
+            layers[i].offset
+        );
+    }
+    // Tensors may not share bytes: a file cannot make the load hold more than it holds.
+    let mut ranges: Vec<(u64, u64)> = layers.iter().flat_map(|l| l.slots.iter().map(|s| (s.at, s.at + s.bytes))).collect();
+    ranges.sort_unstable();
+    if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
+        return fail!(InvalidArgument, "two tensors overlap in the file");
+    }
     Ok((layers, info))
 }
 
@@ -443,7 +460,7 @@ fn build(r: &mut (impl Read + Seek), layers: Vec<LayerPlan>) -> Result<Vec<Laten
 }
 
 fn load_from(r: &mut (impl Read + Seek), file_len: u64) -> Result<(Vec<LatentCache>, MlxbunInfo)> {
-    let header = read_header(r)?;
+    let header = read_header(r, file_len)?;
     let (layers, info) = plan(&header, file_len)?;
     Ok((build(r, layers)?, info))
 }
@@ -465,7 +482,8 @@ pub fn load_from_bytes(bytes: &[u8]) -> Result<(Vec<LatentCache>, MlxbunInfo)> {
 /// The verified JSON header of a file, and its info, without reading any tensor.
 pub fn read_info(path: &Path) -> Result<(String, MlxbunInfo)> {
     let mut file = File::open(path).map_err(|e| error!(InvalidArgument, "opening {}: {e}", path.display()))?;
-    let header = read_header(&mut file)?;
+    let len = file.metadata().map_err(|e| error!(Backend, "{}: {e}", path.display()))?.len();
+    let header = read_header(&mut file, len)?;
     let info = info(&header.json)?;
     Ok((header.text, info))
 }

@@ -63,6 +63,13 @@ impl LatentCache {
         if left_padding.is_some() && self.batch_size() != 0 {
             return fail!(State, "left padding is taken only by an empty cache (mlx-lm's rule)");
         }
+        if let Some(left) = left_padding {
+            // What a padded first append requires, checked now so that a prepare no append
+            // could take is refused instead of blocking every append until finalize.
+            if left.is_empty() || left.iter().all(|&pad| pad > 0) {
+                return fail!(InvalidArgument, "left_padding needs one entry per row and a row (the longest prompt) with none");
+            }
+        }
         let given = [("lengths", lengths), ("left_padding", left_padding), ("right_padding", right_padding)];
         let mut rows = (self.batch_size() != 0).then_some(self.batch_size());
         for (name, v) in given {
@@ -131,9 +138,38 @@ impl LatentCache {
         }
     }
 
-    /// Row `row`'s right padding in an open prefill (0 without one).
-    pub(crate) fn prefill_right_padding(&self, row: usize) -> usize {
-        self.prefill.as_ref().and_then(|p| p.right_padding.as_ref()).and_then(|r| r.get(row).copied()).unwrap_or(0)
+    /// Where row `row`'s valid positions end in an open prefill (its end without one): with
+    /// `lengths`, at most its prompt's end (so padding not yet appended takes nothing from the
+    /// prompt); otherwise its end less its right padding.
+    pub(crate) fn prefill_valid_end(&self, row: usize) -> usize {
+        let (start, end) = (self.layout.left_pad()[row], self.layout.row_ends()[row]);
+        let Some(p) = &self.prefill else {
+            return end;
+        };
+        match (&p.lengths, &p.right_padding) {
+            (Some(lengths), _) => {
+                let prompt_end = start + p.base.get(row).copied().unwrap_or(0) + lengths.get(row).copied().unwrap_or(0);
+                end.min(prompt_end)
+            }
+            (None, Some(right)) => end - right.get(row).copied().unwrap_or(0).min(end - start),
+            (None, None) => end,
+        }
+    }
+
+    /// Refuses a first append whose batch is not the prepared prefill's (its vectors have one
+    /// entry per coming row).
+    pub(crate) fn check_prefill_batch(&self, batch: usize) -> Result<()> {
+        let Some(p) = &self.prefill else {
+            return Ok(());
+        };
+        if self.batch_size() != 0 {
+            return Ok(());
+        }
+        let rows = [&p.lengths, &p.left_padding, &p.right_padding].into_iter().flatten().map(Vec::len).next();
+        match rows {
+            Some(n) if n != batch => fail!(Shape, "the prefill was prepared for {n} rows; this first append has {batch}"),
+            _ => Ok(()),
+        }
     }
 
     /// Whether a prefill is open (between `prefill_prepare` and `prefill_finalize`).

@@ -172,9 +172,8 @@ impl LatentCache {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
         let mut out = LatentCache::new(self.geometry)?;
-        let (lo, end) = (self.layout.left_pad()[row], self.layout.row_ends()[row]);
-        // A row leaving mid-prefill leaves without its right padding.
-        let hi = end - self.prefill_right_padding(row).min(end - lo);
+        // A row leaving mid-prefill leaves with its prompt's positions, without its right padding.
+        let (lo, hi) = (self.layout.left_pad()[row], self.prefill_valid_end(row));
         out.fill_from(&[(&self.storage, row, lo, hi)], &[hi - lo])?;
         Ok(out)
     }
@@ -224,7 +223,9 @@ impl LatentCache {
                 rows.push((&source.storage, 0, 0, 0));
                 lengths.push(0);
             }
-            for (row, (&pad, &end)) in source.left_pad().iter().zip(source.row_ends()).enumerate() {
+            for (row, &pad) in source.left_pad().iter().enumerate() {
+                // A source mid-prefill gives its rows' prompts, as `extract_row` does.
+                let end = source.prefill_valid_end(row);
                 rows.push((&source.storage, row, pad, end));
                 lengths.push(end - pad);
             }

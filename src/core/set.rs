@@ -17,6 +17,9 @@ fn check_layers_agree(layers: &[&LatentCache]) -> Result<()> {
         return Ok(());
     };
     for (i, layer) in layers.iter().enumerate().skip(1) {
+        if layer.prefill != first.prefill {
+            return fail!(State, "layer {i} and layer 0 differ in their open prefill: a layer was driven alone");
+        }
         if layer.row_offsets() != first.row_offsets() || layer.in_spec_round() != first.in_spec_round() {
             return fail!(
                 State,
@@ -77,8 +80,8 @@ pub fn merge_all(destination: &mut [&mut LatentCache], sources: &[Vec<&LatentCac
     }
     let merged = make_all(destination.len(), |i| {
         let mut layer = LatentCache::new(destination[i].geometry)?;
-        if destination[i].batch_size() != 0 || destination[i].in_spec_round() {
-            return fail!(State, "the merge destination must be empty and outside a round");
+        if destination[i].batch_size() != 0 || destination[i].in_spec_round() || destination[i].in_prefill() {
+            return fail!(State, "the merge destination must be empty, outside a round and outside a prefill");
         }
         layer.reserved = destination[i].reserved;
         layer.merge_rows(&sources.iter().map(|s| s[i]).collect::<Vec<_>>())?;
