@@ -177,3 +177,22 @@ fn a_donor_outlives_its_cache_and_refuses_bad_queries() {
         latent_cache::ErrorKind::State
     );
 }
+
+/// GLM-5.2's 64 heads at batch 8 over 16K positions: the head-broadcast form of this product
+/// (`[8, 64, 1, 512] x [8, 1, 512, 16384]`) crashes MLX 0.32's CPU matmul; attention folds the
+/// heads into query rows instead. Constant rows make the exact answer the stored latent value.
+#[test]
+fn sixty_four_heads_at_batch_8_over_16k_positions() {
+    let g = Geometry { kv_lora_rank: 512, rope_head_dim: 64, ..Geometry::default() };
+    let mut cache = LatentCache::new(g).unwrap();
+    let (batch, chunk) = (8usize, 4096usize);
+    for _ in 0..4 {
+        cache.append_host(batch, chunk, &vec![0.25f32; batch * chunk * 512], &vec![0.5f32; batch * chunk * 64], None).unwrap();
+    }
+    let donor = cache.capture_donor_rows().unwrap();
+    let q = |width: usize| Array::from_slice(&vec![0.125f32; batch * 64 * width], &[batch as i32, 64, 1, width as i32]);
+    let out = donor.attend(&q(512), &q(64), 0.0625, MaskMode::None, None).unwrap();
+    assert_eq!(out.shape(), &[8, 64, 1, 512]);
+    let got = mlx_ops::to_host(&out).unwrap();
+    assert!(got.iter().all(|&v| (v - 0.25).abs() < 1e-6), "every output channel is the stored value");
+}

@@ -117,20 +117,38 @@ impl Donor {
         Self::per_head(&mode.decode(self.parts(family), self.geometry.width(family).expect("present"))?)
     }
 
+    /// `[B, H, Lq, n]` -> `[B, 1, H * Lq, n]`: every head's queries as rows of one product with a
+    /// row's stored values, which are then read once per row rather than broadcast per head (MLX
+    /// 0.32's CPU matmul also crashes on the broadcast form at batch 8 and 16K positions).
+    fn fold_heads(x: &Array) -> Result<Array> {
+        let s = x.shape();
+        mlx_ops::reshape(x, &[s[0] as usize, 1, (s[1] * s[2]) as usize, s[3] as usize])
+    }
+
+    /// The inverse of `fold_heads` for a product `[B, 1, H * Lq, n]`, given `heads`.
+    fn unfold_heads(x: &Array, heads: i32) -> Result<Array> {
+        let s = x.shape();
+        mlx_ops::reshape(x, &[s[0] as usize, heads as usize, (s[2] / heads) as usize, s[3] as usize])
+    }
+
     /// `q . family^T`, `[B, H, Lq, T]`.
     fn scores(&self, family: Family, q: &Array) -> Result<Array> {
-        match self.quantized_product(family, q, true)? {
-            Some(scores) => Ok(scores),
-            None => mlx_math::matmul(q, &mlx_math::swapaxes(&self.values(family)?, -1, -2)?),
-        }
+        let folded = Self::fold_heads(q)?;
+        let scores = match self.quantized_product(family, &folded, true)? {
+            Some(scores) => scores,
+            None => mlx_math::matmul(&folded, &mlx_math::swapaxes(&self.values(family)?, -1, -2)?)?,
+        };
+        Self::unfold_heads(&scores, q.shape()[1])
     }
 
     /// `probs . latent`, `[B, H, Lq, kv_lora_rank]`.
     fn weighted_latent(&self, probs: &Array) -> Result<Array> {
-        match self.quantized_product(Family::Latent, probs, false)? {
-            Some(out) => Ok(out),
-            None => mlx_math::matmul(probs, &self.values(Family::Latent)?),
-        }
+        let folded = Self::fold_heads(probs)?;
+        let out = match self.quantized_product(Family::Latent, &folded, false)? {
+            Some(out) => out,
+            None => mlx_math::matmul(&folded, &self.values(Family::Latent)?)?,
+        };
+        Self::unfold_heads(&out, probs.shape()[1])
     }
 
     /// Checks a query `[B, H, Lq, width]`; returns `(H, Lq)`.

@@ -29,7 +29,7 @@ use super::families::Families;
 use super::geometry::{Family, Geometry, Role};
 use super::layout::{LayoutKind, RowLayout};
 use super::mlx_ops;
-use super::safetensors;
+use super::safetensors::{self, Tensor};
 use super::storage::Storage;
 use super::tensor_bytes;
 
@@ -41,7 +41,7 @@ const PREFIX: &str = "0.latent_cache.";
 /// words of its row-major bytes (then the tail bytes), fast enough to run over every byte of a
 /// saved state. Read where the evaluated array holds its bytes (`tensor_bytes`), in runs whose
 /// lengths need not be multiples of 8.
-fn checksum(a: &Array) -> Result<String> {
+fn checksum(a: &Array, shape: &[i32]) -> Result<String> {
     eval([a])?;
     let laid_out;
     let a = match tensor_bytes::inner_contiguous(a) {
@@ -54,7 +54,7 @@ fn checksum(a: &Array) -> Result<String> {
     };
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in format!("{:?}{:?}", a.dtype(), a.shape()).as_bytes() {
+    for &b in format!("{:?}{shape:?}", a.dtype()).as_bytes() {
         hash = (hash ^ b as u64).wrapping_mul(PRIME);
     }
     let word = |hash: u64, w: u64| {
@@ -183,7 +183,7 @@ fn parse_list(s: &str) -> Result<Vec<usize>> {
 /// What a save writes: tensors and metadata strings.
 #[derive(Default)]
 struct Contents {
-    tensors: Vec<(String, Array)>,
+    tensors: Vec<Tensor>,
     metadata: Vec<(String, String)>,
     /// mlx-lm's scalar table: (tensor name, "scalar" | "string" | "none").
     scalars: Vec<(String, &'static str)>,
@@ -193,7 +193,13 @@ impl Contents {
     /// Adds a tensor as it is (a view of the stored buffers): its checksum and the writer read
     /// it where it lies.
     fn tensor(&mut self, name: String, a: Array) -> Result<()> {
-        self.tensors.push((name, a));
+        let shape = a.shape().to_vec();
+        self.tensor_as(name, a, shape)
+    }
+
+    /// Adds a tensor the file holds under `shape` (a reshape keeping its row-major order).
+    fn tensor_as(&mut self, name: String, array: Array, shape: Vec<i32>) -> Result<()> {
+        self.tensors.push(Tensor { name, array, shape });
         Ok(())
     }
 
@@ -204,9 +210,9 @@ impl Contents {
 }
 
 /// `[B, T, w]` -> `[B, 1, T, w]`, as mlx-lm's caches hold keys and values.
-fn with_head_axis(a: &Array) -> Result<Array> {
+fn with_head_axis(a: &Array) -> Vec<i32> {
     let s = a.shape();
-    mlx_ops::reshape(a, &[s[0] as usize, 1, s[1] as usize, s[2] as usize])
+    vec![s[0], 1, s[1], s[2]]
 }
 
 fn add_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
@@ -227,16 +233,16 @@ fn add_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
         return Ok(());
     }
     let state = cache.state()?;
-    c.tensor(format!("{i}.0.0.0"), with_head_axis(&state.latent)?)?;
-    c.tensor(format!("{i}.0.0.1"), with_head_axis(&state.rope)?)?;
+    c.tensor_as(format!("{i}.0.0.0"), state.latent.clone(), with_head_axis(&state.latent))?;
+    c.tensor_as(format!("{i}.0.0.1"), state.rope.clone(), with_head_axis(&state.rope))?;
     c.scalar(format!("{i}.0.0.2"), int_scalar(t), "scalar")?;
     c.scalar(format!("{i}.0.1"), string_array("KVCache"), "string")?;
     match &state.index_keys {
         Some(keys) => {
-            let keys = with_head_axis(keys)?;
-            let s = keys.shape().iter().map(|&d| d as usize).collect::<Vec<_>>();
+            let shape = with_head_axis(keys);
+            let s = shape.iter().map(|&d| d as usize).collect::<Vec<_>>();
             c.tensor(format!("{i}.1.0.1"), mlx_ops::zeros(&s, keys.dtype())?)?;
-            c.tensor(format!("{i}.1.0.0"), keys)?;
+            c.tensor_as(format!("{i}.1.0.0"), keys.clone(), shape)?;
             c.scalar(format!("{i}.1.0.2"), int_scalar(t), "scalar")?;
         }
         None => {
@@ -263,13 +269,17 @@ fn contents(layers: &[&LatentCache]) -> Result<Contents> {
         c.metadata.push((format!("2.{}.0", k + 1), name));
         c.metadata.push((format!("2.{}.1", k + 1), kind.into()));
     }
-    eval(c.tensors.iter().map(|(_, a)| a))?;
+    eval(c.tensors.iter().map(|t| &t.array))?;
     // Runs must be contiguous along the innermost axis (broadcast zeros are not): lay those out.
-    for (_, a) in c.tensors.iter_mut().filter(|(_, a)| !tensor_bytes::inner_contiguous(a)) {
-        *a = mlx_ops::contiguous(a)?;
-        eval([&*a])?;
+    for t in c.tensors.iter_mut().filter(|t| !tensor_bytes::inner_contiguous(&t.array)) {
+        t.array = mlx_ops::contiguous(&t.array)?;
+        eval([&t.array])?;
     }
-    let sums = c.tensors.iter().map(|(n, a)| Ok((format!("{PREFIX}sum.{n}"), checksum(a)?))).collect::<Result<Vec<_>>>()?;
+    let sums = c
+        .tensors
+        .iter()
+        .map(|t| Ok((format!("{PREFIX}sum.{}", t.name), checksum(&t.array, &t.shape)?)))
+        .collect::<Result<Vec<_>>>()?;
     c.metadata.extend(sums);
     let meta_sum = metadata_checksum(c.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     c.metadata.push((format!("{PREFIX}meta_sum"), meta_sum));
@@ -439,7 +449,7 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
         return fail!(InvalidArgument, "the file's metadata does not match its checksum (the file is damaged)");
     }
     for (name, a) in tensors {
-        if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum(a)?) {
+        if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum(a, a.shape())?) {
             return fail!(InvalidArgument, "tensor {name} does not match its checksum (the file is damaged)");
         }
     }

@@ -1,6 +1,7 @@
 //! Writing safetensors ourselves (reading stays with MLX's loader): the header, then every
 //! tensor's bytes streamed from where the evaluated arrays hold them (`tensor_bytes`), so a save
-//! copies the state once, into the file, instead of laying each tensor out again first.
+//! copies the state once, into the file, instead of laying each tensor out again first (a
+//! tensor may be written under a reshape of its shape, as mlx-lm's head axis, at no cost).
 use std::io::Write;
 
 use mlx_rs::{Array, Dtype};
@@ -28,6 +29,14 @@ fn dtype_name(d: Dtype) -> Result<&'static str> {
     })
 }
 
+/// A tensor to write: its values, and the shape the file gives them (the array's own, or a
+/// reshape of it that keeps its row-major order, written without laying the values out again).
+pub struct Tensor {
+    pub name: String,
+    pub array: Array,
+    pub shape: Vec<i32>,
+}
+
 fn json(s: &str) -> String {
     serde_json::to_string(s).expect("a string serializes")
 }
@@ -35,13 +44,16 @@ fn json(s: &str) -> String {
 /// Writes `tensors` (evaluated, innermost axis contiguous) and `metadata` as one safetensors
 /// file to `out`: an 8-byte little-endian header length, the JSON header padded with spaces to a
 /// multiple of 8, then the tensors' bytes in order.
-pub fn write(out: &mut impl Write, tensors: &[(String, Array)], metadata: &[(String, String)]) -> Result<()> {
+pub fn write(out: &mut impl Write, tensors: &[Tensor], metadata: &[(String, String)]) -> Result<()> {
     let meta: Vec<String> = metadata.iter().map(|(k, v)| format!("{}:{}", json(k), json(v))).collect();
     let mut entries = vec![format!("\"__metadata__\":{{{}}}", meta.join(","))];
     let mut at = 0usize;
-    for (name, a) in tensors {
+    for Tensor { name, array: a, shape } in tensors {
         let bytes = a.size() * a.item_size();
-        let shape: Vec<String> = a.shape().iter().map(|d| d.to_string()).collect();
+        if shape.iter().map(|&d| d as usize).product::<usize>() != a.size() {
+            return fail!(Backend, "tensor {name}: shape {shape:?} does not hold its {} values", a.size());
+        }
+        let shape: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
         entries.push(format!(
             "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{at},{}]}}",
             json(name),
@@ -58,8 +70,8 @@ pub fn write(out: &mut impl Write, tensors: &[(String, Array)], metadata: &[(Str
     let io = |e: std::io::Error| error!(Backend, "writing the file: {e}");
     out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
     out.write_all(header.as_bytes()).map_err(io)?;
-    for (_, a) in tensors {
-        for_each_run(a, |run| out.write_all(run).map_err(io))?;
+    for t in tensors {
+        for_each_run(&t.array, |run| out.write_all(run).map_err(io))?;
     }
     Ok(())
 }
