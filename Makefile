@@ -141,8 +141,11 @@ bench bench-quick: bench-deps
 	$(PIN) target/release/latent-cache-bench --modes $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/modes.json
 	$(PIN) target/release/latent-cache-bench --rounds $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/rounds.json
 	$(PIN) target/release/latent-cache-bench --persist $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/persist.json
+	$(PIN) target/release/latent-cache-bench --attention $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/attention.json
 	PYTHONPATH=$(BENCH_PY) $(PIN) python3 bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
+	PYTHONPATH=$(BENCH_PY) $(PIN) python3 bench/mlx_lm_attention_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_attention.json
 	PYTHONPATH=$(BENCH_PY) python3 bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/rounds.json $(BENCH_OUT)/persist.json $(BENCH_OUT)/mlx_lm.json \
+	  $(BENCH_OUT)/attention.json $(BENCH_OUT)/mlx_lm_attention.json \
 	  --title "decode step time, GLM-5.2 shape, $$(nproc)-core CPU$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"
 	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png"
 

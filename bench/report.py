@@ -213,7 +213,7 @@ def persist_section(by, persisted):
     any_r = persisted[0]
     md = ["", f"## Saving and loading (`latent-cache-bench --persist`): the model's state, {any_r['context']} positions, "
           f"{any_r['file_bytes'] / 1e6:.0f} MB", "",
-          "Median of alternating rounds. Save: MLX's safetensors writer plus a checksum of every tensor, a temporary "
+          "Median of alternating rounds. Save: the library's safetensors writer streaming the stored buffers, a checksum of every tensor, a temporary "
           "file synced and renamed. Load: every check, then the buffers read (evaluated). cp: the same file copied. "
           "cp+fsync (a labelled variant): the copy synced to disk, as durable as the save. Save seed format: the same "
           "state in mlx-bun's cache-file layout (host reads, a wyhash of every tensor, synced).", "",
