@@ -973,7 +973,10 @@ latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
 // broadcastable to `[B, H, Lq, T]` over window positions. Lazy: nothing is evaluated; `*out` is
 // the caller's (free it with `latent_cache_array_free`).
 //
-// Float storage is read as stored. `Q8` / `Q4` families are read by MLX's quantized matmul from
+// Float storage is read as stored. The products run in the queries' dtype where the family is
+// stored in it (bfloat16 queries over bfloat16 storage: bfloat16 products, as an engine computing
+// in bfloat16 would, reading nothing converted); float32 queries are computed in float32
+// (exact; a narrower family is converted for the call). `Q8` / `Q4` families are read by MLX's quantized matmul from
 // their packed codes, never expanded (it computes in the scales' dtype, bfloat16), except on
 // MLX's CUDA backend, which has no kernel for these batched shapes: there they are decoded for
 // the call, like `FP8` families everywhere (O(stored) each time).

@@ -72,14 +72,19 @@ fn reference(
 }
 
 fn check(cache: &LatentCache, model: &Model, rng: &mut Rng, mode: MaskMode, what: &str, tolerance: f64) {
+    check_in(cache, model, rng, mode, what, tolerance, mlx_rs::Dtype::Float32)
+}
+
+/// `check` with the queries given in `dtype` (the reference keeps their float32 values).
+fn check_in(cache: &LatentCache, model: &Model, rng: &mut Rng, mode: MaskMode, what: &str, tolerance: f64, dtype: mlx_rs::Dtype) {
     let donor = cache.capture_donor_rows().unwrap();
     let (batch, heads, lq, t) = (model.rows.len(), 2, 2, donor.offset());
     let q_latent = normal(rng, batch * heads * lq * WIDTHS[0]);
     let q_rope = normal(rng, batch * heads * lq * WIDTHS[1]);
     let extra_mask = normal(rng, batch * lq * t);
-    let arr = |v: &[f32], shape: &[i32]| Array::from_slice(v, shape);
+    let arr = |v: &[f32], shape: &[i32]| mlx_ops::astype(&Array::from_slice(v, shape), dtype).unwrap();
     let (b_, h_, q_) = (batch as i32, heads as i32, lq as i32);
-    let mask_array = arr(&extra_mask, &[b_, 1, q_, t as i32]);
+    let mask_array = Array::from_slice(&extra_mask, &[b_, 1, q_, t as i32]);
     let scale = 0.09;
     let out = donor
         .attend(
@@ -195,4 +200,16 @@ fn sixty_four_heads_at_batch_8_over_16k_positions() {
     assert_eq!(out.shape(), &[8, 64, 1, 512]);
     let got = mlx_ops::to_host(&out).unwrap();
     assert!(got.iter().all(|&v| (v - 0.25).abs() < 1e-6), "every output channel is the stored value");
+}
+
+/// Queries in the storage's own narrow dtype (as an engine computing in bfloat16 passes them):
+/// the products run in that dtype over the stored values as they are; held to its precision.
+#[test]
+fn narrow_queries_over_narrow_storage_compute_in_that_dtype() {
+    use StorageMode::*;
+    let mut rng = Rng::new(78);
+    for (modes, dtype) in [([Bf16, Bf16, F32], mlx_rs::Dtype::Bfloat16), ([F16, F16, F32], mlx_rs::Dtype::Float16)] {
+        let (cache, model) = filled(&mut rng, modes, LayoutKind::RightJustified, &[0, 4, 2]);
+        check_in(&cache, &model, &mut rng, MaskMode::None, &format!("{modes:?} {dtype:?} queries"), 3e-2, dtype);
+    }
 }

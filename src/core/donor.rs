@@ -141,12 +141,22 @@ impl Donor {
         Self::unfold_heads(&scores, q.shape()[1])
     }
 
-    /// `probs . latent`, `[B, H, Lq, kv_lora_rank]`.
-    fn weighted_latent(&self, probs: &Array) -> Result<Array> {
+    /// `probs . latent`, `[B, H, Lq, kv_lora_rank]` float32. `compute` is the queries' dtype:
+    /// where the latent is stored in it (bfloat16 or float16 queries over that storage) the
+    /// product runs in it, reading the stored values as they are; otherwise in float32 (exact,
+    /// converting what is stored narrower).
+    fn weighted_latent(&self, probs: &Array, compute: Dtype) -> Result<Array> {
         let folded = Self::fold_heads(probs)?;
         let out = match self.quantized_product(Family::Latent, &folded, false)? {
             Some(out) => out,
-            None => mlx_math::matmul(&folded, &self.values(Family::Latent)?)?,
+            None => {
+                let values = self.values(Family::Latent)?;
+                let folded = match values.dtype() == compute && compute != Dtype::Float32 {
+                    true => mlx_ops::astype(&folded, compute)?,
+                    false => folded,
+                };
+                mlx_ops::astype(&mlx_math::matmul(&folded, &values)?, Dtype::Float32)?
+            }
         };
         Self::unfold_heads(&out, probs.shape()[1])
     }
@@ -327,6 +337,6 @@ impl Donor {
         if let Some(extra) = extra {
             scores = mlx_math::add(&scores, extra)?;
         }
-        self.weighted_latent(&mlx_math::softmax(&scores, -1)?)
+        self.weighted_latent(&mlx_math::softmax(&scores, -1)?, q_latent.dtype())
     }
 }
