@@ -213,3 +213,23 @@ fn narrow_queries_over_narrow_storage_compute_in_that_dtype() {
         check_in(&cache, &model, &mut rng, MaskMode::None, &format!("{modes:?} {dtype:?} queries"), 3e-2, dtype);
     }
 }
+
+/// One row (a single request's decode), where attention runs as one fused product with the rope
+/// scores as its mask: every mask mode, float32 and bfloat16.
+#[test]
+fn a_single_row_matches_the_reference_in_every_mask_mode() {
+    use StorageMode::*;
+    let mut rng = Rng::new(79);
+    let gpu = matches!(mlx_rs::Device::default().get_type().unwrap(), mlx_rs::DeviceType::Gpu);
+    for (modes, dtype, tolerance) in
+        [([F32, F32, F32], mlx_rs::Dtype::Float32, 1e-5), ([Bf16, Bf16, F32], mlx_rs::Dtype::Bfloat16, 3e-2)]
+    {
+        for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
+            let (cache, model) = filled(&mut rng, modes, layout, &[0]);
+            for mode in [MaskMode::None, MaskMode::Causal, MaskMode::Array] {
+                let tolerance = if gpu { f64::max(tolerance, 1e-2) } else { tolerance };
+                check_in(&cache, &model, &mut rng, mode, &format!("{modes:?} {layout:?} {mode:?} one row"), tolerance, dtype);
+            }
+        }
+    }
+}

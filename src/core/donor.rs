@@ -315,6 +315,36 @@ impl Donor {
         Ok(())
     }
 
+    /// A single row's attention through MLX's fused attention, as mlx-lm's absorbed decode path
+    /// runs it: the rope scores (with the row's mask) become the additive mask of one fused
+    /// product over the latent as both keys and values. Taken for one row with the latent stored
+    /// in the queries' float dtype; `None` elsewhere (MLX's fused kernel is slow for several rows
+    /// sharing one key head, where the folded products above are faster).
+    fn fused_decode(
+        &self,
+        q_latent: &Array,
+        q_rope: &Array,
+        scale: f32,
+        mode: MaskMode,
+        extra: Option<&Array>,
+        queries: usize,
+    ) -> Result<Option<Array>> {
+        let latent = self.values(Family::Latent)?;
+        let float = matches!(self.geometry.latent_storage, StorageMode::F32 | StorageMode::Bf16 | StorageMode::F16);
+        if self.batch_size() != 1 || !float || latent.dtype() != q_latent.dtype() {
+            return Ok(None);
+        }
+        let rope =
+            mlx_ops::multiply(&mlx_ops::astype(&self.scores(Family::Rope, q_rope)?, Dtype::Float32)?, &mlx_ops::scalar(scale))?;
+        let mut mask = mlx_math::add(&rope, &self.row_mask(mode, queries)?)?;
+        if let Some(extra) = extra {
+            mask = mlx_math::add(&mask, extra)?;
+        }
+        let mask = mlx_ops::astype(&mask, q_latent.dtype())?;
+        let out = mlx_math::sdpa(q_latent, &latent, &latent, scale, &mask)?;
+        Ok(Some(mlx_ops::astype(&out, Dtype::Float32)?))
+    }
+
     /// GLM-5's absorbed MLA attention over the donor's rows (see the module doc), `[B, H, Lq,
     /// kv_lora_rank]` float32, lazily. `mask` is required with `MaskMode::Array` and refused
     /// otherwise. Every row must hold a position each query sees (with `Causal`, at least `Lq`).
@@ -331,6 +361,9 @@ impl Donor {
             (_, Some(_)) => return fail!(InvalidArgument, "a mask array is taken only with the ARRAY mask mode"),
             (_, None) => None,
         };
+        if let Some(out) = self.fused_decode(q_latent, q_rope, scale, mode, extra, queries)? {
+            return Ok(out);
+        }
         let scores = mlx_math::add(&self.scores(Family::Latent, q_latent)?, &self.scores(Family::Rope, q_rope)?)?;
         let scores = mlx_ops::multiply(&mlx_ops::astype(&scores, Dtype::Float32)?, &mlx_ops::scalar(scale))?;
         let mut scores = mlx_math::add(&scores, &self.row_mask(mode, queries)?)?;

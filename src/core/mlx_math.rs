@@ -93,3 +93,23 @@ pub fn sum(a: &Array, axis: i32) -> Result<Array> {
 pub fn negative(a: &Array) -> Result<Array> {
     call("negative", |res, s| unsafe { mlx_sys::mlx_negative(res, a.as_ptr(), s) })
 }
+
+/// MLX's fused attention, `softmax(scale * q . k^T + mask) . v`, with an additive `mask` (in
+/// `q`'s dtype) broadcast to `[B, H, Lq, T]`; `k` and `v` may have one head for all of `q`'s.
+pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Array) -> Result<Array> {
+    call("scaled_dot_product_attention", |res, s| unsafe {
+        let no_sinks = mlx_sys::mlx_array_new();
+        mlx_sys::mlx_fast_scaled_dot_product_attention(
+            res,
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            scale,
+            c"".as_ptr(),
+            mask.as_ptr(),
+            no_sinks,
+            false,
+            s,
+        )
+    })
+}
