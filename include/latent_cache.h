@@ -77,9 +77,6 @@ typedef struct mlx_array_ {
 #endif
 
 
-// The format this library writes, and the newest it reads.
-#define FORMAT_VERSION 1
-
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
 typedef enum {

@@ -1,5 +1,6 @@
 //! The core: plain Rust over mlx-rs, returning `Result`; it knows nothing of C.
 pub mod cache;
+pub mod checksum;
 pub mod codec;
 pub mod donor;
 pub mod error;

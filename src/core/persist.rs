@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use mlx_rs::{Array, Dtype};
 
 use super::cache::LatentCache;
+use super::checksum;
 use super::codec::StorageMode;
 use super::error::{error, fail, Result};
 use super::eval::eval;
@@ -34,60 +35,19 @@ use super::storage::Storage;
 use super::tensor_bytes;
 
 /// The format this library writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 2;
 const PREFIX: &str = "0.latent_cache.";
 
-/// A 64-bit checksum of a tensor's dtype, shape and bytes: FNV-1a's multiply-xor over 8-byte
-/// words of its row-major bytes (then the tail bytes), fast enough to run over every byte of a
-/// saved state. Read where the evaluated array holds its bytes (`tensor_bytes`), in runs whose
-/// lengths need not be multiples of 8.
-fn checksum(a: &Array, shape: &[i32]) -> Result<String> {
+/// A tensor's checksum as format `version` computes it (`checksum.rs`), evaluated and laid out
+/// along its innermost axis first where it is not.
+fn checksum(a: &Array, shape: &[i32], version: u32) -> Result<String> {
     eval([a])?;
-    let laid_out;
-    let a = match tensor_bytes::inner_contiguous(a) {
-        true => a,
-        false => {
-            laid_out = mlx_ops::contiguous(a)?;
-            eval([&laid_out])?;
-            &laid_out
-        }
-    };
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in format!("{:?}{shape:?}", a.dtype()).as_bytes() {
-        hash = (hash ^ b as u64).wrapping_mul(PRIME);
+    if tensor_bytes::inner_contiguous(a) {
+        return checksum::checksum(a, shape, version);
     }
-    let word = |hash: u64, w: u64| {
-        let h = (hash ^ w).wrapping_mul(PRIME);
-        h ^ (h >> 29)
-    };
-    // Bytes of a word split between runs.
-    let (mut pending, mut held) = ([0u8; 8], 0usize);
-    tensor_bytes::for_each_run(a, |mut run| {
-        if held > 0 {
-            let take = (8 - held).min(run.len());
-            pending[held..held + take].copy_from_slice(&run[..take]);
-            held += take;
-            run = &run[take..];
-            if held < 8 {
-                return Ok(());
-            }
-            hash = word(hash, u64::from_le_bytes(pending));
-            held = 0;
-        }
-        let mut words = run.chunks_exact(8);
-        for w in &mut words {
-            hash = word(hash, u64::from_le_bytes(w.try_into().expect("8 bytes")));
-        }
-        let rest = words.remainder();
-        pending[..rest.len()].copy_from_slice(rest);
-        held = rest.len();
-        Ok(())
-    })?;
-    for &b in &pending[..held] {
-        hash = (hash ^ b as u64).wrapping_mul(PRIME);
-    }
-    Ok(format!("{hash:016x}"))
+    let laid_out = mlx_ops::contiguous(a)?;
+    eval([&laid_out])?;
+    checksum::checksum(&laid_out, shape, version)
 }
 
 fn int_scalar(value: usize) -> Array {
@@ -278,7 +238,7 @@ fn contents(layers: &[&LatentCache]) -> Result<Contents> {
     let sums = c
         .tensors
         .iter()
-        .map(|t| Ok((format!("{PREFIX}sum.{}", t.name), checksum(&t.array, &t.shape)?)))
+        .map(|t| Ok((format!("{PREFIX}sum.{}", t.name), checksum(&t.array, &t.shape, FORMAT_VERSION)?)))
         .collect::<Result<Vec<_>>>()?;
     c.metadata.extend(sums);
     let meta_sum = metadata_checksum(c.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -439,9 +399,9 @@ pub fn load(path: &Path) -> Result<Vec<LatentCache>> {
 }
 
 fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<String, String>) -> Result<Vec<LatentCache>> {
-    if version.parse::<u32>().map_or(true, |v| v == 0 || v > FORMAT_VERSION) {
+    let Some(version) = version.parse::<u32>().ok().filter(|v| (1..=FORMAT_VERSION).contains(v)) else {
         return fail!(InvalidArgument, "format version {version:?}: this library reads 1 to {FORMAT_VERSION}");
-    }
+    };
     // The metadata and every tensor in the file must match their checksums before anything is
     // read from them.
     let meta_sum = meta.get(&format!("{PREFIX}meta_sum"));
@@ -449,7 +409,7 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
         return fail!(InvalidArgument, "the file's metadata does not match its checksum (the file is damaged)");
     }
     for (name, a) in tensors {
-        if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum(a, a.shape())?) {
+        if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum(a, a.shape(), version)?) {
             return fail!(InvalidArgument, "tensor {name} does not match its checksum (the file is damaged)");
         }
     }
