@@ -863,7 +863,7 @@ latent_cache_status latent_cache_set_load(const char *path, latent_cache_set **o
 
 // `latent_cache_set_save` into bytes: `*out` (`*out_len` bytes) receives them, owned by the
 // caller (free with `latent_cache_bytes_free`), to ship a request's state over the engine's own
-// transport. (MLX writes safetensors to files: the bytes pass through a temporary file.)
+// transport; the same bytes a file holds.
 // Returns what `latent_cache_set_save` returns.
 latent_cache_status latent_cache_set_save_to_buffer(const latent_cache_set *set,
                                                     uint8_t **out,

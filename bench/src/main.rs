@@ -321,6 +321,7 @@ fn main() {
     let mut makers: Vec<Maker> = match (cfg.modes, cfg.rounds) {
         (true, _) => (0..modes::MODE_SETS.len())
             .map(|i| Maker { make: Box::new(move || Box::new(modes::OursMode::new(&modes::MODE_SETS[i]))), runs_alone: false })
+            .chain(std::iter::once(Maker { make: Box::new(|| Box::new(modes::OursMode::bf16_inputs())), runs_alone: false }))
             .collect(),
         (false, true) => vec![
             Maker {

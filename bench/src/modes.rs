@@ -6,6 +6,7 @@
 //! mode's accuracy on Gaussian and heavy-tailed values.
 use latent_cache::core::eval::eval;
 use latent_cache::{Family, Geometry, LatentCache, StorageMode};
+use mlx_rs::Array;
 
 use crate::systems::{geometry, is_dsa, Inputs, Step, System, LAYERS};
 
@@ -34,11 +35,36 @@ fn layer(l: usize, set: &ModeSet) -> Geometry {
 pub struct OursMode {
     name: &'static str,
     layers: Vec<LatentCache>,
+    /// A labelled variant's input dtype: the step's inputs converted once (as an engine whose
+    /// activations are already in that dtype passes them), keyed by the inputs they came from.
+    inputs: Option<(mlx_rs::Dtype, Option<(usize, [Array; 3])>)>,
 }
+
+/// The variant: bfloat16 storage fed bfloat16 inputs (GLM-5.2 computes its state in bfloat16).
+pub const BF16_INPUTS: &str = "latent-cache bf16, bf16 inputs (variant)";
 
 impl OursMode {
     pub fn new(set: &ModeSet) -> Self {
-        OursMode { name: set.name, layers: (0..LAYERS).map(|l| LatentCache::new(layer(l, set)).unwrap()).collect() }
+        OursMode { name: set.name, layers: (0..LAYERS).map(|l| LatentCache::new(layer(l, set)).unwrap()).collect(), inputs: None }
+    }
+
+    /// `MODE_SETS[1]` (bfloat16) fed bfloat16 inputs: `BF16_INPUTS`.
+    pub fn bf16_inputs() -> Self {
+        OursMode { name: BF16_INPUTS, inputs: Some((mlx_rs::Dtype::Bfloat16, None)), ..OursMode::new(&MODE_SETS[1]) }
+    }
+
+    /// The step's inputs in the variant's dtype (converted on first use), or as given.
+    fn inputs<'a>(&'a mut self, given: &'a Inputs) -> &'a [Array; 3] {
+        let Some((dtype, converted)) = &mut self.inputs else {
+            return &given.arrays;
+        };
+        let key = given.arrays[0].as_ptr().ctx as usize;
+        if converted.as_ref().map(|(k, _)| *k) != Some(key) {
+            let arrays = given.arrays.each_ref().map(|a| a.as_dtype(*dtype).unwrap());
+            eval(arrays.iter()).unwrap();
+            *converted = Some((key, arrays));
+        }
+        &converted.as_ref().unwrap().1
     }
 }
 
@@ -47,14 +73,15 @@ impl System for OursMode {
         self.name
     }
 
-    fn forward(&mut self, inputs: &Inputs, step: Step) {
+    fn forward(&mut self, given: &Inputs, step: Step) {
+        let inputs = self.inputs(given).clone();
         let mut outputs = Vec::with_capacity(LAYERS * 8);
         for (l, cache) in self.layers.iter_mut().enumerate() {
             if step != Step::Fill && is_dsa(l) {
                 outputs.extend(cache.packed(Family::IndexKeys).unwrap());
             }
-            let keys = is_dsa(l).then_some(&inputs.arrays[2]);
-            cache.append(&inputs.arrays[0], &inputs.arrays[1], keys).unwrap();
+            let keys = is_dsa(l).then_some(&inputs[2]);
+            cache.append(&inputs[0], &inputs[1], keys).unwrap();
             outputs.extend(cache.packed(Family::Latent).unwrap());
             outputs.extend(cache.packed(Family::Rope).unwrap());
             if step == Step::Fill && is_dsa(l) {

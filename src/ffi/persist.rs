@@ -72,7 +72,7 @@ pub unsafe extern "C" fn latent_cache_set_load(path: *const c_char, out: *mut *m
 
 /// `latent_cache_set_save` into bytes: `*out` (`*out_len` bytes) receives them, owned by the
 /// caller (free with `latent_cache_bytes_free`), to ship a request's state over the engine's own
-/// transport. (MLX writes safetensors to files: the bytes pass through a temporary file.)
+/// transport; the same bytes a file holds.
 /// Returns what `latent_cache_set_save` returns.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_save_to_buffer(
