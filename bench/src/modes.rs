@@ -37,8 +37,11 @@ pub struct OursMode {
     layers: Vec<LatentCache>,
     /// A labelled variant's input dtype: the step's inputs converted once (as an engine whose
     /// activations are already in that dtype passes them), keyed by the inputs they came from.
-    inputs: Option<(mlx_rs::Dtype, Option<(usize, [Array; 3])>)>,
+    inputs: Option<(mlx_rs::Dtype, Option<Converted>)>,
 }
+
+/// Inputs converted to a variant's dtype, keyed by the inputs they came from.
+type Converted = (usize, [Array; 3]);
 
 /// The variant: bfloat16 storage fed bfloat16 inputs (GLM-5.2 computes its state in bfloat16).
 pub const BF16_INPUTS: &str = "latent-cache bf16, bf16 inputs (variant)";
