@@ -1,5 +1,7 @@
 //! Decodes arbitrary bytes into a sequence of C API calls on two caches (a right-justified DSA
-//! layer with a position limit, a ragged plain layer without), including invalid calls, and checks every result
+//! layer with a position limit, a ragged plain layer without): appends, padded appends, trims,
+//! rounds, row operations, merges, resets and padded prefills (prepare / finalize), including
+//! invalid calls, and checks every result
 //! against the reference model: a call the documented rules accept must succeed and leave the
 //! cache equal to the model; a call they reject must fail with a message and change nothing.
 //! Shared by the fuzz target (fuzz/) and the corpus replay in `make test`.
@@ -8,12 +10,13 @@
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::last_error::latent_cache_last_error;
+use latent_cache::ffi::prefill::*;
 use latent_cache::ffi::rows::*;
 use latent_cache::ffi::spec::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 
 use super::check::assert_equal;
-use super::model::Model;
+use super::model::{Model, Prefill};
 
 const WIDTHS: [[usize; 3]; 2] = [[4, 2, 3], [4, 2, 0]];
 const MAX_TOKENS: [usize; 2] = [40, 0];
@@ -56,7 +59,12 @@ fn new_cache(kind: usize) -> *mut Handle {
 
 fn expect(status: Status, valid: bool, what: &str) {
     if valid {
-        assert_eq!(status, Status::Ok, "{what} should succeed");
+        if status != Status::Ok {
+            let mut buf = vec![0 as std::ffi::c_char; 512];
+            unsafe { latent_cache_last_error(buf.as_mut_ptr(), buf.len()) };
+            let message = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+            panic!("{what} should succeed; got {status:?}: {message}");
+        }
     } else {
         assert_ne!(status, Status::Ok, "{what} should be rejected");
         assert!(unsafe { latent_cache_last_error(std::ptr::null_mut(), 0) } > 0, "{what}: no message");
@@ -77,7 +85,7 @@ pub fn run_bytes(data: &[u8]) {
     while !bytes.done() && step < 200 {
         step += 1;
         let k = bytes.next() % 2;
-        let op = bytes.next() % 14;
+        let op = bytes.next() % 16;
         let what = format!("step {step} op {op} on cache {k}");
         if std::env::var("DRIVER_TRACE").is_ok() {
             let m = &slots[k].model;
@@ -105,9 +113,17 @@ pub fn run_bytes(data: &[u8]) {
                 }
                 let data: [Vec<f32>; 3] = std::array::from_fn(|f| (0..lens[f]).map(|i| (step * 1000 + i) as f32 * 0.5).collect());
                 let key_len = if with_keys { lens[2] } else { 0 };
+                // A prepared prefill binds the first append's batch and gives it its left padding.
+                let prepared = if batch == 0 { prepared_rows(model) } else { None };
+                let left = match (&model.prefill, batch) {
+                    (Some(p), 0) => p.left.clone(),
+                    _ => None,
+                };
                 let valid = rows > 0
                     && tokens > 0
                     && (batch == 0 || rows == batch)
+                    && prepared.map_or(true, |n| n == rows)
+                    && left.as_ref().map_or(true, |l| l.iter().all(|&p| p <= tokens))
                     && with_keys == slot.dsa
                     && corrupt % 16 != 1
                     && (slot.max_tokens == 0 || model.offset() + tokens <= slot.max_tokens);
@@ -128,7 +144,10 @@ pub fn run_bytes(data: &[u8]) {
                 expect(status, valid, &what);
                 if valid {
                     let exact: [Vec<f32>; 3] = std::array::from_fn(|f| data[f][..rows * tokens * model.widths[f]].to_vec());
-                    model.append(rows, tokens, &exact);
+                    match &left {
+                        Some(pads) => model.append_padded(rows, tokens, pads, &exact),
+                        None => model.append(rows, tokens, &exact),
+                    }
                 }
             }
             3 => {
@@ -147,7 +166,7 @@ pub fn run_bytes(data: &[u8]) {
                 }
             }
             4 => {
-                let valid = model.round.is_none();
+                let valid = model.round.is_none() && model.prefill.is_none();
                 expect(unsafe { latent_cache_spec_round_begin(slot.cache) }, valid, &what);
                 if valid {
                     model.begin();
@@ -209,7 +228,8 @@ pub fn run_bytes(data: &[u8]) {
                 let valid = row < batch;
                 expect(unsafe { latent_cache_extract_row(slot.cache, row, &mut single) }, valid, &what);
                 if valid {
-                    assert_equal(single, &model.extract(row), &what);
+                    // A row leaving mid-prefill leaves with its prompt alone.
+                    assert_equal(single, &model.prompts_only().extract(row), &what);
                     unsafe { latent_cache_free(single) };
                 }
             }
@@ -225,6 +245,7 @@ pub fn run_bytes(data: &[u8]) {
                 let valid = batch == 0
                     && model.round.is_none()
                     && tokens > 0
+                    && prepared_rows(model).map_or(true, |n| n == rows)
                     && pads.len() == rows
                     && pads.iter().all(|&p| p <= tokens)
                     && pads.contains(&0)
@@ -250,10 +271,12 @@ pub fn run_bytes(data: &[u8]) {
                     model.append_padded(rows, tokens, &pads, &data);
                 }
             }
-            _ => {
+            13 => {
                 expect(unsafe { latent_cache_reset(slot.cache) }, true, &what);
                 slot.model = slot.model.empty_like();
             }
+            14 => prefill_prepare(&mut bytes, slot, &what),
+            _ => prefill_finalize(slot, &what),
         }
         assert_equal(slots[k].cache, &slots[k].model, &what);
     }
@@ -267,7 +290,8 @@ pub fn run_bytes(data: &[u8]) {
 fn merge(slots: &mut [Slot], k: usize, other: usize, what: &str) {
     let destination = new_cache(k);
     let sources = [slots[k].cache.cast_const(), slots[other].cache.cast_const()];
-    let merged = Model::merge(&[&slots[k].model, &slots[other].model]);
+    // Sources mid-prefill give their rows' prompts.
+    let merged = Model::merge(&[&slots[k].model.prompts_only(), &slots[other].model.prompts_only()]);
     let valid = other == k;
     expect(unsafe { latent_cache_merge_rows(destination, sources.as_ptr(), 2) }, valid, what);
     for slot in slots.iter() {
@@ -282,5 +306,63 @@ fn merge(slots: &mut [Slot], k: usize, other: usize, what: &str) {
         slots[k].model = merged;
     } else {
         unsafe { latent_cache_free(destination) };
+    }
+}
+
+/// The rows a prepared prefill's vectors name (None when no vector was given or none is open).
+fn prepared_rows(model: &Model) -> Option<usize> {
+    let p = model.prefill.as_ref()?;
+    [&p.lengths, &p.left, &p.right].into_iter().flatten().map(Vec::len).next()
+}
+
+/// `latent_cache_prefill_prepare` with vectors decoded from the bytes, each present or NULL.
+fn prefill_prepare(bytes: &mut Bytes<'_>, slot: &mut Slot, what: &str) {
+    let model = &mut slot.model;
+    let batch = model.rows.len();
+    let n = if batch > 0 && bytes.next() % 4 != 0 { batch } else { bytes.next() % 4 };
+    let mut vector =
+        |max: usize| -> Option<Vec<usize>> { (bytes.next() % 2 == 0).then(|| (0..n).map(|_| bytes.next() % max).collect()) };
+    let (lengths, mut left, right) = (vector(6), vector(3), vector(3));
+    if let Some(l) = &mut left {
+        if !l.is_empty() && bytes.next() % 4 != 0 {
+            l[0] = 0; // usually a row without padding, as the longest prompt has
+        }
+    }
+    let given = lengths.is_some() || left.is_some() || right.is_some();
+    let valid = model.round.is_none()
+        && model.prefill.is_none()
+        && left.as_ref().map_or(true, |l| batch == 0 && l.contains(&0))
+        && (!given || batch == 0 || n == batch);
+    let ptr = |v: &Option<Vec<usize>>| v.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
+    let status = unsafe { latent_cache_prefill_prepare(slot.cache, ptr(&lengths), ptr(&left), ptr(&right), n) };
+    expect(status, valid, what);
+    if valid {
+        model.prefill = Some(Prefill { lengths, left, right, base: model.row_offsets() });
+    }
+}
+
+/// `latent_cache_prefill_finalize`: every row drops its right padding; `lengths` must match.
+fn prefill_finalize(slot: &mut Slot, what: &str) {
+    let model = &mut slot.model;
+    let status = unsafe { latent_cache_prefill_finalize(slot.cache) };
+    let Some(p) = model.prefill.clone() else {
+        expect(status, true, what);
+        return;
+    };
+    let rows = model.rows.len();
+    let drops = p.right.clone().unwrap_or_else(|| vec![0; rows]);
+    let now = model.row_offsets();
+    let valid = drops.len() == rows
+        && (0..rows).all(|b| drops[b] <= now[b])
+        && p.lengths.as_ref().map_or(true, |lengths| {
+            lengths.len() == rows
+                && (0..rows).all(|b| (now[b] - drops[b]).saturating_sub(p.base.get(b).copied().unwrap_or(0)) == lengths[b])
+        });
+    expect(status, valid, what);
+    if valid {
+        for (b, d) in drops.iter().enumerate() {
+            model.truncate_row(b, now[b] - d);
+        }
+        model.prefill = None;
     }
 }

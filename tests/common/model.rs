@@ -26,6 +26,17 @@ pub struct Model {
     pub rows: Vec<Row>,
     /// Row lengths when the open round began.
     pub round: Option<Vec<usize>>,
+    /// An open padded prefill (`prefill_prepare` until `prefill_finalize`).
+    pub prefill: Option<Prefill>,
+}
+
+/// What a prefill prepare recorded: per-row vectors (when given) and each row's length then.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prefill {
+    pub lengths: Option<Vec<usize>>,
+    pub left: Option<Vec<usize>>,
+    pub right: Option<Vec<usize>>,
+    pub base: Vec<usize>,
 }
 
 impl Model {
@@ -34,12 +45,12 @@ impl Model {
     }
 
     pub fn with_modes(widths: [usize; 3], modes: [StorageMode; 3]) -> Self {
-        Model { widths, modes, ragged: false, pads: Vec::new(), rows: Vec::new(), round: None }
+        Model { widths, modes, ragged: false, pads: Vec::new(), rows: Vec::new(), round: None, prefill: None }
     }
 
     /// An empty model of the same configuration.
     pub fn empty_like(&self) -> Model {
-        Model { rows: Vec::new(), pads: Vec::new(), round: None, ..self.clone() }
+        Model { rows: Vec::new(), pads: Vec::new(), round: None, prefill: None, ..self.clone() }
     }
 
     pub fn len(&self, row: usize) -> usize {
@@ -130,8 +141,19 @@ impl Model {
         self.len(r) - start.get(r).copied().unwrap_or(0)
     }
 
-    /// Keeps rows `keep` in that order; a rebuild places ragged rows at position 0.
+    /// Keeps rows `keep` in that order; a rebuild places ragged rows at position 0. An open
+    /// prefill's vectors follow the rows.
     pub fn filter(&mut self, keep: &[usize]) {
+        if let Some(p) = &mut self.prefill {
+            let pick =
+                |v: &Option<Vec<usize>>| v.as_ref().map(|v| keep.iter().map(|&r| v.get(r).copied().unwrap_or(0)).collect());
+            *p = Prefill {
+                lengths: pick(&p.lengths),
+                left: pick(&p.left),
+                right: pick(&p.right),
+                base: keep.iter().map(|&r| p.base.get(r).copied().unwrap_or(0)).collect(),
+            };
+        }
         self.rows = keep.iter().map(|&r| self.rows[r].clone()).collect();
         self.pads = vec![0; self.rows.len()];
     }
@@ -146,6 +168,31 @@ impl Model {
         }
         out.pads = vec![0; out.rows.len()];
         out
+    }
+
+    /// Row `row`'s positions that are its prompt's in an open prefill: with lengths, up to the
+    /// prompt's end; otherwise all but its right padding (all of them without a prefill).
+    pub fn prefill_valid_len(&self, row: usize) -> usize {
+        let len = self.len(row);
+        match &self.prefill {
+            None => len,
+            Some(p) => match (&p.lengths, &p.right) {
+                (Some(lengths), _) => len.min(p.base.get(row).copied().unwrap_or(0) + lengths[row]),
+                (None, Some(right)) => len - right[row].min(len),
+                (None, None) => len,
+            },
+        }
+    }
+
+    /// Keeps only each row's prompt positions (what leaves a cache mid-prefill), closing nothing.
+    pub fn prompts_only(&self) -> Model {
+        let mut m = self.clone();
+        for r in 0..m.rows.len() {
+            let keep = self.prefill_valid_len(r);
+            m.truncate_row(r, keep);
+        }
+        m.prefill = None;
+        m
     }
 
     pub fn extract(&self, row: usize) -> Model {
