@@ -48,6 +48,25 @@
  *   the same cache; freeing is not an evaluation). Building MLX graphs needs no lock: engine
  *   threads may build theirs while library calls run; only evaluations are serialized.
  *
+ * Composed storage (config.hot_window > 0)
+ *   Each row's newest hot_window positions (up to 63 more) are read in config.hot_storage (a
+ *   float mode), older ones in their family's compact mode. A row's boundary (its count of
+ *   compact positions, latent_cache_converted_positions) is a function of its length alone:
+ *   floor((length - hot_window) / 64) * 64 positions, so a prompt prefilled in one append or in
+ *   chunks of any sizes holds bit-identical state. Boundaries wait inside a speculative round, a
+ *   padded prefill (prefill_prepare .. prefill_finalize) and prefill maintenance
+ *   (latent_cache_prefill_begin .. latent_cache_prefill_end; latent_cache_prefill_commit fixes
+ *   listed rows at their prompt end), and move at their end. Every position is encoded in the
+ *   compact mode when appended; the hot positions' float values are kept beside it in a window
+ *   of about hot_window positions per row, so moving a boundary copies nothing.
+ *   Reads: state, the append's views and the host reads give composed families in the hot mode's
+ *   dtype, the compact positions decoded (O(stored) when evaluated); latent_cache_packed_state
+ *   gives the compact parts of every position, hot ones included. minimum_reusable_offset is the
+ *   smallest offset a trim may reach and leave a state bit-identical to a fresh prefill of the
+ *   remaining positions; a trim below it needs bypass (otherwise INVALID_STATE). Donor attention
+ *   over a composed cache reads the composed values (it decodes the compact part). Saving a
+ *   composed cache is refused (INVALID_ARGUMENT).
+ *
  * MLX
  *   One libmlx per process: the mlx_array functions expect arrays of the same MLX runtime the
  *   library was linked with. When your engine uses mlx-c, include <mlx/c/array.h> before this
@@ -76,6 +95,9 @@ typedef struct mlx_array_ {
 } mlx_array;
 #endif
 
+
+// Positions a boundary moves by at once.
+#define CONVERSION_BLOCK 64
 
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
@@ -210,7 +232,7 @@ typedef struct latent_cache_set latent_cache_set;
 
 // Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
 // you need, so that code written today keeps compiling and meaning the same when fields are
-// added: new settings will take over `reserved` slots, where 0 keeps today's behaviour.
+// added. A field left 0 keeps the default behaviour.
 typedef struct {
   // Width of the compressed KV latent per position (GLM-5.2: 512). From 1 to 1,048,576.
   size_t kv_lora_rank;
@@ -234,10 +256,15 @@ typedef struct {
   uint32_t layout;
   // Which model layer the cache serves: a `latent_cache_role` value (0, a target-model layer).
   uint32_t role;
-  // Must be zero.
-  uint32_t reserved32;
-  // Must be zero.
-  size_t reserved[1];
+  // The float mode of composed storage's hot positions: a `latent_cache_storage` value,
+  // `F32` (0), `BF16` or `F16`; ignored while `hot_window` is 0.
+  uint32_t hot_storage;
+  // Composed storage: 0 (the default) stores every position in its family's mode. Otherwise
+  // the newest `hot_window` positions of every row (up to 63 more: boundaries move in blocks
+  // of 64 positions) are read in `hot_storage`, older ones in their family's mode. Families
+  // stored in `hot_storage` itself are not composed; a family more precise than
+  // `hot_storage`, or no family to compose, is refused. See "Composed storage" in the header.
+  size_t hot_window;
 } latent_cache_config;
 
 // One family's stored parts, as `latent_cache_packed_state` returns them: views `[B, T, ...]`
@@ -401,7 +428,9 @@ latent_cache_status latent_cache_read_host(const latent_cache *cache,
 // the offset; copies nothing; later appends overwrite the dropped positions.
 //
 // Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (n beyond the shortest row), `INVALID_STATE`
-// (inside a round without bypass). On failure nothing changed.
+// (inside a round without bypass; with composed storage, below
+// `latent_cache_minimum_reusable_offset` without bypass). On failure nothing changed. With
+// bypass, a row's boundary stops at its new end.
 latent_cache_status latent_cache_trim(latent_cache *cache, size_t n, bool bypass);
 
 // Empties the cache: no rows, no positions, no open round, buffers released. The geometry is
@@ -631,6 +660,58 @@ latent_cache_status latent_cache_set_prefill_prepare(latent_cache_set *set,
 // Set-wide `latent_cache_prefill_finalize`.
 latent_cache_status latent_cache_set_prefill_finalize(latent_cache_set *set);
 
+// Opens prefill maintenance for a chunked prefill: until `latent_cache_prefill_end`, appends
+// move no row's precision boundary (composed storage converts nothing), except as
+// `latent_cache_prefill_commit` asks. On a cache that is not composed it only records the
+// state, so an engine may call it on every layer alike.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (maintenance already open). On failure nothing
+// changed.
+latent_cache_status latent_cache_prefill_begin(latent_cache *cache);
+
+// Fixes the precision boundary of each of `rows[0..len]` (borrowed for the call) at the row's
+// current length, its request's own prompt end: the row's positions older than the hot window
+// are read in the compact mode from now on, whatever its siblings still append. Inside a
+// speculative round or a padded prefill the boundary moves at their end instead.
+// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (a row the cache does not hold),
+// `INVALID_STATE` (no `latent_cache_prefill_begin` before). On failure nothing changed.
+latent_cache_status latent_cache_prefill_commit(latent_cache *cache,
+                                                const size_t *rows,
+                                                size_t len);
+
+// Closes prefill maintenance: every row's boundary moves to where its length puts it. A prompt
+// prefilled in one append or in chunks of any sizes (with siblings' forwards split between
+// them) then holds bit-identical state.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (no `latent_cache_prefill_begin` before).
+// On failure nothing changed.
+latent_cache_status latent_cache_prefill_end(latent_cache *cache);
+
+// Set-wide `latent_cache_prefill_begin`: every layer or none.
+latent_cache_status latent_cache_set_prefill_begin(latent_cache_set *set);
+
+// Set-wide `latent_cache_prefill_commit`: every layer or none.
+latent_cache_status latent_cache_set_prefill_commit(latent_cache_set *set,
+                                                    const size_t *rows,
+                                                    size_t len);
+
+// Set-wide `latent_cache_prefill_end`: every layer or none.
+latent_cache_status latent_cache_set_prefill_end(latent_cache_set *set);
+
+// Copies each row's precision boundary into `out` (`out_len` entries of room) and the row
+// count into `*written`: how many of the row's valid positions, counted from its first, are
+// read in the compact mode (the rest are hot). Nothing for a cache that is not composed
+// (`*written` = 0).
+// Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
+// `BUFFER_TOO_SMALL`; nothing is written on failure.
+latent_cache_status latent_cache_converted_positions(const latent_cache *cache,
+                                                     size_t *out,
+                                                     size_t out_len,
+                                                     size_t *written);
+
+// `*out` = the config the cache was made with (or loaded as): its geometry, storage modes,
+// layout, role and composition (`hot_window`, `hot_storage`).
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written).
+latent_cache_status latent_cache_get_config(const latent_cache *cache, latent_cache_config *out);
+
 // Fills the empty `destination` with every row of every source, in order: a batch source
 // gives all its rows, an empty source that never had rows gives one empty row. Rows are
 // right-justified to the longest. Sources are borrowed and not changed; a source may appear
@@ -737,13 +818,19 @@ latent_cache_status latent_cache_index_head_dim(const latent_cache *cache, size_
 latent_cache_status latent_cache_bytes_per_token(const latent_cache *cache, size_t *out);
 
 // `*out` = positions an append may still add: `SIZE_MAX` when `max_tokens` is 0, else
-// `max_tokens` minus the longest row.
+// `max_tokens` minus the longest row. With composed storage, outside rounds and prefills, the
+// smaller of that and the positions an append may add before some row's precision boundary
+// moves (0 when the next position moves one); a larger append still succeeds, since moving a
+// boundary copies nothing.
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 // serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_max_append_tokens(const latent_cache *cache, size_t *out);
 
 // `*out` = the earliest offset whose stored state can resume generation; reuse policies must
-// not trim below it. 0 for float32 storage (every prefix is exact).
+// not trim below it. 0 unless storage is composed (every position is encoded on its own, so
+// every prefix is what a fresh prefill holds); with composed storage the smallest offset a
+// trim may reach and leave each row what a fresh prefill of its remaining positions holds
+// (positions a fresh cache would hold hot must not be compact already).
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 // serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_minimum_reusable_offset(const latent_cache *cache, size_t *out);

@@ -3,6 +3,7 @@
 //! (rounds with uneven drops, merge, extract, filter) are in `rows.rs`.
 use mlx_rs::{Array, Dtype};
 
+use super::composed::{Hot, HotChange};
 use super::error::{fail, CacheError, ErrorKind, Result};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
@@ -31,18 +32,23 @@ pub struct LatentCache {
     pub(crate) reserved: usize,
     /// A padded batched prefill between `prefill_prepare` and `prefill_finalize`.
     pub(crate) prefill: Option<Prefill>,
+    /// The hot side of composed storage (`None` when the cache is not composed).
+    pub(crate) hot: Option<Hot>,
+    /// Between `prefill_begin` and `prefill_end` (see `composed`).
+    pub(crate) maintaining: bool,
 }
 
 impl LatentCache {
     pub fn new(geometry: Geometry) -> Result<Self> {
         geometry.validate()?;
         let layout = RowLayout::new(geometry.layout);
-        Ok(LatentCache { geometry, layout, storage: Storage::new(&geometry), reserved: 0, prefill: None })
+        Ok(LatentCache::adopt(geometry, layout, Storage::new(&geometry)))
     }
 
     /// A cache over storage and a layout a load checked (`persist`).
     pub(crate) fn adopt(geometry: Geometry, layout: RowLayout, storage: Storage) -> Self {
-        LatentCache { geometry, layout, storage, reserved: 0, prefill: None }
+        let hot = Hot::new(&geometry);
+        LatentCache { geometry, layout, storage, reserved: 0, prefill: None, hot, maintaining: false }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -74,9 +80,10 @@ impl LatentCache {
         self.geometry.bytes_per_token()
     }
 
-    /// Bytes the cache's buffers hold now (every row's capacity, valid or not).
+    /// Bytes the cache's buffers hold now (every row's capacity, valid or not; with composed
+    /// storage, the hot side's too).
     pub fn bytes_in_use(&self) -> usize {
-        self.storage.held_bytes()
+        self.storage.held_bytes() + self.hot.as_ref().map_or(0, |h| h.storage.held_bytes())
     }
 
     /// Bytes of valid state: every row's position count times `bytes_per_token` (the seed's
@@ -89,13 +96,33 @@ impl LatentCache {
         self.geometry.signature()
     }
 
+    /// Positions the next append may take before `max_tokens`, or, with composed storage
+    /// outside a round or prefill, before some row's precision boundary moves (whichever comes
+    /// first). An append of more still succeeds: a boundary move copies nothing.
     pub fn max_append_tokens(&self) -> usize {
-        self.layout.max_append_tokens(self.geometry.max_tokens)
+        let limit = self.layout.max_append_tokens(self.geometry.max_tokens);
+        match &self.hot {
+            Some(hot) if !self.deferring() && self.batch_size() > 0 => {
+                limit.min(crate::core::boundary::appendable_before_conversion(
+                    &hot.converted,
+                    &self.row_offsets(),
+                    self.geometry.hot_window,
+                ))
+            }
+            _ => limit,
+        }
     }
 
-    /// f32 storage is exact at every position, so any prefix can resume generation.
+    /// The smallest offset a trim may reach and leave state bit-identical to a fresh cache given
+    /// the same positions: 0 for exact and compact storage (every position is encoded on its
+    /// own); with composed storage, the offset below which converted positions would be ones a
+    /// fresh cache holds hot.
     pub fn minimum_reusable_offset(&self) -> usize {
-        0
+        let Some(hot) = &self.hot else { return 0 };
+        match crate::core::boundary::max_reusable_trim(&hot.converted, &self.row_offsets(), self.geometry.hot_window) {
+            Some(n) => self.offset() - n.min(self.layout.shortest_row()),
+            None => 0,
+        }
     }
 
     /// Trimming only moves the offset, so the cache is always trimmable.
@@ -159,12 +186,22 @@ impl LatentCache {
         }
     }
 
-    /// Records a checked append in the layout.
-    fn record_append(&mut self, batch: usize, tokens: usize, left_pad: Option<&[usize]>) {
+    /// Records a checked append in `layout`.
+    fn record_in(layout: &mut RowLayout, batch: usize, tokens: usize, left_pad: Option<&[usize]>) {
         match left_pad {
-            None => self.layout.append(batch, tokens),
-            Some(pad) => self.layout.append_padded(tokens, pad),
+            None => layout.append(batch, tokens),
+            Some(pad) => layout.append_padded(tokens, pad),
         }
+    }
+
+    /// Commits a prepared append: the stored families, the hot side, the layout after it.
+    fn commit_append(&mut self, pending: Pending, hot: Option<HotChange>, after: RowLayout) {
+        self.storage.commit(pending);
+        if let (Some(side), Some(change)) = (&mut self.hot, hot) {
+            side.apply(change);
+        }
+        self.layout = after;
+        self.settle();
     }
 
     /// Prepares the write of a checked append: each row's new positions at its end.
@@ -220,12 +257,18 @@ impl LatentCache {
         let (batch, tokens) = self.check_arrays(latent, rope, index_keys)?;
         self.check_prefill_batch(batch)?;
         self.check_placement(batch, tokens, left_pad)?;
-        let pending = self.prepare_write(Families { latent, rope, index_keys }, batch, tokens)?;
+        let updates = Families { latent, rope, index_keys };
+        let pending = self.prepare_write(updates.clone(), batch, tokens)?;
+        let mut after = self.layout.clone();
+        Self::record_in(&mut after, batch, tokens, left_pad);
+        let hot = self.prepare_hot_append(updates, batch, tokens, &after)?;
         // Built before the commit, so a failure here leaves the cache as it was.
-        let end = self.layout.offset() + tokens;
-        let views = views.then(|| self.storage.pending_views(&pending, end)).transpose()?;
-        self.storage.commit(pending);
-        self.record_append(batch, tokens, left_pad);
+        let views = match (&hot, views) {
+            (_, false) => None,
+            (Some(hot), true) => Some(self.composed_views(&pending, hot, &after)?),
+            (None, true) => Some(self.storage.pending_views(&pending, after.offset())?),
+        };
+        self.commit_append(pending, hot, after);
         Ok(views)
     }
 
@@ -278,20 +321,30 @@ impl LatentCache {
         self.check_arrays(&latent, &rope, index_keys.as_ref())?;
         // Whatever an earlier call left unevaluated is evaluated first: if that fails (say, an
         // engine's array built on another thread's stream), nothing has changed yet.
-        self.storage.eval()?;
+        self.eval()?;
         let updates = Families { latent: &latent, rope: &rope, index_keys: index_keys.as_ref() };
-        let pending = self.prepare_write(updates, batch, tokens)?;
+        let pending = self.prepare_write(updates.clone(), batch, tokens)?;
+        let mut after = self.layout.clone();
+        Self::record_in(&mut after, batch, tokens, left_pad);
+        let hot = self.prepare_hot_append(updates, batch, tokens, &after)?;
         // Committed before it is evaluated: while the cache still held the old buffer, MLX
         // could not write in place and would copy the whole history.
         let before = self.layout.clone();
-        self.storage.commit(pending);
-        self.record_append(batch, tokens, left_pad);
-        if let Err(err) = self.storage.eval() {
-            // The write lies beyond every row's end, so the old layout shows exactly the old
+        let converted = self.converted_positions();
+        self.commit_append(pending, hot, after);
+        if let Err(err) = self.eval() {
+            // The write lies beyond every row's end, and a rebuilt hot side still holds every
+            // position the old boundaries read hot, so the old layout shows exactly the old
             // state again (the unevaluated write is retried by the next evaluation).
             self.layout = before;
+            if let Some(hot) = &mut self.hot {
+                hot.converted = converted;
+            }
             if self.layout.batch_size() == 0 {
                 self.storage.clear();
+                if let Some(hot) = &mut self.hot {
+                    hot.clear();
+                }
             }
             return Err(err);
         }
@@ -300,19 +353,25 @@ impl LatentCache {
 
     /// Evaluates every buffer (pending writes land in place).
     pub fn eval(&self) -> Result<()> {
-        self.storage.eval()
+        self.storage.eval()?;
+        match &self.hot {
+            Some(hot) => hot.storage.eval(),
+            None => Ok(()),
+        }
     }
 
     /// The index keys stored before the coming append: `[B, T, index_head_dim]`, or
     /// `[0, 0, index_head_dim]` before the first append. An error on a layer without DSA.
     pub fn stored_index_keys(&self) -> Result<Array> {
         self.width(Family::IndexKeys)?;
-        self.storage.view(Family::IndexKeys, self.layout.offset())
+        self.family_view(Family::IndexKeys, None)
     }
 
-    /// Values of every stored family (see `LatentState`).
+    /// Values of every stored family (see `LatentState`). With composed storage, composed
+    /// families are the decoded compact positions with each row's hot positions over them, in
+    /// the hot mode's dtype (O(stored) when evaluated).
     pub fn state(&self) -> Result<LatentState> {
-        self.storage.views(self.layout.offset())
+        Families::for_geometry(&self.geometry, |family, _| family).try_map(|_, f| self.family_view(f, None))
     }
 
     /// How `family` is stored on this layer.
@@ -341,7 +400,11 @@ impl LatentCache {
         self.layout.reset();
         self.reserved = 0;
         self.prefill = None;
+        self.maintaining = false;
         self.storage.clear();
+        if let Some(hot) = &mut self.hot {
+            hot.clear();
+        }
     }
 
     /// Makes room for `tokens` positions per row now, so appends up to that length never
@@ -359,7 +422,15 @@ impl LatentCache {
         if row >= self.batch_size() {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
-        self.storage.read_row(family, row, self.layout.left_pad()[row], self.layout.row_ends()[row])
+        self.read_span(family, row, self.layout.left_pad()[row], self.layout.row_ends()[row])
+    }
+
+    /// Row `row`'s positions `[lo, hi)` of one family as float32 on the host.
+    fn read_span(&self, family: Family, row: usize, lo: usize, hi: usize) -> Result<Vec<f32>> {
+        match self.geometry.is_composed(family) {
+            true => self.read_composed_row(family, row, lo, hi),
+            false => self.storage.read_row(family, row, lo, hi),
+        }
     }
 
     /// The whole stored window of one family, `[B, T, width]` row-major; positions outside a
@@ -368,7 +439,7 @@ impl LatentCache {
         self.width(family)?;
         let mut out = Vec::new();
         for row in 0..self.batch_size() {
-            out.extend(self.storage.read_row(family, row, 0, self.layout.offset())?);
+            out.extend(self.read_span(family, row, 0, self.layout.offset())?);
         }
         Ok(out)
     }

@@ -158,6 +158,11 @@ impl StorageMode {
     /// Decodes parts (`[rows, tokens, part_width]` each) into `[rows, tokens, width]` values of
     /// `read_dtype()`, lazily. Float modes return their one part as is (a view stays a view).
     pub fn decode(self, parts: &[Array], width: usize) -> Result<Array> {
+        let (rows, tokens) = leading(&parts[0]);
+        if self.is_packed() && rows * tokens == 0 {
+            // No positions: MLX cannot dequantize empty codes.
+            return mlx_ops::zeros(&[rows, tokens, width], self.read_dtype());
+        }
         match self {
             StorageMode::F32 | StorageMode::Bf16 | StorageMode::F16 => Ok(parts[0].clone()),
             StorageMode::Q8 | StorageMode::Q4 => {
@@ -165,7 +170,6 @@ impl StorageMode {
                 mlx_ops::astype(&values, Dtype::Float32)
             }
             StorageMode::Fp8 => {
-                let (rows, tokens) = leading(&parts[0]);
                 let blocks = width / FP8_BLOCK;
                 let codes = mlx_ops::reshape(&parts[0], &[rows, tokens, blocks, FP8_BLOCK])?;
                 let scale = mlx_ops::reshape(&parts[1], &[rows, tokens, blocks, 1])?;

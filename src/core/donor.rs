@@ -50,17 +50,27 @@ impl LatentCache {
     /// A snapshot of every family's stored parts and of the row layout. Holding it keeps the
     /// current buffers referenced: the cache's next append then copies them instead of writing
     /// in place, so release donors before it when you can.
+    /// With composed storage, composed families are held as their composed values in the hot
+    /// mode (the donor's geometry says so): attention over them decodes the compact positions.
     pub fn capture_donor_rows(&self) -> Result<Donor> {
         let offset = self.offset();
         let families = Families::for_geometry(&self.geometry, |family, _| family);
-        let parts = families.try_map(|_, family| self.storage.packed(family, offset))?;
-        Ok(Donor {
-            geometry: self.geometry,
-            offset,
-            left_pad: self.left_pad().to_vec(),
-            row_ends: self.row_ends().to_vec(),
-            parts,
-        })
+        let mut geometry = self.geometry;
+        let parts = families.try_map(|_, family| match self.geometry.is_composed(family) {
+            true => Ok(vec![self.family_view(family, None)?]),
+            false => self.storage.packed(family, offset),
+        })?;
+        if geometry.composed() {
+            for family in Family::ALL.into_iter().filter(|&f| self.geometry.is_composed(f)) {
+                match family {
+                    Family::Latent => geometry.latent_storage = geometry.hot_storage,
+                    Family::Rope => geometry.rope_storage = geometry.hot_storage,
+                    Family::IndexKeys => geometry.index_storage = geometry.hot_storage,
+                }
+            }
+            geometry.hot_window = 0;
+        }
+        Ok(Donor { geometry, offset, left_pad: self.left_pad().to_vec(), row_ends: self.row_ends().to_vec(), parts })
     }
 }
 

@@ -52,6 +52,12 @@ pub struct Geometry {
     /// How rows sit in the stored window (right-justified, the default, or ragged).
     pub layout: LayoutKind,
     pub role: Role,
+    /// Composed storage (see `composed`): the newest `hot_window` positions of every row are
+    /// read in `hot_storage`, older ones in their family's compact mode. 0: not composed.
+    pub hot_window: usize,
+    /// The float mode of the hot positions (`F32`, `Bf16` or `F16`); ignored when `hot_window`
+    /// is 0.
+    pub hot_storage: StorageMode,
 }
 
 /// The widest family a layer may have: 2^20 values (4 MiB per position of one row). Real MLA
@@ -90,7 +96,54 @@ impl Geometry {
         if self.role == Role::Mtp && self.has_index_keys() {
             return fail!(InvalidArgument, "an MTP layer has no DSA index keys (set index_head_dim to 0)");
         }
+        self.validate_composed()
+    }
+
+    /// Refuses a composition the library cannot hold: a hot mode that is not a float mode, a
+    /// family more precise than its hot positions, or nothing to compose.
+    fn validate_composed(&self) -> Result<()> {
+        if self.hot_window == 0 {
+            return Ok(());
+        }
+        if self.hot_window > MAX_TOKENS {
+            return fail!(InvalidArgument, "hot_window ({}) exceeds {MAX_TOKENS}", self.hot_window);
+        }
+        if self.hot_storage.is_packed() {
+            return fail!(InvalidArgument, "hot_storage must be f32, bf16 or f16, got {}", self.hot_storage.name());
+        }
+        let hot_bits = self.hot_storage.bits();
+        for family in Family::ALL {
+            let Some(_) = self.width(family) else { continue };
+            let mode = self.storage(family);
+            if mode != self.hot_storage && !mode.is_packed() && mode.bits() >= hot_bits {
+                return fail!(
+                    InvalidArgument,
+                    "{} storage {} is not more compact than hot_storage {}",
+                    family.name(),
+                    mode.name(),
+                    self.hot_storage.name()
+                );
+            }
+        }
+        if !Family::ALL.iter().any(|&f| self.is_composed(f)) {
+            return fail!(
+                InvalidArgument,
+                "hot_window is set but every family is stored as hot_storage ({}): nothing to compose",
+                self.hot_storage.name()
+            );
+        }
         Ok(())
+    }
+
+    /// Whether `family` is composed: present, `hot_window` set, and stored in a mode other than
+    /// the hot one.
+    pub fn is_composed(&self, family: Family) -> bool {
+        self.hot_window > 0 && self.width(family).is_some() && self.storage(family) != self.hot_storage
+    }
+
+    /// Whether any family is composed.
+    pub fn composed(&self) -> bool {
+        Family::ALL.iter().any(|&f| self.is_composed(f))
     }
 
     /// How `family` is stored.
@@ -133,7 +186,8 @@ impl Geometry {
     /// front of the kind it wraps), so string-compare predicates written for the seed's caches
     /// work: `kv:mla:target`, `kv:mla:target:dsa` or `kv:mla:mtp` for float32 storage; compact
     /// storage wraps that as `kv:mla-storage:<latent>-<rope>[-<index>]:<inner>`, and the ragged
-    /// layout wraps the result as `kv:ragged:<inner>`. Widths and limits are not part of it:
+    /// layout wraps the result as `kv:ragged:<inner>`; composed storage wraps the compact kind as
+    /// `kv:composed:<hot mode>:<hot_window>:<inner>` (inside `kv:ragged:`). Widths and limits are not part of it:
     /// compatibility checks compare the whole geometry (see `describe`).
     pub fn signature(&self) -> String {
         let mut kind = match (self.role, self.has_index_keys()) {
@@ -146,6 +200,9 @@ impl Geometry {
         if used.iter().any(|&m| m != StorageMode::F32) {
             let names: Vec<&str> = used.iter().map(|m| m.name()).collect();
             kind = format!("kv:mla-storage:{}:{kind}", names.join("-"));
+        }
+        if self.composed() {
+            kind = format!("kv:composed:{}:{}:{kind}", self.hot_storage.name(), self.hot_window);
         }
         if self.layout == LayoutKind::Ragged {
             kind = format!("kv:ragged:{kind}");

@@ -1,7 +1,9 @@
 //! The core: plain Rust over mlx-rs, returning `Result`; it knows nothing of C.
 pub mod cache;
+pub mod boundary;
 pub mod checksum;
 pub mod codec;
+pub mod composed;
 pub mod donor;
 pub mod error;
 pub mod eval;

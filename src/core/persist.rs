@@ -124,6 +124,7 @@ fn parse_geometry(s: &str) -> Result<Geometry> {
         index_storage: is,
         layout,
         role,
+        ..Geometry::default()
     };
     g.validate()?;
     Ok(g)
@@ -221,6 +222,10 @@ fn contents(layers: &[&LatentCache]) -> Result<Contents> {
     c.metadata.push((format!("{PREFIX}format"), FORMAT_VERSION.to_string()));
     c.metadata.push((format!("{PREFIX}layers"), layers.len().to_string()));
     for (i, cache) in layers.iter().enumerate() {
+        if cache.geometry.composed() {
+            // The hot positions' float values would be lost: refused rather than saved lossy.
+            return fail!(InvalidArgument, "layer {i} uses composed storage (hot_window), which saves do not hold yet");
+        }
         add_layer(&mut c, i, cache)?;
     }
     // mlx-lm's scalar table, flattened as its tree_flatten writes it.

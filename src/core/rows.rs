@@ -3,10 +3,11 @@
 //! extract and merge. Every rebuild assembles new storage from row pieces, evaluated during the
 //! call, and is committed only once it exists.
 use super::cache::LatentCache;
+use super::composed::{HotChange, RowMove};
 use super::error::{fail, Result};
 use super::layout::{Relayout, Rollback, RowLayout};
 use super::prefill::Prefill;
-use super::storage::{Pending, RowPiece, Storage, MIN_CAPACITY};
+use super::storage::{Pending, RowPiece, MIN_CAPACITY};
 
 /// A prepared change of one cache: made (and whatever it allocates, allocated) by a `prepare_*`
 /// call that changes nothing, applied by `apply`, which cannot fail. A set of caches prepares
@@ -17,12 +18,17 @@ pub struct Change {
     pub(crate) reserved: usize,
     /// The open prefill after the change (its rows follow filters).
     pub(crate) prefill: Option<Prefill>,
+    /// The hot side after the change (composed storage whose rows moved), if it changes.
+    pub(crate) hot: Option<HotChange>,
+    /// Prefill maintenance open after the change.
+    pub(crate) maintaining: bool,
 }
 
 impl LatentCache {
     /// A change that keeps storage and sets the layout to `layout`.
     pub(crate) fn relabel(&self, layout: RowLayout) -> Change {
-        Change { layout, pending: None, reserved: self.reserved, prefill: self.prefill.clone() }
+        let (reserved, prefill, maintaining) = (self.reserved, self.prefill.clone(), self.maintaining);
+        Change { layout, pending: None, reserved, prefill, hot: None, maintaining }
     }
 
     /// Applies a prepared change.
@@ -30,9 +36,14 @@ impl LatentCache {
         if let Some(pending) = change.pending {
             self.storage.commit(pending);
         }
+        if let (Some(hot), Some(change)) = (&mut self.hot, change.hot) {
+            hot.apply(change);
+        }
         self.layout = change.layout;
         self.reserved = change.reserved;
         self.prefill = change.prefill;
+        self.maintaining = change.maintaining;
+        self.settle();
     }
 
     /// Records every row's position count; appends and reads then behave as usual.
@@ -107,6 +118,7 @@ impl LatentCache {
     /// Drops the last `n` positions of every row (see `trim`), as a change.
     pub fn prepare_trim(&self, n: usize, bypass: bool) -> Result<Change> {
         self.layout.check_trim(n, bypass)?;
+        self.check_composed_trim(n, bypass)?;
         let mut layout = self.layout.clone();
         layout.trim(n);
         Ok(self.relabel(layout))
@@ -123,7 +135,15 @@ impl LatentCache {
             })
             .collect();
         let same_rows = plan.rows.iter().enumerate().all(|(b, &row)| b == row) && plan.rows.len() == self.batch_size();
-        let pending = if same_rows && new.offset() <= self.storage.capacity() {
+        let in_place = same_rows && new.offset() <= self.storage.capacity();
+        let moves: Vec<RowMove<'_>> = pieces
+            .iter()
+            .map(|p| RowMove { source: self, row: p.row, lo: p.lo, hi: p.hi, dest_row: p.dest_row, dest_lo: p.dest_lo })
+            .collect();
+        let converted = self.converted_positions();
+        let converted = plan.rows.iter().map(|&r| converted.get(r).copied().unwrap_or(0)).collect();
+        let hot = self.prepare_hot_rows(&moves, new, converted, in_place)?;
+        let pending = if in_place {
             // A rollback: only the rows that shift move, in place, and only their positions.
             let moving: Vec<RowPiece<'_>> = pieces.into_iter().filter(|p| p.lo != p.dest_lo && p.hi > p.lo).collect();
             self.storage.prepare_move(&moving)?
@@ -133,7 +153,7 @@ impl LatentCache {
         };
         let mut layout = plan.layout.clone();
         layout.finish_rollback();
-        Ok(Change { layout, pending: Some(pending), reserved: self.reserved, prefill: self.prefill.clone() })
+        Ok(Change { pending: Some(pending), hot, ..self.relabel(layout) })
     }
 
     /// Keeps rows `rows` in that order and drops the padding no kept row needs.
@@ -163,7 +183,8 @@ impl LatentCache {
             }
             _ => self.storage.prepare_reserve(tokens, self.offset())?,
         };
-        Ok(Change { layout: self.layout.clone(), pending, reserved: self.reserved.max(tokens), prefill: self.prefill.clone() })
+        let reserved = self.reserved.max(tokens);
+        Ok(Change { pending, reserved, ..self.relabel(self.layout.clone()) })
     }
 
     /// A new single-row cache holding exactly row `row`'s valid positions.
@@ -174,14 +195,14 @@ impl LatentCache {
         let mut out = LatentCache::new(self.geometry)?;
         // A row leaving mid-prefill leaves with its prompt's positions, without its right padding.
         let (lo, hi) = (self.layout.left_pad()[row], self.prefill_valid_end(row));
-        out.fill_from(&[(&self.storage, row, lo, hi)], &[hi - lo])?;
+        out.fill_from(&[(self, row, lo, hi)], &[hi - lo])?;
         Ok(out)
     }
 
     /// Fills this empty cache from `(source, row, lo, hi)` pieces, one per new row, with the
     /// given row lengths (laid out as this cache's layout rebuilds rows). Room for the
     /// reservation, or for one growth step.
-    fn fill_from(&mut self, rows: &[(&Storage, usize, usize, usize)], lengths: &[usize]) -> Result<()> {
+    fn fill_from(&mut self, rows: &[(&LatentCache, usize, usize, usize)], lengths: &[usize]) -> Result<()> {
         let layout = RowLayout::packed(self.layout.kind(), lengths);
         let mut capacity = (layout.offset() + MIN_CAPACITY).max(self.reserved);
         if self.geometry.max_tokens != 0 {
@@ -190,11 +211,41 @@ impl LatentCache {
         let pieces: Vec<RowPiece<'_>> = rows
             .iter()
             .enumerate()
-            .map(|(b, &(source, row, lo, hi))| RowPiece { source, row, lo, hi, dest_row: b, dest_lo: layout.left_pad()[b] })
+            .map(|(b, &(source, row, lo, hi))| RowPiece {
+                source: &source.storage,
+                row,
+                lo,
+                hi,
+                dest_row: b,
+                dest_lo: layout.left_pad()[b],
+            })
             .collect();
+        let moves: Vec<RowMove<'_>> = rows
+            .iter()
+            .zip(&pieces)
+            .map(|(&(source, ..), p)| RowMove {
+                source,
+                row: p.row,
+                lo: p.lo,
+                hi: p.hi,
+                dest_row: p.dest_row,
+                dest_lo: p.dest_lo,
+            })
+            .collect();
+        // A row keeps its boundary, within the positions it brings.
+        let converted = rows
+            .iter()
+            .zip(lengths)
+            .map(|(&(source, row, ..), &len)| source.converted_positions().get(row).copied().unwrap_or(0).min(len))
+            .collect();
+        let hot = self.prepare_hot_rows(&moves, &layout, converted, false)?;
         let pending = self.storage.prepare_assemble(rows.len(), capacity, &pieces)?;
         self.storage.commit(pending);
+        if let (Some(side), Some(change)) = (&mut self.hot, hot) {
+            side.apply(change);
+        }
         self.layout.adopt(layout);
+        self.settle();
         Ok(())
     }
 
@@ -220,13 +271,13 @@ impl LatentCache {
                 );
             }
             if source.batch_size() == 0 {
-                rows.push((&source.storage, 0, 0, 0));
+                rows.push((*source, 0, 0, 0));
                 lengths.push(0);
             }
             for (row, &pad) in source.left_pad().iter().enumerate() {
                 // A source mid-prefill gives its rows' prompts, as `extract_row` does.
                 let end = source.prefill_valid_end(row);
-                rows.push((&source.storage, row, pad, end));
+                rows.push((*source, row, pad, end));
                 lengths.push(end - pad);
             }
         }

@@ -113,6 +113,11 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// Positions per row of the prepared buffers.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Evaluates the prepared state (the caller then commits it, or drops it on failure).
     pub fn eval(&mut self) -> Result<()> {
         eval(self.data.iter().flat_map(|(data, _)| data))?;
@@ -358,6 +363,29 @@ impl Storage {
             }
             _ => Ok(Vec::new()),
         }
+    }
+
+    /// Whether nothing has been written since the last clear.
+    pub fn is_empty(&self) -> bool {
+        self.buffers.latent.data.is_none()
+    }
+
+    /// Decoded values of one family at rows `[rows.0, rows.1)`, positions `[lo, hi)`, of a
+    /// prepared state (`Some`) or of the committed one: lazy, a view for the float modes.
+    pub fn window_in(
+        &self,
+        pending: Option<&Pending>,
+        family: Family,
+        rows: (usize, usize),
+        lo: usize,
+        hi: usize,
+    ) -> Result<Array> {
+        let buffer = self.buffer(family);
+        let data = match pending {
+            Some(p) => &p.data.get(family).expect("pending states hold every family").0,
+            None => buffer.data.as_ref().expect("callers read written storage"),
+        };
+        buffer.decode(&window(data, &buffer.parts, rows, lo, hi)?)
     }
 
     /// Evaluates every buffer (pending writes land in place).

@@ -10,7 +10,7 @@ use crate::core::Geometry;
 
 /// Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
 /// you need, so that code written today keeps compiling and meaning the same when fields are
-/// added: new settings will take over `reserved` slots, where 0 keeps today's behaviour.
+/// added. A field left 0 keeps the default behaviour.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct latent_cache_config {
@@ -36,10 +36,15 @@ pub struct latent_cache_config {
     pub layout: u32,
     /// Which model layer the cache serves: a `latent_cache_role` value (0, a target-model layer).
     pub role: u32,
-    /// Must be zero.
-    pub reserved32: u32,
-    /// Must be zero.
-    pub reserved: [usize; 1],
+    /// The float mode of composed storage's hot positions: a `latent_cache_storage` value,
+    /// `F32` (0), `BF16` or `F16`; ignored while `hot_window` is 0.
+    pub hot_storage: u32,
+    /// Composed storage: 0 (the default) stores every position in its family's mode. Otherwise
+    /// the newest `hot_window` positions of every row (up to 63 more: boundaries move in blocks
+    /// of 64 positions) are read in `hot_storage`, older ones in their family's mode. Families
+    /// stored in `hot_storage` itself are not composed; a family more precise than
+    /// `hot_storage`, or no family to compose, is refused. See "Composed storage" in the header.
+    pub hot_window: usize,
 }
 
 impl latent_cache_config {
@@ -55,18 +60,12 @@ impl latent_cache_config {
             index_storage: latent_cache_storage::of(geometry.index_storage) as u32,
             layout: latent_cache_layout::of(geometry.layout) as u32,
             role: latent_cache_role::of(geometry.role) as u32,
-            reserved32: 0,
-            reserved: [0; 1],
+            hot_storage: latent_cache_storage::of(geometry.hot_storage) as u32,
+            hot_window: geometry.hot_window,
         }
     }
 
     pub(crate) fn geometry(&self) -> FfiResult<Geometry> {
-        if self.reserved.iter().any(|&v| v != 0) || self.reserved32 != 0 {
-            return Err(Failure::new(
-                latent_cache_status::InvalidArgument,
-                "config.reserved must be zero (start from latent_cache_config_default())",
-            ));
-        }
         let geometry = Geometry {
             kv_lora_rank: self.kv_lora_rank,
             rope_head_dim: self.rope_head_dim,
@@ -77,6 +76,8 @@ impl latent_cache_config {
             index_storage: storage_mode(self.index_storage, "index_storage")?,
             layout: layout_kind(self.layout)?,
             role: role(self.role)?,
+            hot_window: self.hot_window,
+            hot_storage: storage_mode(self.hot_storage, "hot_storage")?,
         };
         geometry.validate()?;
         Ok(geometry)
@@ -102,8 +103,8 @@ const GLM_DSA_LAYER: latent_cache_config = latent_cache_config {
     index_storage: 0,
     layout: 0,
     role: 0,
-    reserved32: 0,
-    reserved: [0; 1],
+    hot_storage: 0,
+    hot_window: 0,
 };
 
 /// `*out` = the bytes `batch` rows of `tokens` positions would hold in a cache made from

@@ -5,7 +5,7 @@
 //! A new export goes into the file of its purpose, its body one `ffi_boundary!` (see `panic`).
 //! cbindgen writes the header in the order of the modules below: the order a user learns the
 //! API (statuses, families, storage modes, layouts and roles, the config, a cache's life and host path, the MLX-array path,
-//! rounds, rows, queries, the model-level set, saving and loading, the read path, errors, the evaluation lock, the version), so keep it that way.
+//! rounds, padded prefills and composed storage's prefill maintenance, rows, queries, the model-level set, saving and loading, the read path, errors, the evaluation lock, the version), so keep it that way.
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)] // the safety contract of every export is in its C docs
 
@@ -20,6 +20,7 @@ pub mod cache;
 pub mod arrays;
 pub mod spec;
 pub mod prefill;
+pub mod composed;
 pub mod rows;
 pub mod query;
 pub mod set;

@@ -136,7 +136,10 @@ pub unsafe extern "C" fn latent_cache_bytes_per_token(cache: *const latent_cache
 }
 
 /// `*out` = positions an append may still add: `SIZE_MAX` when `max_tokens` is 0, else
-/// `max_tokens` minus the longest row.
+/// `max_tokens` minus the longest row. With composed storage, outside rounds and prefills, the
+/// smaller of that and the positions an append may add before some row's precision boundary
+/// moves (0 when the next position moves one); a larger append still succeeds, since moving a
+/// boundary copies nothing.
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 /// serialized with other calls on the handle, like every call.
 #[no_mangle]
@@ -145,7 +148,10 @@ pub unsafe extern "C" fn latent_cache_max_append_tokens(cache: *const latent_cac
 }
 
 /// `*out` = the earliest offset whose stored state can resume generation; reuse policies must
-/// not trim below it. 0 for float32 storage (every prefix is exact).
+/// not trim below it. 0 unless storage is composed (every position is encoded on its own, so
+/// every prefix is what a fresh prefill holds); with composed storage the smallest offset a
+/// trim may reach and leave each row what a fresh prefill of its remaining positions holds
+/// (positions a fresh cache would hold hot must not be compact already).
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 /// serialized with other calls on the handle, like every call.
 #[no_mangle]

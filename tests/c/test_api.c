@@ -174,10 +174,15 @@ static void test_config(void) {
   cfg.kv_lora_rank = 0;
   FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
   cfg = latent_cache_config_default();
-  cfg.reserved[0] = 1;
+  cfg.hot_window = 256; /* every family float32, as the hot positions: nothing to compose */
   FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
-  cfg = latent_cache_config_default();
-  cfg.reserved32 = 1;
+  cfg.latent_storage = LATENT_CACHE_STORAGE_Q8;
+  cfg.hot_storage = LATENT_CACHE_STORAGE_Q8; /* hot positions must be a float mode */
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
+  cfg.hot_storage = LATENT_CACHE_STORAGE_BF16;
+  cfg.rope_storage = LATENT_CACHE_STORAGE_F32; /* more precise than its hot positions */
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
+  cfg.hot_storage = 99;
   FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
   CHECK(c == (latent_cache *)0x1); /* outputs untouched on failure */
   CHECK(strcmp(latent_cache_version(), LATENT_CACHE_VERSION) == 0);

@@ -1,0 +1,136 @@
+//! Precision boundaries of composed storage, as pure integer logic (no MLX), tested on its own.
+//!
+//! In a composed cache each row's first `converted` valid positions are read in the compact
+//! mode and the rest in the hot (float) mode. Outside deferral a row's boundary is a function of
+//! its length alone, `converted_for(len)`: the newest `hot_window` positions (plus up to one
+//! block) stay hot, and the boundary moves in whole blocks. Because it depends on nothing but the
+//! length, a prompt prefilled in one append or in chunks of any sizes ends with the same boundary,
+//! and so with bit-identical state (every position is encoded on its own, see `codec`).
+
+/// Positions a boundary moves by at once.
+pub const CONVERSION_BLOCK: usize = 64;
+
+/// The boundary of a row of `len` positions with conversions up to date.
+pub fn converted_for(len: usize, hot_window: usize) -> usize {
+    len.saturating_sub(hot_window) / CONVERSION_BLOCK * CONVERSION_BLOCK
+}
+
+/// Brings boundaries in line with row lengths after any change: never past a row's end (a
+/// trim with bypass cuts into converted positions), and, unless conversions are deferred (a
+/// round, a prefill), advanced to `converted_for` the row's length.
+pub fn settle(converted: &mut [usize], lengths: &[usize], hot_window: usize, deferring: bool) {
+    for (c, &len) in converted.iter_mut().zip(lengths) {
+        *c = (*c).min(len);
+        if !deferring {
+            *c = (*c).max(converted_for(len, hot_window));
+        }
+    }
+}
+
+/// The most positions every row may drop so that each row's state stays what a fresh cache given
+/// the same positions would hold: `converted_for(len - n) >= converted` for every row that has
+/// converted positions. `None` when no row has any (every trim keeps that identity).
+pub fn max_reusable_trim(converted: &[usize], lengths: &[usize], hot_window: usize) -> Option<usize> {
+    converted
+        .iter()
+        .zip(lengths)
+        .filter(|(&c, _)| c > 0)
+        .map(|(&c, &len)| len.saturating_sub(hot_window + c.div_ceil(CONVERSION_BLOCK) * CONVERSION_BLOCK))
+        .min()
+}
+
+/// The most positions the next append may take without moving any row's boundary.
+pub fn appendable_before_conversion(converted: &[usize], lengths: &[usize], hot_window: usize) -> usize {
+    converted
+        .iter()
+        .zip(lengths)
+        .map(|(&c, &len)| ((c / CONVERSION_BLOCK + 1) * CONVERSION_BLOCK + hot_window - 1).saturating_sub(len))
+        .min()
+        .unwrap_or(hot_window + CONVERSION_BLOCK - 1)
+}
+
+/// Where each row's hot positions start in the stored window: `left_pad + converted`, or the
+/// row's end when it has none.
+pub fn hot_starts(left_pad: &[usize], converted: &[usize], row_ends: &[usize]) -> Vec<usize> {
+    left_pad.iter().zip(converted).zip(row_ends).map(|((&pad, &c), &end)| (pad + c).min(end)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: usize = CONVERSION_BLOCK;
+
+    #[test]
+    fn boundary_follows_length_in_whole_blocks() {
+        assert_eq!(converted_for(0, 100), 0);
+        assert_eq!(converted_for(100 + K - 1, 100), 0);
+        assert_eq!(converted_for(100 + K, 100), K);
+        assert_eq!(converted_for(100 + 3 * K + 5, 100), 3 * K);
+        // The newest hot_window positions always stay hot.
+        for len in 0..600 {
+            let c = converted_for(len, 100);
+            assert!(len - c >= 100.min(len) && len - c < 100 + K, "len {len}");
+        }
+    }
+
+    #[test]
+    fn chunked_and_whole_prefill_settle_alike() {
+        // Appending 1000 positions in any chunks, settling after each, ends at the whole
+        // prefill's boundary.
+        for chunk in [1, 7, 64, 333, 1000] {
+            let (mut c, mut len) = (vec![0], 0);
+            while len < 1000 {
+                len = (len + chunk).min(1000);
+                settle(&mut c, &[len], 200, false);
+            }
+            assert_eq!(c, vec![converted_for(1000, 200)], "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn deferral_holds_boundaries_and_bypass_trims_cut_them() {
+        let mut c = vec![K, 2 * K];
+        settle(&mut c, &[1000, 1000], 100, true);
+        assert_eq!(c, vec![K, 2 * K]);
+        settle(&mut c, &[1000, 1000], 100, false);
+        assert_eq!(c, vec![converted_for(1000, 100); 2]);
+        settle(&mut c, &[10, 2000], 100, true);
+        assert_eq!(c, vec![10, converted_for(1000, 100)]);
+    }
+
+    #[test]
+    fn reusable_trims_keep_the_fresh_boundary() {
+        let h = 100;
+        for len in [0, 50, 163, 164, 500, 1000] {
+            let c = converted_for(len, h);
+            let max = max_reusable_trim(&[c], &[len], h);
+            match max {
+                None => assert_eq!(c, 0),
+                Some(n) => {
+                    assert_eq!(converted_for(len - n, h), c, "len {len}");
+                    if n < len {
+                        assert!(converted_for(len - n - 1, h) < c, "len {len}: one more is not reusable");
+                    }
+                }
+            }
+        }
+        // A boundary past the fresh one (after a trim with bypass) allows no trim.
+        assert_eq!(max_reusable_trim(&[300], &[310], 100), Some(0));
+    }
+
+    #[test]
+    fn appendable_counts_up_to_the_next_boundary_move() {
+        for len in [0, 10, 163, 164, 500] {
+            let c = converted_for(len, 100);
+            let n = appendable_before_conversion(&[c], &[len], 100);
+            assert_eq!(converted_for(len + n, 100), c, "len {len}");
+            assert!(converted_for(len + n + 1, 100) > c, "len {len}");
+        }
+    }
+
+    #[test]
+    fn hot_starts_stop_at_row_ends() {
+        assert_eq!(hot_starts(&[0, 5], &[64, 10], &[100, 12]), vec![64, 12]);
+    }
+}
