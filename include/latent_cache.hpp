@@ -342,6 +342,13 @@ class Cache {
                                        detail::or_null(right_padding, rows), rows));
   }
   void prefill_finalize() { check(latent_cache_prefill_finalize(get())); }
+  // Prefill maintenance (composed storage): boundaries wait until prefill_end; prefill_commit
+  // fixes the listed rows at their prompt end.
+  void prefill_begin() { check(latent_cache_prefill_begin(get())); }
+  void prefill_commit(const std::vector<size_t> &rows) {
+    check(latent_cache_prefill_commit(get(), rows.data(), rows.size()));
+  }
+  void prefill_end() { check(latent_cache_prefill_end(get())); }
   // Fills this empty cache with every row of `sources`, in order.
   void merge_rows(const std::vector<const Cache *> &sources) {
     std::vector<const latent_cache *> raw;
@@ -367,6 +374,19 @@ class Cache {
   size_t bytes_per_token() const { return size(latent_cache_bytes_per_token); }
   size_t max_append_tokens() const { return size(latent_cache_max_append_tokens); }
   size_t minimum_reusable_offset() const { return size(latent_cache_minimum_reusable_offset); }
+  // Each row's count of positions read in the compact mode (empty unless storage is composed).
+  std::vector<size_t> converted_positions() const {
+    std::vector<size_t> out(batch_size());
+    size_t written = 0;
+    check(latent_cache_converted_positions(get(), out.data(), out.size(), &written));
+    out.resize(written);
+    return out;
+  }
+  latent_cache_config config() const {
+    latent_cache_config out = latent_cache_config_default();
+    check(latent_cache_get_config(get(), &out));
+    return out;
+  }
   bool is_trimmable() const { return flag(latent_cache_is_trimmable); }
   bool in_spec_round() const { return flag(latent_cache_in_spec_round); }
   std::string signature() const {
@@ -478,6 +498,11 @@ class Set {
                                            rows));
   }
   void prefill_finalize() { check(latent_cache_set_prefill_finalize(get())); }
+  void prefill_begin() { check(latent_cache_set_prefill_begin(get())); }
+  void prefill_commit(const std::vector<size_t> &rows) {
+    check(latent_cache_set_prefill_commit(get(), rows.data(), rows.size()));
+  }
+  void prefill_end() { check(latent_cache_set_prefill_end(get())); }
   void merge_rows(const std::vector<const Set *> &sources) {
     std::vector<const latent_cache_set *> raw;
     raw.reserve(sources.size());

@@ -191,7 +191,10 @@ fn damaged_and_foreign_files_are_refused() {
 #[test]
 fn what_the_format_cannot_hold_is_refused_on_save() {
     let mut rng = Rng::new(9);
-    let path = scratch("refused.mlxkv");
+    // A folder of its own: other tests of this binary save (through temporary files) meanwhile.
+    let dir = scratch("refused");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("refused.mlxkv");
     let save = |layers: &[&LatentCache]| mlxbun::save(layers, &MlxbunInfo::default(), &path).unwrap_err().kind;
     let g = Geometry { kv_lora_rank: 32, rope_head_dim: 8, ..Geometry::default() };
     let mut uneven = LatentCache::new(g).unwrap();

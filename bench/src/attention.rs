@@ -153,7 +153,7 @@ pub fn run(quick: bool, gpu: bool) -> Vec<String> {
         (false, false) => (1, 5),
     };
     // The modes attend reads: f32, bf16, q8 and fp8 (rope bf16); not q4.
-    let sets: Vec<&ModeSet> = MODE_SETS.iter().filter(|s| s.storage[0] != StorageMode::Q4).collect();
+    let sets: Vec<&ModeSet> = MODE_SETS.iter().filter(|s| s.storage[0] != StorageMode::Q4 && s.hot_window == 0).collect();
     eprintln!("attention: MLX device {:?}", mlx_rs::Device::default());
     let mut out = Vec::new();
     for (batch, contexts) in points(quick, gpu) {

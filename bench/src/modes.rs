@@ -14,22 +14,44 @@ use crate::systems::{geometry, is_dsa, Inputs, Step, System, LAYERS};
 pub struct ModeSet {
     pub name: &'static str,
     pub storage: [StorageMode; 3],
+    /// Composed storage: the newest positions per row kept in bfloat16 (0: not composed).
+    pub hot_window: usize,
 }
 
 /// The configurations measured: exact; the checkpoint's precision; the 8-bit layouts serving
 /// engines use (affine as mlx-lm, FP8 with block scales as FlashMLA / SGLang), the rope key in
-/// bfloat16 (64 wide, too narrow for FP8's blocks); and the smallest.
-pub const MODE_SETS: [ModeSet; 5] = [
-    ModeSet { name: "latent-cache f32", storage: [StorageMode::F32; 3] },
-    ModeSet { name: "latent-cache bf16", storage: [StorageMode::Bf16; 3] },
-    ModeSet { name: "latent-cache q8 (rope bf16)", storage: [StorageMode::Q8, StorageMode::Bf16, StorageMode::Q8] },
-    ModeSet { name: "latent-cache fp8 (rope bf16)", storage: [StorageMode::Fp8, StorageMode::Bf16, StorageMode::Fp8] },
-    ModeSet { name: "latent-cache q4 (rope bf16, index q8)", storage: [StorageMode::Q4, StorageMode::Bf16, StorageMode::Q8] },
+/// bfloat16 (64 wide, too narrow for FP8's blocks); the smallest; and the 8-bit layout composed
+/// with the newest 1024 positions of every row in bfloat16 (its step reads the packed parts, as
+/// the other quantized rows do: the hot values are written, not read).
+pub const MODE_SETS: [ModeSet; 6] = [
+    ModeSet { name: "latent-cache f32", storage: [StorageMode::F32; 3], hot_window: 0 },
+    ModeSet { name: "latent-cache bf16", storage: [StorageMode::Bf16; 3], hot_window: 0 },
+    ModeSet {
+        name: "latent-cache q8 (rope bf16)",
+        storage: [StorageMode::Q8, StorageMode::Bf16, StorageMode::Q8],
+        hot_window: 0,
+    },
+    ModeSet {
+        name: "latent-cache fp8 (rope bf16)",
+        storage: [StorageMode::Fp8, StorageMode::Bf16, StorageMode::Fp8],
+        hot_window: 0,
+    },
+    ModeSet {
+        name: "latent-cache q4 (rope bf16, index q8)",
+        storage: [StorageMode::Q4, StorageMode::Bf16, StorageMode::Q8],
+        hot_window: 0,
+    },
+    ModeSet {
+        name: "latent-cache q8 (rope bf16) composed, 1024 hot bf16",
+        storage: [StorageMode::Q8, StorageMode::Bf16, StorageMode::Q8],
+        hot_window: 1024,
+    },
 ];
 
 fn layer(l: usize, set: &ModeSet) -> Geometry {
     let [latent_storage, rope_storage, index_storage] = set.storage;
-    Geometry { latent_storage, rope_storage, index_storage, ..geometry(l) }
+    let (hot_window, hot_storage) = (set.hot_window, StorageMode::Bf16);
+    Geometry { latent_storage, rope_storage, index_storage, hot_window, hot_storage, ..geometry(l) }
 }
 
 pub struct OursMode {

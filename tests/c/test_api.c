@@ -695,6 +695,78 @@ static void test_donor_attention(void) {
   FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_donor_rows(d, &batch, &offset, NULL, NULL, 0));
 }
 
+/* Composed storage as an engine drives it: a chunked prefill under maintenance, the newest
+ * positions read exactly (float32 hot mode) and older ones as the compact mode gives them, the
+ * boundary where the header's rule puts it, a trim below minimum_reusable_offset refused with
+ * nothing changed, the config read back. */
+static void test_composed(void) {
+  enum { L = 64, R = 64, K = 128, H = 100, T = 300 };
+  latent_cache_config cfg = latent_cache_config_default();
+  cfg.kv_lora_rank = L;
+  cfg.rope_head_dim = R;
+  cfg.index_head_dim = K;
+  cfg.latent_storage = LATENT_CACHE_STORAGE_Q8;
+  cfg.rope_storage = LATENT_CACHE_STORAGE_BF16;
+  cfg.index_storage = LATENT_CACHE_STORAGE_FP8;
+  cfg.hot_window = H;
+  latent_cache *c = NULL;
+  OK(latent_cache_new(&cfg, &c));
+  static float lat[T * L], rope[T * R], keys[T * K];
+  for (size_t i = 0; i < T * L; i++) lat[i] = (float)((int)((i * 7919) % 2001) - 1000) / 250.0f;
+  for (size_t i = 0; i < T * R; i++) rope[i] = (float)((int)((i * 104729) % 4001) - 2000) / 3.0f;
+  for (size_t i = 0; i < T * K; i++) keys[i] = lat[i % (T * L)] * 0.5f;
+  OK(latent_cache_prefill_begin(c));
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_prefill_begin(c));
+  for (size_t at = 0; at < T; at += 100) {
+    OK(latent_cache_append_host(c, 1, 100, lat + at * L, 100 * L, rope + at * R, 100 * R, keys + at * K, 100 * K));
+  }
+  size_t conv[2] = {7, 7}, n = 0;
+  OK(latent_cache_converted_positions(c, conv, 2, &n));
+  CHECK(n == 1 && conv[0] == 0); /* nothing converts while maintenance is open */
+  size_t row0 = 0;
+  FAILS(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_prefill_commit(c, (size_t[]){1}, 1));
+  OK(latent_cache_prefill_commit(c, &row0, 1));
+  OK(latent_cache_prefill_end(c));
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_prefill_end(c));
+  OK(latent_cache_converted_positions(c, conv, 2, &n));
+  size_t boundary = (T - H) / 64 * 64;
+  CHECK(n == 1 && conv[0] == boundary);
+
+  static float out[T * L];
+  OK(latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_LATENT, 0, out, T * L, &n));
+  CHECK(n == T * L);
+  size_t exact_hot = 0, compact_differs = 0;
+  for (size_t i = 0; i < T * L; i++) {
+    if (i >= boundary * L) exact_hot += out[i] == lat[i];
+    else compact_differs += out[i] != lat[i];
+    CHECK(fabsf(out[i] - lat[i]) <= 0.05f); /* 8-bit affine of bf16 values within [-4, 4] */
+  }
+  CHECK(exact_hot == (T - boundary) * L);
+  CHECK(compact_differs > 0);
+  OK(latent_cache_read_row_host(c, LATENT_CACHE_FAMILY_ROPE, 0, out, T * R, &n));
+  for (size_t i = 0; i < T * R; i++) CHECK(out[i] == (i >= boundary * R ? rope[i] : bf16_round(rope[i])));
+
+  size_t reusable = 0, offset = 0, max_append = 0;
+  OK(latent_cache_minimum_reusable_offset(c, &reusable));
+  CHECK(reusable == boundary + H);
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_trim(c, T - reusable + 1, false));
+  OK(latent_cache_offset(c, &offset));
+  CHECK(offset == T);
+  OK(latent_cache_max_append_tokens(c, &max_append));
+  CHECK(max_append == boundary + 64 + H - 1 - T);
+  OK(latent_cache_trim(c, T - reusable, false));
+
+  latent_cache_config back;
+  memset(&back, 0, sizeof back);
+  OK(latent_cache_get_config(c, &back));
+  CHECK(back.hot_window == H && back.hot_storage == LATENT_CACHE_STORAGE_F32 &&
+        back.latent_storage == LATENT_CACHE_STORAGE_Q8 && back.index_head_dim == K);
+  char sig[160];
+  OK(latent_cache_signature(c, sig, sizeof sig, &n));
+  CHECK(strcmp(sig, "kv:composed:f32:100:kv:mla-storage:q8-bf16-fp8:kv:mla:target:dsa") == 0);
+  latent_cache_free(c);
+}
+
 int main(void) {
   test_status_names();
   test_config();
@@ -706,6 +778,7 @@ int main(void) {
   test_storage_modes();
   test_ragged_layout();
   test_donor_attention();
+  test_composed();
   if (failures) {
     fprintf(stderr, "test_api: %d failure(s)\n", failures);
     return 1;

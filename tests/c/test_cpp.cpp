@@ -69,6 +69,36 @@ int main() {
   CHECK(moved.signature() == "kv:mla:target");
   CHECK(moved.read(LATENT_CACHE_FAMILY_LATENT).size() == 2 * 6 * 4);
 
+  CHECK(moved.converted_positions().empty() && moved.config().hot_window == 0);
+
+  {
+    // Composed storage: bf16 hot positions over a Q8 latent, prefill maintenance, the boundary.
+    latent_cache_config composed = latent_cache_config_default();
+    composed.kv_lora_rank = 64;
+    composed.rope_head_dim = 64;
+    composed.index_head_dim = 0;
+    composed.latent_storage = LATENT_CACHE_STORAGE_Q8;
+    composed.rope_storage = LATENT_CACHE_STORAGE_BF16;
+    composed.hot_storage = LATENT_CACHE_STORAGE_BF16;
+    composed.hot_window = 10;
+    Cache c(composed);
+    std::vector<float> l(200 * 64, 0.25f), r(200 * 64, -1.0f);
+    c.prefill_begin();
+    c.append(1, 100, std::vector<float>(l.begin(), l.begin() + 100 * 64), std::vector<float>(r.begin(), r.begin() + 100 * 64));
+    c.append(1, 100, std::vector<float>(l.begin(), l.begin() + 100 * 64), std::vector<float>(r.begin(), r.begin() + 100 * 64));
+    CHECK(c.converted_positions() == (std::vector<size_t>{0}));
+    c.prefill_commit({0});
+    c.prefill_end();
+    CHECK(c.converted_positions() == (std::vector<size_t>{128}));
+    CHECK(c.config().hot_window == 10 && c.config().hot_storage == LATENT_CACHE_STORAGE_BF16);
+    try {
+      c.prefill_end();
+      CHECK(false);
+    } catch (const Error &err) {
+      CHECK(err.status() == LATENT_CACHE_STATUS_INVALID_STATE);
+    }
+  }
+
   // Rows: extract, merge, filter; a uniform rollback.
   Cache single = moved.extract_row(1);
   CHECK(single.row_offsets() == (std::vector<size_t>{6}));
