@@ -2,13 +2,13 @@
 //! computation on the values the reference model says each row holds: every storage mode, both
 //! row layouts, padded rows, the three mask modes; and a donor stays valid after its cache
 //! moves on. (The affine-quantized families are read by MLX's quantized matmul, which computes
-//! in their scales' dtype, bfloat16: those modes are held to bfloat16 precision.)
+//! in float32 from their bfloat16 scales and codes: those modes are held to bfloat16 precision.)
 mod common;
 
 use common::model::{Model, Rng};
 use latent_cache::core::donor::MaskMode;
 use latent_cache::core::mlx_ops;
-use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
+use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::Array;
 
 const WIDTHS: [usize; 3] = [128, 64, 0];
@@ -230,6 +230,68 @@ fn a_single_row_matches_the_reference_in_every_mask_mode() {
                 let tolerance = if gpu { f64::max(tolerance, 1e-2) } else { tolerance };
                 check_in(&cache, &model, &mut rng, mode, &format!("{modes:?} {layout:?} {mode:?} one row"), tolerance, dtype);
             }
+        }
+    }
+}
+
+/// A composed cache (Q4 latent and bfloat16 rope below the boundary, float32 hot positions):
+/// attention over its donor matches the float64 reference over the values each row reads, and
+/// reads hot positions from their exact values: with every position holding one vector whose
+/// 4-bit code is off by a known amount, attention masked to the hot positions returns the exact
+/// vector, masked to the compact ones the 4-bit one.
+#[test]
+fn attention_over_composed_rows_reads_hot_positions_exactly() {
+    use StorageMode::*;
+    let g = Geometry {
+        kv_lora_rank: WIDTHS[0],
+        rope_head_dim: WIDTHS[1],
+        latent_storage: Q4,
+        rope_storage: Bf16,
+        hot_window: 10,
+        ..Geometry::default()
+    };
+    let gpu = matches!(mlx_rs::Device::default().get_type().unwrap(), mlx_rs::DeviceType::Gpu);
+    let mut rng = Rng::new(79);
+    for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
+        let mut cache = LatentCache::new(Geometry { layout, ..g }).unwrap();
+        let (batch, tokens, pads) = (2, 200, [0usize, 50]);
+        let data: [Vec<f32>; 3] = std::array::from_fn(|f| normal(&mut rng, batch * tokens * WIDTHS[f]));
+        cache.append_host_padded(batch, tokens, &pads, &data[0], &data[1], None).unwrap();
+        assert_eq!(cache.converted_positions(), vec![128, 128]);
+        // The reference model holds what each row reads (composition checked in tests/composed.rs).
+        let mut model = Model::new(WIDTHS);
+        model.ragged = layout == LayoutKind::Ragged;
+        model.rows = (0..batch)
+            .map(|b| common::model::Row {
+                families: [cache.read_row(Family::Latent, b).unwrap(), cache.read_row(Family::Rope, b).unwrap(), Vec::new()],
+            })
+            .collect();
+        model.pads = pads.to_vec();
+        for mode in [MaskMode::None, MaskMode::Causal, MaskMode::Array] {
+            let tolerance = if gpu { 2e-2 } else { 1e-2 };
+            check(&cache, &model, &mut rng, mode, &format!("composed {layout:?} {mode:?}"), tolerance);
+        }
+    }
+
+    // One vector at every position: channels 0 and 1 of each group set the 4-bit scale (0 and
+    // 1), the others 0.5, which 4 bits read as 7/15 or 8/15.
+    let v: Vec<f32> = (0..WIDTHS[0]).map(|c| [0.0f32, 1.0, 0.5][(c % 64).min(2)]).collect();
+    let mut cache = LatentCache::new(g).unwrap();
+    let tokens = 200;
+    let latent: Vec<f32> = (0..tokens).flat_map(|_| v.clone()).collect();
+    cache.append_host(1, tokens, &latent, &vec![0.0; tokens * WIDTHS[1]], None).unwrap();
+    let compact = cache.read_row(Family::Latent, 0).unwrap()[..WIDTHS[0]].to_vec();
+    assert!(compact.iter().zip(&v).any(|(a, b)| (a - b).abs() > 0.03), "4 bits must misread 0.5");
+    let donor = cache.capture_donor_rows().unwrap();
+    let boundary = cache.converted_positions()[0];
+    let q = |w: usize| Array::from_slice(&vec![0.1f32; w], &[1, 1, 1, w as i32]);
+    for (hot, want) in [(true, &v), (false, &compact)] {
+        let mask: Vec<f32> = (0..tokens).map(|p| if (p >= boundary) == hot { 0.0 } else { f32::NEG_INFINITY }).collect();
+        let mask = Array::from_slice(&mask, &[1, 1, 1, tokens as i32]);
+        let out = donor.attend(&q(WIDTHS[0]), &q(WIDTHS[1]), 0.1, MaskMode::Array, Some(&mask)).unwrap();
+        let got = mlx_ops::to_host(&out).unwrap();
+        for (c, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+            assert!((g - w).abs() <= 8e-3, "hot {hot} channel {c}: {g} vs {w}");
         }
     }
 }

@@ -331,14 +331,21 @@ impl LatentCache {
         // could not write in place and would copy the whole history.
         let before = self.layout.clone();
         let converted = self.converted_positions();
+        // A rebuilt hot side drops positions only the old boundaries read hot: keep the old one
+        // (shared, not copied) until the append is evaluated.
+        let replaced = hot.as_ref().is_some_and(|h| h.replace.is_some());
+        let old_hot = self.hot.as_ref().filter(|_| replaced).map(|h| (h.storage.clone(), h.base));
         self.commit_append(pending, hot, after);
         if let Err(err) = self.eval() {
-            // The write lies beyond every row's end, and a rebuilt hot side still holds every
-            // position the old boundaries read hot, so the old layout shows exactly the old
-            // state again (the unevaluated write is retried by the next evaluation).
+            // The write lies beyond every row's end, so the old layout, boundaries and hot side
+            // show exactly the old state again (the unevaluated write is retried by the next
+            // evaluation).
             self.layout = before;
             if let Some(hot) = &mut self.hot {
                 hot.converted = converted;
+                if let Some((storage, base)) = old_hot {
+                    (hot.storage, hot.base) = (storage, base);
+                }
             }
             if self.layout.batch_size() == 0 {
                 self.storage.clear();

@@ -13,6 +13,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::boundary;
 use super::cache::{LatentCache, LatentState};
+use super::donor::HotCapture;
 use super::error::{fail, Result};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
@@ -95,7 +96,7 @@ impl Hot {
 
 /// `cold` (`[rows, hi - lo, width]`, positions `[lo, hi)`) with each row's positions from
 /// `starts[row]` on taken from `hot` (`[rows, e - a, width]`, positions `[a, e)`).
-fn overlay(cold: &Array, lo: usize, hot: &Array, (a, e): (usize, usize), starts: &[usize]) -> Result<Array> {
+pub(crate) fn overlay(cold: &Array, lo: usize, hot: &Array, (a, e): (usize, usize), starts: &[usize]) -> Result<Array> {
     let rows = starts.len();
     let width = cold.shape()[2] as usize;
     let positions: Vec<i32> = (a..e).map(|p| p as i32).collect();
@@ -175,13 +176,14 @@ impl LatentCache {
             (Some(Storage::new(&hot_geometry(&self.geometry))), needed_from.min(write_from))
         } else if hot.end() < end || write_from < hot.base {
             // Growing (or writing below the hot storage after a trim with bypass): rebuild from
-            // the oldest position a row reads hot now, so the old state stays readable if the
-            // append must be undone, with room to double.
-            let from = live.iter().map(|&(_, start)| start).min().unwrap_or(write_from).min(write_from);
+            // the oldest position a row reads hot after the append, with room to double.
+            let from = needed_from.min(write_from);
             let capacity = (2 * (end - from)).max(MIN_CAPACITY);
             let pieces: Vec<RowPiece<'_>> = live
                 .iter()
+                .filter(|&&(b, lo)| lo.max(from) < self.layout.row_ends()[b])
                 .map(|&(b, lo)| {
+                    let lo = lo.max(from);
                     let hi = self.layout.row_ends()[b];
                     RowPiece {
                         source: &hot.storage,
@@ -401,6 +403,22 @@ impl LatentCache {
     /// Whether prefill maintenance is open.
     pub fn in_prefill_maintenance(&self) -> bool {
         self.maintaining
+    }
+
+    /// The hot side for a donor: each composed family's values over the hot span that holds
+    /// positions (views), its base and each row's first hot position; `None` when not composed.
+    pub(crate) fn capture_hot(&self) -> Result<Option<HotCapture>> {
+        let Some(hot) = &self.hot else { return Ok(None) };
+        let end = self.offset().min(hot.end());
+        let rows = self.batch_size();
+        let mut values = Vec::new();
+        if end > hot.base && !hot.storage.is_empty() {
+            for family in Family::ALL.into_iter().filter(|&f| self.geometry.is_composed(f)) {
+                values.push((family, hot.storage.window_in(None, family, (0, rows), 0, end - hot.base)?));
+            }
+        }
+        let starts = Self::hot_starts_of(&self.layout, &hot.converted);
+        Ok(Some(HotCapture { base: hot.base, starts, values }))
     }
 
     /// Each row's count of valid positions read in the compact mode (the row's precision

@@ -9,6 +9,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::cache::LatentCache;
 use super::codec::{StorageMode, AFFINE_GROUP};
+use super::composed::overlay;
 use super::error::{fail, Result};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
@@ -44,33 +45,31 @@ pub struct Donor {
     left_pad: Vec<usize>,
     row_ends: Vec<usize>,
     parts: Families<Vec<Array>>,
+    /// Composed storage's hot positions (see `composed`), read over the compact ones.
+    hot: Option<HotCapture>,
+}
+
+/// The hot side of a composed cache as captured: each composed family's values at window
+/// positions `[base, base + T_h)` in the hot mode, and each row's first hot position.
+pub(crate) struct HotCapture {
+    pub base: usize,
+    pub starts: Vec<usize>,
+    pub values: Vec<(Family, Array)>,
 }
 
 impl LatentCache {
     /// A snapshot of every family's stored parts and of the row layout. Holding it keeps the
     /// current buffers referenced: the cache's next append then copies them instead of writing
     /// in place, so release donors before it when you can.
-    /// With composed storage, composed families are held as their composed values in the hot
-    /// mode (the donor's geometry says so): attention over them decodes the compact positions.
+    /// With composed storage the snapshot holds the compact parts of every position and the hot
+    /// values over them: attention reads the compact positions from their parts (quantized
+    /// matmul for the affine modes) and the hot ones from the hot values.
     pub fn capture_donor_rows(&self) -> Result<Donor> {
         let offset = self.offset();
         let families = Families::for_geometry(&self.geometry, |family, _| family);
-        let mut geometry = self.geometry;
-        let parts = families.try_map(|_, family| match self.geometry.is_composed(family) {
-            true => Ok(vec![self.family_view(family, None)?]),
-            false => self.storage.packed(family, offset),
-        })?;
-        if geometry.composed() {
-            for family in Family::ALL.into_iter().filter(|&f| self.geometry.is_composed(f)) {
-                match family {
-                    Family::Latent => geometry.latent_storage = geometry.hot_storage,
-                    Family::Rope => geometry.rope_storage = geometry.hot_storage,
-                    Family::IndexKeys => geometry.index_storage = geometry.hot_storage,
-                }
-            }
-            geometry.hot_window = 0;
-        }
-        Ok(Donor { geometry, offset, left_pad: self.left_pad().to_vec(), row_ends: self.row_ends().to_vec(), parts })
+        let parts = families.try_map(|_, family| self.storage.packed(family, offset))?;
+        let (left_pad, row_ends) = (self.left_pad().to_vec(), self.row_ends().to_vec());
+        Ok(Donor { geometry: self.geometry, offset, left_pad, row_ends, parts, hot: self.capture_hot()? })
     }
 }
 
@@ -105,26 +104,64 @@ impl Donor {
     }
 
     /// `x` times a quantized family's values (`transpose`: their transpose), read by MLX's
-    /// quantized matmul from the packed codes, with `x` in the scales' dtype (bfloat16, as the
-    /// kernels take it). `None` for float families, and where MLX has no kernel for the shape
-    /// (its CUDA backend lacks some batched shapes): the caller then decodes.
+    /// quantized matmul from the packed codes. It runs in float32 (the bfloat16 scales and biases
+    /// converted, 1/32 of the codes' size or less): with bfloat16 inputs MLX's CPU kernel sums in
+    /// bfloat16, which put a uniform average over 200 positions 9% off. `None` for float
+    /// families, and where MLX has no kernel for the shape (its CUDA backend lacks some batched
+    /// shapes): the caller then decodes.
     fn quantized_product(&self, family: Family, x: &Array, transpose: bool) -> Result<Option<Array>> {
         let (mode, parts) = (self.geometry.storage(family), self.parts(family));
         if !matches!(mode, StorageMode::Q8 | StorageMode::Q4) || !*BATCHED_QUANTIZED_MATMUL {
             return Ok(None);
         }
         let [codes, scales, biases] = [&parts[0], &parts[1], &parts[2]].map(Self::per_head);
-        let x = mlx_ops::astype(x, Dtype::Bfloat16)?;
-        match mlx_math::quantized_matmul(&x, &codes?, &scales?, &biases?, transpose, AFFINE_GROUP as i32, mode.bits() as i32) {
+        let f32 = |a: Result<Array>| a.and_then(|a| mlx_ops::astype(&a, Dtype::Float32));
+        let (scales, biases) = (f32(scales)?, f32(biases)?);
+        let x = mlx_ops::astype(x, Dtype::Float32)?;
+        match mlx_math::quantized_matmul(&x, &codes?, &scales, &biases, transpose, AFFINE_GROUP as i32, mode.bits() as i32) {
             Ok(out) => Ok(Some(mlx_ops::astype(&out, Dtype::Float32)?)),
             Err(_) => Ok(None),
         }
     }
 
-    /// A family's values `[B, 1, T, width]` (decoded for the quantized modes: O(stored)).
-    fn values(&self, family: Family) -> Result<Array> {
+    /// A family's values `[B, T, width]` (decoded for the quantized modes: O(stored)), with
+    /// composed storage's hot positions over the compact ones.
+    fn decoded(&self, family: Family) -> Result<Array> {
         let mode = self.geometry.storage(family);
-        Self::per_head(&mode.decode(self.parts(family), self.geometry.width(family).expect("present"))?)
+        let cold = mode.decode(self.parts(family), self.geometry.width(family).expect("present"))?;
+        match self.hot_values(family) {
+            Some((hot, span, starts)) => {
+                let (cold, hot) = same_dtype(cold, hot.clone())?;
+                overlay(&cold, 0, &hot, span, starts)
+            }
+            None => Ok(cold),
+        }
+    }
+
+    /// A family's values `[B, 1, T, width]` (see `decoded`).
+    fn values(&self, family: Family) -> Result<Array> {
+        Self::per_head(&self.decoded(family)?)
+    }
+
+    /// A composed family's hot values `[B, T_h, width]`, their window span and each row's first
+    /// hot position; `None` when the family has no hot positions.
+    fn hot_values(&self, family: Family) -> Option<(&Array, (usize, usize), &[usize])> {
+        let hot = self.hot.as_ref()?;
+        let (_, values) = hot.values.iter().find(|(f, _)| *f == family)?;
+        let span = (hot.base, hot.base + values.shape()[1] as usize);
+        (span.1 > span.0).then_some((values, span, hot.starts.as_slice()))
+    }
+
+    /// `x` (`[B, 1, N, T]`, over the window) with each row's hot positions from `hot_part`
+    /// (`[B, 1, N, T_h]`, over the hot span).
+    fn overlay_positions(x: &Array, hot_part: &Array, (a, e): (usize, usize), starts: &[usize]) -> Result<Array> {
+        let s = x.shape();
+        let (batch, n) = (s[0] as usize, s[2] as usize);
+        let is_hot = hot_mask(starts, (a, e), &[1, 1, 1, e - a], &[batch, 1, 1, 1])?;
+        let span = ([0, 0, 0, a], [batch, 1, n, e]);
+        let (x, hot_part) = same_dtype(x.clone(), hot_part.clone())?;
+        let tail = mlx_math::select(&is_hot, &hot_part, &mlx_ops::slice(&x, &span.0, &span.1)?)?;
+        mlx_ops::slice_update(&x, &tail, &span.0, &span.1)
     }
 
     /// `[B, H, Lq, n]` -> `[B, 1, H * Lq, n]`: every head's queries as rows of one product with a
@@ -144,9 +181,14 @@ impl Donor {
     /// `q . family^T`, `[B, H, Lq, T]`.
     fn scores(&self, family: Family, q: &Array) -> Result<Array> {
         let folded = Self::fold_heads(q)?;
-        let scores = match self.quantized_product(family, &folded, true)? {
-            Some(scores) => scores,
-            None => mlx_math::matmul(&folded, &mlx_math::swapaxes(&self.values(family)?, -1, -2)?)?,
+        let scores = match (self.quantized_product(family, &folded, true)?, self.hot_values(family)) {
+            (Some(cold), Some((hot, span, starts))) => {
+                // Compact positions from their codes, hot ones from their values.
+                let hot_scores = mlx_math::matmul(&folded, &mlx_math::swapaxes(&Self::per_head(hot)?, -1, -2)?)?;
+                Self::overlay_positions(&cold, &hot_scores, span, starts)?
+            }
+            (Some(scores), None) => scores,
+            (None, _) => mlx_math::matmul(&folded, &mlx_math::swapaxes(&self.values(family)?, -1, -2)?)?,
         };
         Self::unfold_heads(&scores, q.shape()[1])
     }
@@ -157,8 +199,29 @@ impl Donor {
     /// converting what is stored narrower).
     fn weighted_latent(&self, probs: &Array, compute: Dtype) -> Result<Array> {
         let folded = Self::fold_heads(probs)?;
-        let out = match self.quantized_product(Family::Latent, &folded, false)? {
-            Some(out) => out,
+        let hot = self.hot_values(Family::Latent);
+        // With hot positions, the compact parts take the probabilities of the compact ones only.
+        let cold_probs = match hot {
+            Some((_, _, starts)) => {
+                let s = folded.shape();
+                let is_hot = hot_mask(starts, (0, self.offset), &[1, 1, 1, self.offset], &[s[0] as usize, 1, 1, 1])?;
+                mlx_math::select(&is_hot, &mlx_ops::scalar(0.0), &folded)?
+            }
+            None => folded.clone(),
+        };
+        let out = match self.quantized_product(Family::Latent, &cold_probs, false)? {
+            Some(cold) => match hot {
+                Some((values, (a, e), starts)) => {
+                    let s = folded.shape();
+                    let (batch, n) = (s[0] as usize, s[2] as usize);
+                    let is_hot = hot_mask(starts, (a, e), &[1, 1, 1, e - a], &[batch, 1, 1, 1])?;
+                    let tail = mlx_ops::slice(&folded, &[0, 0, 0, a], &[batch, 1, n, e])?;
+                    let hot_probs = mlx_math::select(&is_hot, &tail, &mlx_ops::scalar(0.0))?;
+                    let values = mlx_ops::astype(&Self::per_head(values)?, Dtype::Float32)?;
+                    mlx_math::add(&cold, &mlx_math::matmul(&hot_probs, &values)?)?
+                }
+                None => cold,
+            },
             None => {
                 let values = self.values(Family::Latent)?;
                 let folded = match values.dtype() == compute && compute != Dtype::Float32 {
@@ -210,7 +273,21 @@ impl Donor {
         let parts =
             self.parts(family).iter().map(|part| mlx_math::take_along_axis(part, &flat, 1)).collect::<Result<Vec<Array>>>()?;
         let width = self.geometry.width(family).expect("present");
-        let values = mlx_ops::astype(&self.geometry.storage(family).decode(&parts, width)?, Dtype::Float32)?;
+        let mut values = mlx_ops::astype(&self.geometry.storage(family).decode(&parts, width)?, Dtype::Float32)?;
+        if let Some((hot, (a, e), starts)) = self.hot_values(family) {
+            // Selected hot positions are read from the hot values (the index is clamped into its
+            // span where the position is compact: that value is not used).
+            let in_span = mlx_math::logical_and(
+                &mlx_math::greater_equal(&flat, &mlx_ops::indices(&[a as i32], &[1]))?,
+                &mlx_math::less(&flat, &mlx_ops::indices(&[e as i32], &[1]))?,
+            )?;
+            let shifted = mlx_math::add(&flat, &mlx_ops::indices(&[-(a as i32)], &[1]))?;
+            let at = mlx_math::select(&in_span, &shifted, &mlx_ops::indices(&[0], &[1]))?;
+            let hot = mlx_ops::astype(&mlx_math::take_along_axis(hot, &at, 1)?, Dtype::Float32)?;
+            let row_starts: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
+            let is_hot = mlx_math::greater_equal(&flat, &mlx_ops::indices(&row_starts, &[batch, 1, 1]))?;
+            values = mlx_math::select(&is_hot, &hot, &values)?;
+        }
         mlx_ops::reshape(&values, &[batch, queries, k, width])
     }
 
@@ -231,10 +308,7 @@ impl Donor {
             return fail!(InvalidArgument, "index scores take the NONE or CAUSAL mask mode");
         }
         self.check_rows(mode, queries as usize)?;
-        let keys = Self::per_head(&mlx_ops::astype(
-            &self.geometry.index_storage.decode(self.parts(Family::IndexKeys), width)?,
-            Dtype::Float32,
-        )?)?;
+        let keys = Self::per_head(&mlx_ops::astype(&self.decoded(Family::IndexKeys)?, Dtype::Float32)?)?;
         let q = mlx_ops::astype(q_index, Dtype::Float32)?;
         let per_head = mlx_ops::maximum(&mlx_math::matmul(&q, &mlx_math::swapaxes(&keys, -1, -2)?)?, &mlx_ops::scalar(0.0))?;
         // [B, Lq, Hi] -> [B, Hi, Lq, 1]
@@ -382,4 +456,21 @@ impl Donor {
         }
         self.weighted_latent(&mlx_math::softmax(&scores, -1)?, q_latent.dtype())
     }
+}
+
+/// `[.., T_h]`-shaped (`positions`) against `[B, ..]` (`rows`): whether window position `a + j`
+/// is at or after row `b`'s first hot position.
+fn hot_mask(starts: &[usize], (a, e): (usize, usize), positions: &[usize], rows: &[usize]) -> Result<Array> {
+    let at: Vec<i32> = (a..e).map(|p| p as i32).collect();
+    let starts: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
+    mlx_math::greater_equal(&mlx_ops::indices(&at, positions), &mlx_ops::indices(&starts, rows))
+}
+
+/// `a` and `b` in one dtype: float32 where they differ (a hot float32 value over bfloat16
+/// storage keeps its precision).
+fn same_dtype(a: Array, b: Array) -> Result<(Array, Array)> {
+    if a.dtype() == b.dtype() {
+        return Ok((a, b));
+    }
+    Ok((mlx_ops::astype(&a, Dtype::Float32)?, mlx_ops::astype(&b, Dtype::Float32)?))
 }

@@ -32,7 +32,7 @@ const MAX_LAZY_WRITES: usize = 64;
 type Parts = Vec<Array>;
 
 /// One family's buffers.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Buffer {
     mode: StorageMode,
     width: usize,
@@ -98,7 +98,9 @@ impl Buffer {
     }
 }
 
-#[derive(Debug)]
+/// Cloning shares the buffers (MLX arrays are reference counted): a clone held while the
+/// original is written makes MLX copy instead of writing in place.
+#[derive(Clone, Debug)]
 pub struct Storage {
     rows: usize,
     capacity: usize,
