@@ -937,7 +937,8 @@ latent_cache_status latent_cache_glm52_configs(latent_cache_config *out,
 // the layout): written to a temporary file in the same folder, synced, then renamed over
 // `path`, so a crash never leaves a partial file under that name. Evaluates the set's state.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8 or names no
-// file), `INVALID_STATE` (layers that disagree), `BACKEND` (the file could not be written).
+// file; a layer with composed storage, which saves do not hold yet), `INVALID_STATE` (layers
+// that disagree), `BACKEND` (the file could not be written).
 latent_cache_status latent_cache_set_save(const latent_cache_set *set, const char *path);
 
 // Loads a set saved by `latent_cache_set_save` (or a GLM-5 prompt cache mlx-lm's

@@ -45,6 +45,8 @@ struct Reference {
     hot: Model,
     converted: Vec<usize>,
     maintaining: bool,
+    /// A padded prefill is open (prefill_prepare until prefill_finalize).
+    prefilling: bool,
 }
 
 impl Reference {
@@ -54,7 +56,7 @@ impl Reference {
         let mut hot = Model::with_modes(widths(&g), [g.hot_storage; 3]);
         compact.ragged = g.layout == LayoutKind::Ragged;
         hot.ragged = compact.ragged;
-        Reference { g, compact, hot, converted: Vec::new(), maintaining: false }
+        Reference { g, compact, hot, converted: Vec::new(), maintaining: false, prefilling: false }
     }
 
     fn both(&mut self, f: impl Fn(&mut Model)) {
@@ -63,7 +65,7 @@ impl Reference {
     }
 
     fn deferring(&self) -> bool {
-        self.compact.round.is_some() || self.maintaining
+        self.compact.round.is_some() || self.maintaining || self.prefilling
     }
 
     /// The documented rule after every step.
@@ -319,6 +321,45 @@ fn chunked_prefill_with_a_sibling_split_equals_one_append() {
                 }
             }
         }
+    }
+}
+
+/// A padded batched prefill (left and right padding, in chunks) on composed storage: nothing
+/// converts until finalize drops the right padding; each row then holds its prompt, with the
+/// boundary its prompt's length gives, in both layouts.
+#[test]
+fn padded_prefill_with_right_padding_converts_at_finalize() {
+    for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
+        let g = geometry(20, F32, [Q8, BF16, FP8], layout);
+        let mut rng = Rng::new(11);
+        let (left, right) = ([0usize, 100, 30], [0usize, 40, 150]);
+        let (mut cache, mut r) = (LatentCache::new(g).unwrap(), Reference::new(g));
+        cache.prefill_prepare(None, Some(&left), Some(&right)).unwrap();
+        r.prefilling = true;
+        let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(3 * 200 * r.compact.widths[f]));
+        cache.append_host_padded(3, 200, &left, &data[0], &data[1], Some(&data[2])).unwrap();
+        r.both(|m| m.append_padded(3, 200, &left, &data));
+        r.settle();
+        for tokens in [37, 1, 150] {
+            append(&mut rng, &mut cache, &mut r, 3, tokens);
+            assert!(cache.converted_positions().iter().all(|&c| c == 0), "{layout:?}: nothing converts mid-prefill");
+        }
+        r.check(&cache, &format!("{layout:?} before finalize"));
+        cache.prefill_finalize().unwrap();
+        r.prefilling = false;
+        for (b, &drop) in right.iter().enumerate() {
+            let len = r.compact.len(b);
+            r.both(|m| m.truncate_row(b, len - drop));
+        }
+        r.settle();
+        let lengths = r.compact.row_offsets();
+        assert_eq!(cache.converted_positions(), lengths.iter().map(|&l| boundary(l, 20)).collect::<Vec<_>>());
+        r.check(&cache, &format!("{layout:?} after finalize"));
+        // And it goes on decoding.
+        for _ in 0..70 {
+            append(&mut rng, &mut cache, &mut r, 3, 1);
+        }
+        r.check(&cache, &format!("{layout:?} after decoding"));
     }
 }
 
