@@ -36,9 +36,10 @@
  *   spec_round_rollback_rows (uneven counts, right-justified rows), latent_cache_eval, and
  *   append_latent / append_latent_padded when they must grow the buffers (never after a large
  *   enough reserve) or when a buffer went unevaluated for 64 appends in a row (an engine that
- *   evaluates every step never sees this). The others never evaluate. Evaluate the arrays the
- *   library returns through latent_cache_eval, or under the lock you gave it, never
- *   concurrently with it.
+ *   evaluates every step never sees this). With composed storage, appends also evaluate when
+ *   the hot side is rebuilt (about once per hot_window + 64 positions appended, reserve or
+ *   not). The others never evaluate. Evaluate the arrays the library returns through
+ *   latent_cache_eval, or under the lock you gave it, never concurrently with it.
  *   What an engine may pass in: arrays that are evaluated, made by latent_cache_array_from_host,
  *   or built on a stream any thread may evaluate (mlx_stream_new_thread_unsafe). An array the
  *   engine built on its own thread's stream and left unevaluated can only be evaluated on that
@@ -326,7 +327,9 @@ latent_cache_config latent_cache_config_default(void);
 
 // `*out` = the bytes `batch` rows of `tokens` positions would hold in a cache made from
 // `*config` (`batch * tokens * bytes_per_token`): admission control before a request is
-// created. Buffers grow in steps, so a cache may hold up to one growth step more.
+// created. Buffers grow in steps, so a cache may hold up to one growth step more; with composed
+// storage, plus its hot side (at most about twice `hot_window + 64` positions per row in
+// `hot_storage`, every family).
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a config `latent_cache_new` refuses),
 // `CAPACITY` (the product overflows `size_t`).
 latent_cache_status latent_cache_projected_bytes(const latent_cache_config *config,
