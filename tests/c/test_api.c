@@ -458,17 +458,23 @@ static float bf16_round(float x) {
   return x;
 }
 
+/* A layer of the given widths with an 8-bit latent, a bfloat16 rope key and FP8 index keys. */
+static latent_cache_config compact_config(size_t latent, size_t rope, size_t index) {
+  latent_cache_config cfg = latent_cache_config_default();
+  cfg.kv_lora_rank = latent;
+  cfg.rope_head_dim = rope;
+  cfg.index_head_dim = index;
+  cfg.latent_storage = LATENT_CACHE_STORAGE_Q8;
+  cfg.rope_storage = LATENT_CACHE_STORAGE_BF16;
+  cfg.index_storage = LATENT_CACHE_STORAGE_FP8;
+  return cfg;
+}
+
 /* Storage modes as an engine configures them: bytes per token, bfloat16 values as rounded,
  * 8-bit values within one quantization step, packed parts, and a refused combination. */
 static void test_storage_modes(void) {
   enum { B = 2, T = 3, L = 128, R = 64, K = 128 };
-  latent_cache_config cfg = latent_cache_config_default();
-  cfg.kv_lora_rank = L;
-  cfg.rope_head_dim = R;
-  cfg.index_head_dim = K;
-  cfg.latent_storage = LATENT_CACHE_STORAGE_Q8;
-  cfg.rope_storage = LATENT_CACHE_STORAGE_BF16;
-  cfg.index_storage = LATENT_CACHE_STORAGE_FP8;
+  latent_cache_config cfg = compact_config(L, R, K);
   latent_cache *c = NULL;
   OK(latent_cache_new(&cfg, &c));
   size_t bpt = 0;
@@ -701,13 +707,7 @@ static void test_donor_attention(void) {
  * nothing changed, the config read back. */
 static void test_composed(void) {
   enum { L = 64, R = 64, K = 128, H = 100, T = 300 };
-  latent_cache_config cfg = latent_cache_config_default();
-  cfg.kv_lora_rank = L;
-  cfg.rope_head_dim = R;
-  cfg.index_head_dim = K;
-  cfg.latent_storage = LATENT_CACHE_STORAGE_Q8;
-  cfg.rope_storage = LATENT_CACHE_STORAGE_BF16;
-  cfg.index_storage = LATENT_CACHE_STORAGE_FP8;
+  latent_cache_config cfg = compact_config(L, R, K);
   cfg.hot_window = H;
   latent_cache *c = NULL;
   OK(latent_cache_new(&cfg, &c));
