@@ -418,13 +418,21 @@ impl Donor {
         if self.batch_size() != 1 || !float || latent.dtype() != q_latent.dtype() {
             return Ok(None);
         }
-        let rope =
-            mlx_ops::multiply(&mlx_ops::astype(&self.scores(Family::Rope, q_rope)?, Dtype::Float32)?, &mlx_ops::scalar(scale))?;
-        let mut mask = mlx_math::add(&rope, &self.row_mask(mode, queries)?)?;
+        // As mlx-lm: the rope query is scaled (a [H, Lq, 64] pass) rather than the scores, and
+        // the scores are the mask as they come: no pass over [H, T] besides the product, unless
+        // the row has padding, the queries a causal band, or the engine a mask of its own.
+        let scaled = mlx_ops::multiply(q_rope, &mlx_ops::astype(&mlx_ops::scalar(scale), q_rope.dtype())?)?;
+        let mut mask = self.scores(Family::Rope, &scaled)?;
+        let whole_row = self.left_pad[0] == 0 && self.row_ends[0] == self.offset;
+        if !(whole_row && (mode == MaskMode::None || (mode == MaskMode::Causal && queries == 1))) {
+            mask = mlx_math::add(&mask, &self.row_mask(mode, queries)?)?;
+        }
         if let Some(extra) = extra {
             mask = mlx_math::add(&mask, extra)?;
         }
-        let mask = mlx_ops::astype(&mask, q_latent.dtype())?;
+        if mask.dtype() != q_latent.dtype() {
+            mask = mlx_ops::astype(&mask, q_latent.dtype())?;
+        }
         let out = mlx_math::sdpa(q_latent, &latent, &latent, scale, &mask)?;
         Ok(Some(mlx_ops::astype(&out, Dtype::Float32)?))
     }
