@@ -225,3 +225,58 @@ fn glm52_preset_is_the_model_with_its_mtp_layer() {
     assert!(other.is_null());
     unsafe { latent_cache_set_free(set) };
 }
+
+/// Prefill maintenance set-wide, as an engine drives a chunked prefill of a model whose layers
+/// are composed (and one that is not): every layer's boundaries wait until the set's end, a
+/// commit moves the listed row on every layer, and misuse changes no layer.
+#[test]
+fn prefill_maintenance_moves_every_layer_together() {
+    use latent_cache::ffi::composed::*;
+    use latent_cache::ffi::storage::latent_cache_storage as S;
+    let layer = |hot_window: usize| {
+        let mut cfg = latent_cache_config_default();
+        (cfg.kv_lora_rank, cfg.rope_head_dim, cfg.index_head_dim) = (64, 8, 0);
+        cfg.latent_storage = S::Q8 as u32;
+        cfg.rope_storage = S::Bf16 as u32;
+        cfg.hot_window = hot_window;
+        cfg
+    };
+    let cfgs = [layer(10), layer(100), layer(0)];
+    let mut set = std::ptr::null_mut();
+    assert_eq!(unsafe { latent_cache_set_new(cfgs.as_ptr(), cfgs.len(), &mut set) }, Status::Ok);
+    let layers: Vec<*mut Handle> = (0..3)
+        .map(|i| {
+            let mut h = std::ptr::null_mut();
+            assert_eq!(unsafe { latent_cache_set_layer(set, i, &mut h) }, Status::Ok);
+            h
+        })
+        .collect();
+    let converted = |h: *mut Handle| {
+        let (mut out, mut n) = ([0usize; 4], 0);
+        assert_eq!(unsafe { latent_cache_converted_positions(h, out.as_mut_ptr(), out.len(), &mut n) }, Status::Ok);
+        out[..n].to_vec()
+    };
+    assert_eq!(unsafe { latent_cache_set_prefill_end(set) }, Status::InvalidState);
+    assert!(!last_error().is_empty());
+    assert_eq!(unsafe { latent_cache_set_prefill_begin(set) }, Status::Ok);
+    assert_eq!(unsafe { latent_cache_set_prefill_begin(set) }, Status::InvalidState);
+    let mut rng = Rng::new(4);
+    for _ in 0..3 {
+        for &h in &layers {
+            let data = host_data(&mut rng, [64, 8, 0], 2, 100);
+            assert_eq!(append_host(h, 2, 100, &data), Status::Ok);
+        }
+    }
+    assert!(layers.iter().all(|&h| converted(h).iter().all(|&c| c == 0)));
+    // Row 2 does not exist: no layer moves.
+    assert_eq!(unsafe { latent_cache_set_prefill_commit(set, [0usize, 2].as_ptr(), 2) }, Status::OutOfRange);
+    assert!(layers.iter().all(|&h| converted(h).iter().all(|&c| c == 0)));
+    assert_eq!(unsafe { latent_cache_set_prefill_commit(set, [1usize].as_ptr(), 1) }, Status::Ok);
+    assert_eq!(converted(layers[0]), vec![0, 256]);
+    assert_eq!(converted(layers[1]), vec![0, 192]);
+    assert_eq!(unsafe { latent_cache_set_prefill_end(set) }, Status::Ok);
+    assert_eq!(converted(layers[0]), vec![256, 256]);
+    assert_eq!(converted(layers[1]), vec![192, 192]);
+    assert!(converted(layers[2]).is_empty());
+    unsafe { latent_cache_set_free(set) };
+}
