@@ -402,7 +402,7 @@ impl LatentCache {
         Ok(n)
     }
 
-    /// Empties the cache (rows, positions, round, reservation), keeping its geometry.
+    /// Empties the cache (rows, positions, round, prefills, reservation), keeping its geometry.
     pub fn reset(&mut self) {
         self.layout.reset();
         self.reserved = 0;

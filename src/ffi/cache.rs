@@ -189,8 +189,8 @@ pub unsafe extern "C" fn latent_cache_trim(cache: *mut latent_cache, n: usize, b
     ffi_boundary! { with_cache(cache, |cache| cache.trim(n, bypass).map(drop).map_err(Into::into)) }
 }
 
-/// Empties the cache: no rows, no positions, no open round, buffers released. The geometry is
-/// kept. Returns `OK` or `NULL_ARGUMENT`.
+/// Empties the cache: no rows, no positions, no open round, padded prefill or prefill
+/// maintenance, buffers released. The geometry is kept. Returns `OK` or `NULL_ARGUMENT`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_reset(cache: *mut latent_cache) -> latent_cache_status {
     ffi_boundary! {
