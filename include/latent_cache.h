@@ -65,8 +65,8 @@
  *   gives the compact parts of every position, hot ones included. minimum_reusable_offset is the
  *   smallest offset a trim may reach and leave a state bit-identical to a fresh prefill of the
  *   remaining positions; a trim below it needs bypass (otherwise INVALID_STATE). Donor attention
- *   over a composed cache reads the composed values (it decodes the compact part). Saving a
- *   composed cache is refused (INVALID_ARGUMENT).
+ *   over a composed cache reads the compact positions by quantized matmul and the hot ones from
+ *   their values. Saves hold the hot side (file format 3, which older versions refuse).
  *
  * MLX
  *   One libmlx per process: the mlx_array functions expect arrays of the same MLX runtime the
@@ -436,8 +436,8 @@ latent_cache_status latent_cache_read_host(const latent_cache *cache,
 // bypass, a row's boundary stops at its new end.
 latent_cache_status latent_cache_trim(latent_cache *cache, size_t n, bool bypass);
 
-// Empties the cache: no rows, no positions, no open round, buffers released. The geometry is
-// kept. Returns `OK` or `NULL_ARGUMENT`.
+// Empties the cache: no rows, no positions, no open round, padded prefill or prefill
+// maintenance, buffers released. The geometry is kept. Returns `OK` or `NULL_ARGUMENT`.
 latent_cache_status latent_cache_reset(latent_cache *cache);
 
 // Makes room for `tokens` positions per row now, so that appends up to that length never
@@ -940,8 +940,8 @@ latent_cache_status latent_cache_glm52_configs(latent_cache_config *out,
 // the layout): written to a temporary file in the same folder, synced, then renamed over
 // `path`, so a crash never leaves a partial file under that name. Evaluates the set's state.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8 or names no
-// file; a layer with composed storage, which saves do not hold yet), `INVALID_STATE` (layers
-// that disagree), `BACKEND` (the file could not be written).
+// file), `INVALID_STATE` (layers that disagree), `BACKEND` (the file could not be written).
+// Composed layers are saved with their hot side (format 3; without one, format 2).
 latent_cache_status latent_cache_set_save(const latent_cache_set *set, const char *path);
 
 // Loads a set saved by `latent_cache_set_save` (or a GLM-5 prompt cache mlx-lm's

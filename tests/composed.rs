@@ -471,14 +471,56 @@ fn the_hot_side_stays_the_size_of_the_window() {
     assert!(hot > 0);
 }
 
+/// A composed cache saved and loaded holds the same state (every row bit for bit, the same
+/// boundaries and hot side), and goes on exactly as the original: both layouts, rows of
+/// different lengths, a trim with bypass behind them.
 #[test]
-fn saves_of_composed_caches_are_refused() {
-    let g = geometry(10, F32, [Q8, BF16, FP8], LayoutKind::RightJustified);
-    let mut cache = LatentCache::new(g).unwrap();
-    let mut rng = Rng::new(1);
-    let mut r = Reference::new(g);
-    append(&mut rng, &mut cache, &mut r, 1, 100);
-    let err = persist::save_to_bytes(&[&cache]).unwrap_err();
-    assert_eq!(err.kind, ErrorKind::InvalidArgument);
-    assert!(err.message.contains("composed"), "{}", err.message);
+fn saves_hold_the_hot_side_and_loads_go_on_alike() {
+    for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
+        let g = geometry(30, F32, [Q8, BF16, FP8], layout);
+        let mut rng = Rng::new(21);
+        let (mut cache, mut r) = (LatentCache::new(g).unwrap(), Reference::new(g));
+        let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(2 * 300 * r.compact.widths[f]));
+        cache.append_host_padded(2, 300, &[0, 120], &data[0], &data[1], Some(&data[2])).unwrap();
+        r.both(|m| m.append_padded(2, 300, &[0, 120], &data));
+        r.settle();
+        cache.trim(40, true).unwrap();
+        r.both(|m| m.trim(40));
+        r.settle();
+        append(&mut rng, &mut cache, &mut r, 2, 7);
+        let bytes = persist::save_to_bytes(&[&cache]).unwrap();
+        let mut loaded = persist::load_from_bytes(&bytes).unwrap().pop().unwrap();
+        assert_eq!(loaded.signature(), cache.signature());
+        r.check(&loaded, &format!("{layout:?} loaded"));
+        let mut r2 = r.clone();
+        for tokens in [1, 90, 3, 200] {
+            let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(2 * tokens * r.compact.widths[f]));
+            for (c, r) in [(&mut cache, &mut r), (&mut loaded, &mut r2)] {
+                c.append_host(2, tokens, &data[0], &data[1], Some(&data[2])).unwrap();
+                r.both(|m| m.append(2, tokens, &data));
+                r.settle();
+                r.check(c, &format!("{layout:?} after {tokens} more"));
+            }
+        }
+    }
+}
+
+/// Files with a composed layer are format 3 (older readers refuse them rather than load them
+/// without their hot side); files without one stay format 2.
+#[test]
+fn composed_files_are_format_3() {
+    let version = |cache: &LatentCache| {
+        let bytes = persist::save_to_bytes(&[cache]).unwrap();
+        let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header = String::from_utf8(bytes[8..8 + header_len].to_vec()).unwrap();
+        let at = header.find("\"0.latent_cache.format\":\"").unwrap() + 25;
+        header[at..at + 1].to_string()
+    };
+    let mut rng = Rng::new(2);
+    for (hot_window, want) in [(10, "3"), (0, "2")] {
+        let g = geometry(hot_window, F32, [Q8, BF16, FP8], LayoutKind::RightJustified);
+        let (mut cache, mut r) = (LatentCache::new(g).unwrap(), Reference::new(g));
+        append(&mut rng, &mut cache, &mut r, 1, 100);
+        assert_eq!(version(&cache), want, "hot_window {hot_window}");
+    }
 }

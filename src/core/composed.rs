@@ -14,7 +14,7 @@ use mlx_rs::{Array, Dtype};
 use super::boundary;
 use super::cache::{LatentCache, LatentState};
 use super::donor::HotCapture;
-use super::error::{fail, Result};
+use super::error::{fail, CacheError, Result};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
 use super::layout::RowLayout;
@@ -419,6 +419,30 @@ impl LatentCache {
         }
         let starts = Self::hot_starts_of(&self.layout, &hot.converted);
         Ok(Some(HotCapture { base: hot.base, starts, values }))
+    }
+
+    /// Takes a loaded hot side (`persist`, which checked it): the hot values of the composed
+    /// families over window positions `[base, base + T_h)`, and each row's boundary.
+    pub(crate) fn adopt_hot(&mut self, base: usize, converted: Vec<usize>, values: Vec<(Family, Array)>) -> Result<()> {
+        let g = hot_geometry(&self.geometry);
+        let rows = self.batch_size();
+        let span = values.first().map_or(0, |(_, a)| a.shape()[1] as usize);
+        let storage = match span {
+            0 => Storage::new(&g),
+            _ => {
+                // Families that are not composed are never read from the hot side.
+                let parts =
+                    Families::for_geometry(&g, |family, width| (family, width)).try_map(|_, (family, width)| {
+                        match values.iter().find(|(f, _)| *f == family) {
+                            Some((_, a)) => Ok(vec![a.clone()]),
+                            None => Ok::<_, CacheError>(vec![mlx_ops::zeros(&[rows, span, width], g.hot_storage.read_dtype())?]),
+                        }
+                    })?;
+                Storage::from_parts(&g, rows, span, parts)
+            }
+        };
+        self.hot = Some(Hot { storage, base, converted });
+        Ok(())
     }
 
     /// Each row's count of valid positions read in the compact mode (the row's precision

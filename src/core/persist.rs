@@ -11,6 +11,8 @@
 //! - Our metadata (in mlx-lm's user metadata, keys `0.latent_cache.*`): the format version, each
 //!   layer's geometry, storage, layout, role, left pads and row ends, and a 64-bit checksum of
 //!   every tensor (over dtype, shape and bytes) and of the metadata, since safetensors has none.
+//! - Composed layers (format 3) add their composition, each row's boundary and where the hot
+//!   values start, and the hot values of each composed family (`latent_cache.<i>.hot.<family>`).
 //!
 //! A load checks everything (version, geometry, every tensor's presence, dtype, shape and
 //! checksum, the row layout) before it creates anything. A file mlx-lm wrote (no metadata of
@@ -34,8 +36,11 @@ use super::safetensors::{self, Tensor};
 use super::storage::Storage;
 use super::tensor_bytes;
 
-/// The format this library writes, and the newest it reads.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The newest format this library reads. It writes version 2, or 3 when a layer is composed
+/// (version 3 adds the hot side; older readers refuse it rather than load it without).
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// The format of files without composed layers.
+const PLAIN_VERSION: u32 = 2;
 const PREFIX: &str = "0.latent_cache.";
 
 /// A tensor's checksum as format `version` computes it (`checksum.rs`), evaluated and laid out
@@ -130,6 +135,78 @@ fn parse_geometry(s: &str) -> Result<Geometry> {
     Ok(g)
 }
 
+/// A composed layer's hot side (format 3): the composition, each row's boundary, where the
+/// hot values start, and the hot values of each composed family `[B, T_h, width]`.
+fn add_hot(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
+    let g = cache.geometry();
+    let Some(hot) = cache.capture_hot()? else { return Ok(()) };
+    c.metadata.push((format!("{PREFIX}layer.{i}.hot"), format!("{};{}", g.hot_window, g.hot_storage.name())));
+    c.metadata.push((format!("{PREFIX}layer.{i}.converted"), list(&cache.converted_positions())));
+    c.metadata.push((format!("{PREFIX}layer.{i}.hot_base"), hot.base.to_string()));
+    for (family, values) in hot.values {
+        c.tensor(format!("latent_cache.{i}.hot.{}", family.name()), values)?;
+    }
+    Ok(())
+}
+
+/// Reads a layer's hot side and makes its geometry composed (checked as a new cache's is); the
+/// hot values' shapes and dtype and every row's boundary are checked against the layout.
+#[allow(clippy::type_complexity)]
+fn read_hot<'a>(
+    i: usize,
+    g: &mut Geometry,
+    layout: &RowLayout,
+    get: impl Fn(&str) -> Result<&'a String>,
+    tensor: &impl Fn(&str) -> Result<Array>,
+) -> Result<Option<(usize, Vec<usize>, Vec<(Family, Array)>)>> {
+    let Ok(spec) = get(&format!("layer.{i}.hot")) else { return Ok(None) };
+    let bad = |what: &str| fail!(InvalidArgument, "layer {i}: composed storage's {what} is damaged");
+    let Some((window, mode)) = spec.split_once(';') else { return bad("description") };
+    let (Ok(window), Some(mode)) = (window.parse::<usize>(), StorageMode::ALL.into_iter().find(|m| m.name() == mode)) else {
+        return bad("description");
+    };
+    (g.hot_window, g.hot_storage) = (window, mode);
+    g.validate()?;
+    if !g.composed() {
+        return bad("description");
+    }
+    let converted = parse_list(get(&format!("layer.{i}.converted"))?)?;
+    let base: usize = get(&format!("layer.{i}.hot_base"))?.parse().map_err(|_| error!(InvalidArgument, "layer {i}: hot_base"))?;
+    let lengths = layout.row_offsets();
+    if converted.len() != lengths.len() || converted.iter().zip(&lengths).any(|(c, l)| c > l) {
+        return bad("row boundaries");
+    }
+    let rows = lengths.len();
+    let mut values = Vec::new();
+    let mut span = None;
+    for family in Family::ALL.into_iter().filter(|&f| g.is_composed(f)) {
+        let name = format!("latent_cache.{i}.hot.{}", family.name());
+        let Ok(a) = tensor(&name) else {
+            // No hot values: no row may read any.
+            span = Some(0);
+            continue;
+        };
+        let s = a.shape();
+        let width = g.width(family).expect("composed families are present") as i32;
+        if s.len() != 3 || s[0] as usize != rows || s[2] != width || a.dtype() != mode.read_dtype() {
+            return bad("hot values");
+        }
+        if span.is_some_and(|t| t != s[1] as usize) {
+            return bad("hot values");
+        }
+        span = Some(s[1] as usize);
+        values.push((family, a));
+    }
+    let end = base + span.unwrap_or(0);
+    for b in 0..rows {
+        let start = layout.left_pad()[b] + converted[b];
+        if start < layout.row_ends()[b] && (start < base || layout.row_ends()[b] > end) {
+            return bad("hot span");
+        }
+    }
+    Ok(Some((base, converted, values)))
+}
+
 fn list(values: &[usize]) -> String {
     values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")
 }
@@ -219,14 +296,13 @@ fn add_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
 
 fn contents(layers: &[&LatentCache]) -> Result<Contents> {
     let mut c = Contents::default();
-    c.metadata.push((format!("{PREFIX}format"), FORMAT_VERSION.to_string()));
+    let composed = layers.iter().any(|l| l.geometry.composed());
+    let version = if composed { FORMAT_VERSION } else { PLAIN_VERSION };
+    c.metadata.push((format!("{PREFIX}format"), version.to_string()));
     c.metadata.push((format!("{PREFIX}layers"), layers.len().to_string()));
     for (i, cache) in layers.iter().enumerate() {
-        if cache.geometry.composed() {
-            // The hot positions' float values would be lost: refused rather than saved lossy.
-            return fail!(InvalidArgument, "layer {i} uses composed storage (hot_window), which saves do not hold yet");
-        }
         add_layer(&mut c, i, cache)?;
+        add_hot(&mut c, i, cache)?;
     }
     // mlx-lm's scalar table, flattened as its tree_flatten writes it.
     c.metadata.push(("2.0".into(), String::new()));
@@ -243,7 +319,7 @@ fn contents(layers: &[&LatentCache]) -> Result<Contents> {
     let sums = c
         .tensors
         .iter()
-        .map(|t| Ok((format!("{PREFIX}sum.{}", t.name), checksum(&t.array, &t.shape, FORMAT_VERSION)?)))
+        .map(|t| Ok((format!("{PREFIX}sum.{}", t.name), checksum(&t.array, &t.shape, version)?)))
         .collect::<Result<Vec<_>>>()?;
     c.metadata.extend(sums);
     let meta_sum = metadata_checksum(c.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -431,7 +507,7 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
     };
     let mut plans = Vec::with_capacity(layers);
     for i in 0..layers {
-        let g = parse_geometry(get(&format!("layer.{i}.geometry"))?)?;
+        let mut g = parse_geometry(get(&format!("layer.{i}.geometry"))?)?;
         let (pads, ends) = (parse_list(get(&format!("layer.{i}.left_pad"))?)?, parse_list(get(&format!("layer.{i}.row_ends"))?)?);
         let positions: usize =
             get(&format!("layer.{i}.positions"))?.parse().map_err(|_| error!(InvalidArgument, "layer {i}: positions"))?;
@@ -477,12 +553,19 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
             }
             Ok(arrays)
         })?;
-        plans.push((g, layout, rows, positions, parts));
+        let hot = read_hot(i, &mut g, &layout, get, &tensor)?;
+        plans.push((g, layout, rows, positions, parts, hot));
     }
-    Ok(plans
+    plans
         .into_iter()
-        .map(|(g, layout, rows, positions, parts)| LatentCache::adopt(g, layout, Storage::from_parts(&g, rows, positions, parts)))
-        .collect())
+        .map(|(g, layout, rows, positions, parts, hot)| {
+            let mut cache = LatentCache::adopt(g, layout, Storage::from_parts(&g, rows, positions, parts));
+            if let Some((base, converted, values)) = hot {
+                cache.adopt_hot(base, converted, values)?;
+            }
+            Ok(cache)
+        })
+        .collect()
 }
 
 /// A prompt cache mlx-lm saved for a GLM-5-shaped model (batch rows without padding).

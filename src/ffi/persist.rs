@@ -44,8 +44,8 @@ fn one_layer(mut caches: Vec<LatentCache>) -> FfiResult<LatentCache> {
 /// the layout): written to a temporary file in the same folder, synced, then renamed over
 /// `path`, so a crash never leaves a partial file under that name. Evaluates the set's state.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8 or names no
-/// file; a layer with composed storage, which saves do not hold yet), `INVALID_STATE` (layers
-/// that disagree), `BACKEND` (the file could not be written).
+/// file), `INVALID_STATE` (layers that disagree), `BACKEND` (the file could not be written).
+/// Composed layers are saved with their hot side (format 3; without one, format 2).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_save(set: *const latent_cache_set, path: *const c_char) -> latent_cache_status {
     ffi_boundary! {
