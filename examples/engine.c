@@ -2,8 +2,8 @@
  * 78 layers (DSA index keys on 21 of them), a chunked prefill, decode steps with one MLX
  * evaluation per step, speculative rounds where rows of prompts of different lengths accept
  * different counts (ragged layout: a round costs what it appended), and a batch whose rows join
- * and finish at different times. It prints positions, bytes, time per step,
- * and checks that what it reads back is exactly what it wrote.
+ * and finish at different times; then composed storage (8-bit history, the newest positions
+ * exact). It prints positions, bytes, time per step, and checks what it reads back.
  *
  * Usage: engine [--layers N] [--dsa N] [--prefill N] [--chunk N] [--decode N] */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
@@ -411,6 +411,70 @@ static void model_set(void) {
   latent_cache_set_free(set);
 }
 
+/* Composed storage, as a memory-bound engine would set it: the preset's layers with an 8-bit
+ * latent and index keys, a bfloat16 rope key, and each row's newest prefill/4 positions kept in
+ * float32. A chunked prefill under set-wide prefill maintenance (the seed's protocol; the hot
+ * side stays the size of the window throughout), then decode steps. The hot positions read back exactly, the compact ones within 8-bit
+ * precision; the bytes held are printed beside what float32 storage would take. */
+static void composed(void) {
+  enum { PRESET = 79 };
+  latent_cache_config configs[PRESET];
+  size_t n_configs = 0;
+  TRY(latent_cache_glm52_configs(configs, PRESET, &n_configs));
+  size_t hot = prefill / 4 > 0 ? (size_t)prefill / 4 : 1, f32_bytes = 0;
+  for (size_t l = 0; l < n_configs; l++) {
+    size_t projected = 0;
+    TRY(latent_cache_projected_bytes(&configs[l], 1, (size_t)(prefill + decode), &projected));
+    f32_bytes += projected;
+    configs[l].latent_storage = LATENT_CACHE_STORAGE_Q8;
+    configs[l].rope_storage = LATENT_CACHE_STORAGE_BF16;
+    configs[l].index_storage = LATENT_CACHE_STORAGE_Q8;
+    configs[l].hot_window = hot;
+  }
+  latent_cache_set *set = NULL;
+  TRY(latent_cache_set_new(configs, n_configs, &set));
+  layer *layers = calloc(n_configs, sizeof(layer));
+  for (size_t l = 0; l < n_configs; l++) {
+    TRY(latent_cache_set_layer(set, l, &layers[l].cache));
+    layers[l].dsa = configs[l].index_head_dim > 0;
+  }
+  int saved = n_layers, req[1] = {50};
+  n_layers = (int)n_configs;
+  size_t pos[1] = {0}, row0 = 0;
+  TRY(latent_cache_set_prefill_begin(set));
+  for (; pos[0] < (size_t)prefill; pos[0] += (size_t)chunk) {
+    size_t tokens = (size_t)prefill - pos[0] < (size_t)chunk ? (size_t)prefill - pos[0] : (size_t)chunk;
+    step(layers, 1, req, pos, tokens);
+    pos[0] += tokens - (size_t)chunk;
+  }
+  TRY(latent_cache_set_prefill_commit(set, &row0, 1));
+  TRY(latent_cache_set_prefill_end(set));
+  for (int d = 0; d < decode; d++, pos[0]++) step(layers, 1, req, pos, 1);
+  size_t len = pos[0], converted = 0, n = 0, bytes = 0, exact = 0;
+  float *row = malloc(len * RANK * sizeof(float));
+  double worst = 0.0;
+  TRY(latent_cache_converted_positions(layers[0].cache, &converted, 1, &n));
+  TRY(latent_cache_read_row_host(layers[0].cache, LATENT_CACHE_FAMILY_LATENT, 0, row, len * RANK, &n));
+  for (size_t p = 0; p < len; p++)
+    for (size_t ch = 0; ch < RANK; ch++) {
+      double want = value_at(0, req[0], p, 0, ch), err = row[p * RANK + ch] - want;
+      err = err < 0 ? -err : err;
+      if (p >= converted && err != 0.0) die("a hot position read back exactly", LATENT_CACHE_STATUS_BACKEND);
+      exact += p >= converted;
+      worst = err > worst ? err : worst;
+    }
+  if (worst > 0.25) die("compact positions within 8-bit precision", LATENT_CACHE_STATUS_BACKEND);
+  TRY(latent_cache_set_bytes_in_use(set, &bytes));
+  printf("composed: %zu layers, 8-bit with the newest %zu positions in float32; %zu positions per layer, "
+         "%zu compact; %zu hot values exact, compact ones within %.3f; %.1f MiB in use (float32: %.1f MiB)\n",
+         n_configs, hot, len, converted, exact, worst, (double)bytes / (1024.0 * 1024.0),
+         (double)f32_bytes / (1024.0 * 1024.0));
+  free(row);
+  n_layers = saved;
+  free(layers);
+  latent_cache_set_free(set);
+}
+
 int main(int argc, char **argv) {
   parse_args(argc, argv);
   printf("latent-cache %s demo: GLM-5.2 shape, %d layers (%d with DSA index keys), kv_lora_rank %d, rope %d, "
@@ -420,6 +484,7 @@ int main(int argc, char **argv) {
   speculative();
   batching();
   model_set();
+  composed();
   printf("demo: all read-back checks passed\n");
   return 0;
 }

@@ -52,14 +52,15 @@
  * Composed storage (config.hot_window > 0)
  *   Each row's newest hot_window positions (up to 63 more) are read in config.hot_storage (a
  *   float mode), older ones in their family's compact mode. A row's boundary (its count of
- *   compact positions, latent_cache_converted_positions) is a function of its length alone:
- *   floor((length - hot_window) / 64) * 64 positions, so a prompt prefilled in one append or in
- *   chunks of any sizes holds bit-identical state. Boundaries wait inside a speculative round, a
- *   padded prefill (prefill_prepare .. prefill_finalize) and prefill maintenance
- *   (latent_cache_prefill_begin .. latent_cache_prefill_end; latent_cache_prefill_commit fixes
- *   listed rows at their prompt end), and move at their end. Every position is encoded in the
- *   compact mode when appended; the hot positions' float values are kept beside it in a window
- *   of about hot_window positions per row, so moving a boundary copies nothing.
+ *   compact positions, latent_cache_converted_positions) is a function of its settled length
+ *   alone: floor((settled - hot_window) / 64) * 64 positions, so a prompt prefilled in one append
+ *   or in chunks of any sizes holds bit-identical state at every step. A row's settled length is
+ *   its length, except inside a speculative round (what it held when the round began: a rollback
+ *   finds the state it left) and inside a padded prefill (its positions that cannot be right
+ *   padding). Every position is encoded in the compact mode when appended; the hot positions'
+ *   float values are kept beside it in a window of about hot_window positions per row, so moving
+ *   a boundary copies nothing, and prefill maintenance (latent_cache_prefill_begin, _commit,
+ *   _end: the seed's protocol, checked) has nothing to defer.
  *   Reads: state, the append's views and the host reads give composed families in the hot mode's
  *   dtype, the compact positions decoded (O(stored) when evaluated); latent_cache_packed_state
  *   gives the compact parts of every position, hot ones included. minimum_reusable_offset is the
@@ -663,27 +664,25 @@ latent_cache_status latent_cache_set_prefill_prepare(latent_cache_set *set,
 // Set-wide `latent_cache_prefill_finalize`.
 latent_cache_status latent_cache_set_prefill_finalize(latent_cache_set *set);
 
-// Opens prefill maintenance for a chunked prefill: until `latent_cache_prefill_end`, appends
-// move no row's precision boundary (composed storage converts nothing), except as
-// `latent_cache_prefill_commit` asks. On a cache that is not composed it only records the
-// state, so an engine may call it on every layer alike.
+// Opens prefill maintenance for a chunked prefill (the seed's `beginPrefill`). Here a
+// boundary move copies nothing and boundaries follow each row's length at every chunk, so a
+// chunked prefill holds the same state as one append and there is nothing to defer: the
+// calls keep the seed's protocol and its checks, on every layer alike (composed or not).
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (maintenance already open). On failure nothing
 // changed.
 latent_cache_status latent_cache_prefill_begin(latent_cache *cache);
 
-// Fixes the precision boundary of each of `rows[0..len]` (borrowed for the call) at the row's
-// current length, its request's own prompt end: the row's positions older than the hot window
-// are read in the compact mode from now on, whatever its siblings still append. Inside a
-// speculative round or a padded prefill the boundary moves at their end instead.
+// Marks `rows[0..len]` (borrowed for the call) as at their requests' prompt ends (the seed's
+// `commitPrefill`). Each row's boundary already stands where its length puts it, and a
+// sibling's later chunks do not move it.
 // Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (a row the cache does not hold),
 // `INVALID_STATE` (no `latent_cache_prefill_begin` before). On failure nothing changed.
 latent_cache_status latent_cache_prefill_commit(latent_cache *cache,
                                                 const size_t *rows,
                                                 size_t len);
 
-// Closes prefill maintenance: every row's boundary moves to where its length puts it. A prompt
-// prefilled in one append or in chunks of any sizes (with siblings' forwards split between
-// them) then holds bit-identical state.
+// Closes prefill maintenance (the seed's `endPrefill`). A prompt prefilled in one append or in
+// chunks of any sizes (with siblings' forwards split between them) holds bit-identical state.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (no `latent_cache_prefill_begin` before).
 // On failure nothing changed.
 latent_cache_status latent_cache_prefill_end(latent_cache *cache);

@@ -2,7 +2,8 @@
 //! models given the same operations, one holding what the compact modes read back and one what
 //! the hot mode reads back, and each row's boundary computed from the documented rule (the
 //! newest `hot_window` positions stay hot; boundaries move in blocks of 64, as a function of
-//! the row's length, and wait inside rounds and prefill maintenance). After every step each
+//! the row's settled length: inside a round the positions it held when the round began, inside
+//! a padded prefill those that cannot be right padding). After every step each
 //! row's values equal, bit for bit, the compact model below the boundary and the hot model from
 //! it on. Also: chunked prefills (with a sibling's forward split between chunks) against one
 //! append, trims to `minimum_reusable_offset` against a fresh prefill, misuse refused with
@@ -45,8 +46,8 @@ struct Reference {
     hot: Model,
     converted: Vec<usize>,
     maintaining: bool,
-    /// A padded prefill is open (prefill_prepare until prefill_finalize).
-    prefilling: bool,
+    /// An open padded prefill's right padding per row (prefill_prepare until prefill_finalize).
+    right_padding: Option<Vec<usize>>,
 }
 
 impl Reference {
@@ -56,7 +57,7 @@ impl Reference {
         let mut hot = Model::with_modes(widths(&g), [g.hot_storage; 3]);
         compact.ragged = g.layout == LayoutKind::Ragged;
         hot.ragged = compact.ragged;
-        Reference { g, compact, hot, converted: Vec::new(), maintaining: false, prefilling: false }
+        Reference { g, compact, hot, converted: Vec::new(), maintaining: false, right_padding: None }
     }
 
     fn both(&mut self, f: impl Fn(&mut Model)) {
@@ -64,20 +65,28 @@ impl Reference {
         f(&mut self.hot);
     }
 
-    fn deferring(&self) -> bool {
-        self.compact.round.is_some() || self.maintaining || self.prefilling
+    /// Each row's settled length: what it held when an open round began, less the right
+    /// padding an open padded prefill will drop.
+    fn settled(&self) -> Vec<usize> {
+        let lengths = self.compact.row_offsets();
+        (0..lengths.len())
+            .map(|b| {
+                let right = self.right_padding.as_ref().map_or(0, |r| r[b]);
+                let valid = lengths[b].saturating_sub(right);
+                match &self.compact.round {
+                    Some(start) => valid.min(start.get(b).copied().unwrap_or(0)),
+                    None => valid,
+                }
+            })
+            .collect()
     }
 
     /// The documented rule after every step.
     fn settle(&mut self) {
-        let lengths = self.compact.row_offsets();
+        let (lengths, settled) = (self.compact.row_offsets(), self.settled());
         self.converted.resize(lengths.len(), 0);
-        let deferring = self.deferring();
-        for (c, len) in self.converted.iter_mut().zip(lengths) {
-            *c = (*c).min(len);
-            if !deferring {
-                *c = (*c).max(boundary(len, self.g.hot_window));
-            }
+        for ((c, len), settled) in self.converted.iter_mut().zip(lengths).zip(settled) {
+            *c = (*c).min(len).max(boundary(settled, self.g.hot_window));
         }
     }
 
@@ -210,18 +219,8 @@ fn run(seed: u64, g: Geometry, steps: usize) {
                 if r.maintaining {
                     let rows: Vec<usize> = (0..r.compact.rows.len()).filter(|_| rng.range(0, 1) == 0).collect();
                     if rng.range(0, 1) == 0 && !r.compact.rows.is_empty() {
-                        cache.prefill_commit(&rows).unwrap_or_else(|e| {
-                            panic!(
-                                "{e:?} rows {rows:?} model {:?} cache {:?} seed {seed} step {i}",
-                                r.compact.row_offsets(),
-                                cache.row_offsets()
-                            )
-                        });
-                        if r.compact.round.is_none() {
-                            for &b in &rows {
-                                r.converted[b] = r.converted[b].max(boundary(r.compact.len(b), g.hot_window));
-                            }
-                        }
+                        // Boundaries already follow the rows' lengths: a commit moves nothing.
+                        cache.prefill_commit(&rows).unwrap();
                         format!("prefill_commit {rows:?}")
                     } else {
                         cache.prefill_end().unwrap();
@@ -305,8 +304,9 @@ fn chunked_prefill_with_a_sibling_split_equals_one_append() {
                     chunked.append_host(3, end - at, &part[0], &part[1], Some(&part[2])).unwrap();
                 }
                 at = end;
-                // Nothing converts while maintenance is open, unless committed.
-                assert!(chunked.converted_positions().iter().all(|&c| c == 0), "hot {hot_window} chunk {chunk}");
+                // Boundaries follow every row's length at every chunk.
+                let expected: Vec<usize> = pads.iter().map(|&p| boundary(end.saturating_sub(p), hot_window)).collect();
+                assert_eq!(chunked.converted_positions(), expected, "hot {hot_window} chunk {chunk}");
             }
             chunked.prefill_commit(&[0, 1, 2]).unwrap();
             chunked.prefill_end().unwrap();
@@ -324,9 +324,9 @@ fn chunked_prefill_with_a_sibling_split_equals_one_append() {
     }
 }
 
-/// A padded batched prefill (left and right padding, in chunks) on composed storage: nothing
-/// converts until finalize drops the right padding; each row then holds its prompt, with the
-/// boundary its prompt's length gives, in both layouts.
+/// A padded batched prefill (left and right padding, in chunks) on composed storage: mid-prefill
+/// boundaries count only positions that cannot be right padding; after finalize each row holds
+/// its prompt, with the boundary its prompt's length gives, in both layouts.
 #[test]
 fn padded_prefill_with_right_padding_converts_at_finalize() {
     for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
@@ -335,18 +335,20 @@ fn padded_prefill_with_right_padding_converts_at_finalize() {
         let (left, right) = ([0usize, 100, 30], [0usize, 40, 150]);
         let (mut cache, mut r) = (LatentCache::new(g).unwrap(), Reference::new(g));
         cache.prefill_prepare(None, Some(&left), Some(&right)).unwrap();
-        r.prefilling = true;
+        r.right_padding = Some(right.to_vec());
         let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(3 * 200 * r.compact.widths[f]));
         cache.append_host_padded(3, 200, &left, &data[0], &data[1], Some(&data[2])).unwrap();
         r.both(|m| m.append_padded(3, 200, &left, &data));
         r.settle();
         for tokens in [37, 1, 150] {
             append(&mut rng, &mut cache, &mut r, 3, tokens);
-            assert!(cache.converted_positions().iter().all(|&c| c == 0), "{layout:?}: nothing converts mid-prefill");
+            // Mid-prefill a row's boundary counts only positions that cannot be right padding.
+            let expected: Vec<usize> = (0..3).map(|b| boundary(r.compact.len(b).saturating_sub(right[b]), 20)).collect();
+            assert_eq!(cache.converted_positions(), expected, "{layout:?} mid-prefill");
+            r.check(&cache, &format!("{layout:?} mid-prefill"));
         }
-        r.check(&cache, &format!("{layout:?} before finalize"));
         cache.prefill_finalize().unwrap();
-        r.prefilling = false;
+        r.right_padding = None;
         for (b, &drop) in right.iter().enumerate() {
             let len = r.compact.len(b);
             r.both(|m| m.truncate_row(b, len - drop));
@@ -363,21 +365,31 @@ fn padded_prefill_with_right_padding_converts_at_finalize() {
     }
 }
 
-/// A commit fixes a row's boundary at its prompt end while its sibling goes on: the row's
-/// positions then match a fresh single-row prefill of its prompt.
+/// Prefill maintenance defers nothing here (a boundary move copies nothing): through a long
+/// chunked prefill under maintenance, boundaries follow the rows' lengths and the hot side stays
+/// the size of the window; commit and end keep the seed's protocol.
 #[test]
-fn commit_fixes_a_rows_boundary_at_its_prompt_end() {
+fn maintenance_keeps_the_hot_side_the_size_of_the_window() {
     let g = geometry(100, F32, [Q8, BF16, FP8], LayoutKind::Ragged);
+    let compact_only = Geometry { hot_window: 0, ..g };
     let mut rng = Rng::new(7);
-    let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(2 * 500 * widths(&g)[f]));
-    let mut cache = LatentCache::new(g).unwrap();
+    let (mut cache, mut compact) = (LatentCache::new(g).unwrap(), LatentCache::new(compact_only).unwrap());
     cache.prefill_begin().unwrap();
-    cache.append_host(2, 500, &data[0], &data[1], Some(&data[2])).unwrap();
+    let per_position: usize = widths(&g).iter().sum::<usize>() * 4;
+    for chunk in 0..20 {
+        let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(2 * 250 * widths(&g)[f]));
+        for c in [&mut cache, &mut compact] {
+            c.append_host(2, 250, &data[0], &data[1], Some(&data[2])).unwrap();
+        }
+        let len = 250 * (chunk + 1);
+        assert_eq!(cache.converted_positions(), vec![boundary(len, 100); 2]);
+        let hot = cache.bytes_in_use() - compact.bytes_in_use();
+        assert!(hot <= 2 * 2 * (100 + BLOCK + 250) * per_position, "chunk {chunk}: hot side {hot} bytes");
+    }
     cache.prefill_commit(&[0]).unwrap();
-    assert_eq!(cache.converted_positions(), vec![boundary(500, 100), 0]);
     assert_eq!(cache.prefill_commit(&[2]).unwrap_err().kind, ErrorKind::OutOfRange);
     cache.prefill_end().unwrap();
-    assert_eq!(cache.converted_positions(), vec![boundary(500, 100); 2]);
+    assert_eq!(cache.converted_positions(), vec![boundary(5000, 100); 2]);
 }
 
 #[test]

@@ -227,8 +227,8 @@ fn glm52_preset_is_the_model_with_its_mtp_layer() {
 }
 
 /// Prefill maintenance set-wide, as an engine drives a chunked prefill of a model whose layers
-/// are composed (and one that is not): every layer's boundaries wait until the set's end, a
-/// commit moves the listed row on every layer, and misuse changes no layer.
+/// are composed (and one that is not): boundaries follow every layer's rows at every chunk, and
+/// the seed's protocol is checked on every layer alike (misuse changes no layer).
 #[test]
 fn prefill_maintenance_moves_every_layer_together() {
     use latent_cache::ffi::composed::*;
@@ -267,14 +267,13 @@ fn prefill_maintenance_moves_every_layer_together() {
             assert_eq!(append_host(h, 2, 100, &data), Status::Ok);
         }
     }
-    assert!(layers.iter().all(|&h| converted(h).iter().all(|&c| c == 0)));
-    // Row 2 does not exist: no layer moves.
+    assert_eq!(converted(layers[0]), vec![256, 256]);
+    assert_eq!(converted(layers[1]), vec![192, 192]);
+    // Row 2 does not exist: refused on every layer.
     assert_eq!(unsafe { latent_cache_set_prefill_commit(set, [0usize, 2].as_ptr(), 2) }, Status::OutOfRange);
-    assert!(layers.iter().all(|&h| converted(h).iter().all(|&c| c == 0)));
     assert_eq!(unsafe { latent_cache_set_prefill_commit(set, [1usize].as_ptr(), 1) }, Status::Ok);
-    assert_eq!(converted(layers[0]), vec![0, 256]);
-    assert_eq!(converted(layers[1]), vec![0, 192]);
     assert_eq!(unsafe { latent_cache_set_prefill_end(set) }, Status::Ok);
+    assert_eq!(unsafe { latent_cache_set_prefill_commit(set, [1usize].as_ptr(), 1) }, Status::InvalidState);
     assert_eq!(converted(layers[0]), vec![256, 256]);
     assert_eq!(converted(layers[1]), vec![192, 192]);
     assert!(converted(layers[2]).is_empty());

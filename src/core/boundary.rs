@@ -1,11 +1,13 @@
 //! Precision boundaries of composed storage, as pure integer logic (no MLX), tested on its own.
 //!
 //! In a composed cache each row's first `converted` valid positions are read in the compact
-//! mode and the rest in the hot (float) mode. Outside deferral a row's boundary is a function of
-//! its length alone, `converted_for(len)`: the newest `hot_window` positions (plus up to one
-//! block) stay hot, and the boundary moves in whole blocks. Because it depends on nothing but the
-//! length, a prompt prefilled in one append or in chunks of any sizes ends with the same boundary,
-//! and so with bit-identical state (every position is encoded on its own, see `codec`).
+//! mode and the rest in the hot (float) mode. A row's boundary is a function of the length of
+//! its *settled* positions, those no operation in progress can take back, `converted_for(len)`:
+//! the newest `hot_window` positions (plus up to one block) stay hot, and the boundary moves in
+//! whole blocks. Outside rounds and padded prefills every position is settled. Because the
+//! boundary depends on nothing but that length, a prompt prefilled in one append or in chunks of
+//! any sizes ends with the same boundary, and so with bit-identical state (every position is
+//! encoded on its own, see `codec`).
 
 /// Positions a boundary moves by at once.
 pub const CONVERSION_BLOCK: usize = 64;
@@ -16,14 +18,11 @@ pub fn converted_for(len: usize, hot_window: usize) -> usize {
 }
 
 /// Brings boundaries in line with row lengths after any change: never past a row's end (a
-/// trim with bypass cuts into converted positions), and, unless conversions are deferred (a
-/// round, a prefill), advanced to `converted_for` the row's length.
-pub fn settle(converted: &mut [usize], lengths: &[usize], hot_window: usize, deferring: bool) {
-    for (c, &len) in converted.iter_mut().zip(lengths) {
-        *c = (*c).min(len);
-        if !deferring {
-            *c = (*c).max(converted_for(len, hot_window));
-        }
+/// trim with bypass cuts into converted positions), and advanced to `converted_for` the row's
+/// settled length (its length outside rounds and padded prefills; see `LatentCache::settled`).
+pub fn settle(converted: &mut [usize], lengths: &[usize], settled: &[usize], hot_window: usize) {
+    for ((c, &len), &settled) in converted.iter_mut().zip(lengths).zip(settled) {
+        *c = (*c).min(len).max(converted_for(settled.min(len), hot_window));
     }
 }
 
@@ -82,20 +81,21 @@ mod tests {
             let (mut c, mut len) = (vec![0], 0);
             while len < 1000 {
                 len = (len + chunk).min(1000);
-                settle(&mut c, &[len], 200, false);
+                settle(&mut c, &[len], &[len], 200);
             }
             assert_eq!(c, vec![converted_for(1000, 200)], "chunk {chunk}");
         }
     }
 
     #[test]
-    fn deferral_holds_boundaries_and_bypass_trims_cut_them() {
-        let mut c = vec![K, 2 * K];
-        settle(&mut c, &[1000, 1000], 100, true);
-        assert_eq!(c, vec![K, 2 * K]);
-        settle(&mut c, &[1000, 1000], 100, false);
+    fn unsettled_positions_hold_boundaries_and_bypass_trims_cut_them() {
+        let mut c = vec![K, 4 * K];
+        // Positions a round could take back (settled length 300) do not move a boundary.
+        settle(&mut c, &[1000, 1000], &[300, 300], 100);
+        assert_eq!(c, vec![converted_for(300, 100), 4 * K]);
+        settle(&mut c, &[1000, 1000], &[1000, 1000], 100);
         assert_eq!(c, vec![converted_for(1000, 100); 2]);
-        settle(&mut c, &[10, 2000], 100, true);
+        settle(&mut c, &[10, 2000], &[10, 1000], 100);
         assert_eq!(c, vec![10, converted_for(1000, 100)]);
     }
 

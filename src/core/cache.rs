@@ -97,15 +97,15 @@ impl LatentCache {
     }
 
     /// Positions the next append may take before `max_tokens`, or, with composed storage
-    /// outside a round or prefill, before some row's precision boundary moves (whichever comes
-    /// first). An append of more still succeeds: a boundary move copies nothing.
+    /// outside a round, before some row's precision boundary moves (whichever comes first). An
+    /// append of more still succeeds: a boundary move copies nothing.
     pub fn max_append_tokens(&self) -> usize {
         let limit = self.layout.max_append_tokens(self.geometry.max_tokens);
         match &self.hot {
-            Some(hot) if !self.deferring() && self.batch_size() > 0 => {
+            Some(hot) if !self.in_spec_round() && self.batch_size() > 0 => {
                 limit.min(crate::core::boundary::appendable_before_conversion(
                     &hot.converted,
-                    &self.row_offsets(),
+                    &self.settled(&self.layout),
                     self.geometry.hot_window,
                 ))
             }

@@ -20,6 +20,7 @@ use super::geometry::{Family, Geometry};
 use super::layout::RowLayout;
 use super::mlx_math;
 use super::mlx_ops;
+use super::prefill::valid_end;
 use super::rows::Change;
 use super::storage::{Pending, RowPiece, Storage, MIN_CAPACITY};
 
@@ -109,20 +110,30 @@ pub(crate) fn overlay(cold: &Array, lo: usize, hot: &Array, (a, e): (usize, usiz
 }
 
 impl LatentCache {
-    /// Whether conversions wait: inside a round (a rollback must find the state it left), a
-    /// padded prefill (right padding is not yet dropped) or prefill maintenance.
-    pub(crate) fn deferring(&self) -> bool {
-        self.layout.in_round() || self.prefill.is_some() || self.maintaining
+    /// Each row's settled length under `layout`: its positions that nothing in progress can take
+    /// back. Inside a round, those it held when the round began (a rollback must find the state
+    /// it left); inside a padded prefill, those that cannot be right padding (its valid end, see
+    /// `prefill::valid_end`); otherwise all of them. Boundaries follow it.
+    pub(crate) fn settled(&self, layout: &RowLayout) -> Vec<usize> {
+        let round = layout.round_start();
+        (0..layout.batch_size())
+            .map(|b| {
+                let valid = valid_end(layout, self.prefill.as_ref(), b) - layout.left_pad()[b];
+                match round {
+                    Some(start) => valid.min(start.get(b).copied().unwrap_or(0)),
+                    None => valid,
+                }
+            })
+            .collect()
     }
 
     /// Moves the boundaries after a change of the layout (see `boundary::settle`).
     pub(crate) fn settle(&mut self) {
-        let deferring = self.deferring();
-        let lengths = self.layout.row_offsets();
+        let (lengths, settled) = (self.layout.row_offsets(), self.settled(&self.layout));
         let hot_window = self.geometry.hot_window;
         if let Some(hot) = &mut self.hot {
             hot.converted.resize(lengths.len(), 0);
-            boundary::settle(&mut hot.converted, &lengths, hot_window, deferring);
+            boundary::settle(&mut hot.converted, &lengths, &settled, hot_window);
         }
     }
 
@@ -152,7 +163,7 @@ impl LatentCache {
         let Some(hot) = &self.hot else { return Ok(None) };
         let mut converted = hot.converted.clone();
         converted.resize(batch, 0);
-        boundary::settle(&mut converted, &after.row_offsets(), self.geometry.hot_window, self.deferring());
+        boundary::settle(&mut converted, &after.row_offsets(), &self.settled(after), self.geometry.hot_window);
         let needed_from = Self::hot_starts_of(after, &converted).into_iter().min().unwrap_or(0);
         let starts = self.layout.append_starts(batch);
         let skip = match starts.iter().all(|&s| s == starts[0]) {
@@ -342,8 +353,11 @@ impl LatentCache {
         Ok(())
     }
 
-    /// Starts prefill maintenance: conversions wait until `prefill_end`, except for the rows
-    /// `prefill_commit` names. Refused when maintenance is already open.
+    /// Starts prefill maintenance (the seed's `beginPrefill`). Moving a boundary here copies and
+    /// re-encodes nothing, and boundaries follow each row's settled length whatever the chunks,
+    /// so there is nothing to defer: a chunked prefill holds the same state as one append at
+    /// every step, and its hot side stays the size of the window. The calls keep the seed's
+    /// protocol and its checks (refused when maintenance is already open).
     pub fn prefill_begin(&mut self) -> Result<()> {
         let change = self.prepare_prefill_begin()?;
         self.apply(change);
@@ -357,9 +371,9 @@ impl LatentCache {
         Ok(Change { maintaining: true, ..self.relabel(self.layout.clone()) })
     }
 
-    /// Fixes each listed row's precision boundary at its current length (its request's prompt
-    /// end): the row's positions older than the hot window are converted now, whatever its
-    /// siblings still append (inside a round or a padded prefill, at their end instead).
+    /// Fixes each listed row's precision boundary at its current length, its request's prompt
+    /// end (the seed's `commitPrefill`): where its settled length puts it, which a sibling's
+    /// later chunks do not move. Refused outside maintenance or for a row the cache does not hold.
     pub fn prefill_commit(&mut self, rows: &[usize]) -> Result<()> {
         let change = self.prepare_prefill_commit(rows)?;
         self.apply(change);
@@ -373,20 +387,10 @@ impl LatentCache {
         if let Some(&row) = rows.iter().find(|&&r| r >= self.batch_size()) {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
-        let mut change = self.relabel(self.layout.clone());
-        if let (Some(hot), false) = (&self.hot, self.layout.in_round() || self.prefill.is_some()) {
-            let lengths = self.row_offsets();
-            let mut converted = hot.converted.clone();
-            converted.resize(lengths.len(), 0);
-            for &row in rows {
-                converted[row] = converted[row].max(boundary::converted_for(lengths[row], self.geometry.hot_window));
-            }
-            change.hot = Some(HotChange { replace: None, pending: None, base: hot.base, converted });
-        }
-        Ok(change)
+        Ok(self.relabel(self.layout.clone()))
     }
 
-    /// Ends prefill maintenance: every row's deferred conversions are applied.
+    /// Ends prefill maintenance (the seed's `endPrefill`).
     pub fn prefill_end(&mut self) -> Result<()> {
         let change = self.prepare_prefill_end()?;
         self.apply(change);

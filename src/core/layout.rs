@@ -138,6 +138,12 @@ impl RowLayout {
         self.row_offsets().into_iter().min().unwrap_or(0)
     }
 
+    /// Each row's position count when the open round began (`None` outside rounds; empty for a
+    /// round begun on an empty cache).
+    pub fn round_start(&self) -> Option<&[usize]> {
+        self.round.as_deref()
+    }
+
     pub fn in_round(&self) -> bool {
         self.round.is_some()
     }

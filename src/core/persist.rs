@@ -198,9 +198,9 @@ fn read_hot<'a>(
         values.push((family, a));
     }
     let end = base + span.unwrap_or(0);
-    for b in 0..rows {
-        let start = layout.left_pad()[b] + converted[b];
-        if start < layout.row_ends()[b] && (start < base || layout.row_ends()[b] > end) {
+    for ((&pad, &c), &row_end) in layout.left_pad().iter().zip(&converted).zip(layout.row_ends()) {
+        let start = pad + c;
+        if start < row_end && (start < base || row_end > end) {
             return bad("hot span");
         }
     }

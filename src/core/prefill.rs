@@ -5,6 +5,7 @@
 //! row extracted mid-prefill leaves without its right padding.
 use super::cache::LatentCache;
 use super::error::{fail, Result};
+use super::layout::RowLayout;
 use super::rows::Change;
 
 /// What `prefill_prepare` recorded, per row where it is per row.
@@ -30,6 +31,22 @@ impl Prefill {
             right_padding: pick(&self.right_padding),
             base: pick(&Some(self.base.clone())).unwrap_or_default(),
         }
+    }
+}
+
+/// `LatentCache::prefill_valid_end` for a row of `layout` under `prefill`.
+pub(crate) fn valid_end(layout: &RowLayout, prefill: Option<&Prefill>, row: usize) -> usize {
+    let (start, end) = (layout.left_pad()[row], layout.row_ends()[row]);
+    let Some(p) = prefill else {
+        return end;
+    };
+    match (&p.lengths, &p.right_padding) {
+        (Some(lengths), _) => {
+            let prompt_end = start + p.base.get(row).copied().unwrap_or(0) + lengths.get(row).copied().unwrap_or(0);
+            end.min(prompt_end)
+        }
+        (None, Some(right)) => end - right.get(row).copied().unwrap_or(0).min(end - start),
+        (None, None) => end,
     }
 }
 
@@ -142,18 +159,7 @@ impl LatentCache {
     /// `lengths`, at most its prompt's end (so padding not yet appended takes nothing from the
     /// prompt); otherwise its end less its right padding.
     pub(crate) fn prefill_valid_end(&self, row: usize) -> usize {
-        let (start, end) = (self.layout.left_pad()[row], self.layout.row_ends()[row]);
-        let Some(p) = &self.prefill else {
-            return end;
-        };
-        match (&p.lengths, &p.right_padding) {
-            (Some(lengths), _) => {
-                let prompt_end = start + p.base.get(row).copied().unwrap_or(0) + lengths.get(row).copied().unwrap_or(0);
-                end.min(prompt_end)
-            }
-            (None, Some(right)) => end - right.get(row).copied().unwrap_or(0).min(end - start),
-            (None, None) => end,
-        }
+        valid_end(&self.layout, self.prefill.as_ref(), row)
     }
 
     /// Refuses a first append whose batch is not the prepared prefill's (its vectors have one

@@ -9,10 +9,10 @@ use super::status::latent_cache_status;
 use crate::core::set::change_all;
 use crate::core::LatentCache;
 
-/// Opens prefill maintenance for a chunked prefill: until `latent_cache_prefill_end`, appends
-/// move no row's precision boundary (composed storage converts nothing), except as
-/// `latent_cache_prefill_commit` asks. On a cache that is not composed it only records the
-/// state, so an engine may call it on every layer alike.
+/// Opens prefill maintenance for a chunked prefill (the seed's `beginPrefill`). Here a
+/// boundary move copies nothing and boundaries follow each row's length at every chunk, so a
+/// chunked prefill holds the same state as one append and there is nothing to defer: the
+/// calls keep the seed's protocol and its checks, on every layer alike (composed or not).
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (maintenance already open). On failure nothing
 /// changed.
 #[no_mangle]
@@ -20,10 +20,9 @@ pub unsafe extern "C" fn latent_cache_prefill_begin(cache: *mut latent_cache) ->
     ffi_boundary! { with_cache(cache, |cache| Ok(cache.prefill_begin()?)) }
 }
 
-/// Fixes the precision boundary of each of `rows[0..len]` (borrowed for the call) at the row's
-/// current length, its request's own prompt end: the row's positions older than the hot window
-/// are read in the compact mode from now on, whatever its siblings still append. Inside a
-/// speculative round or a padded prefill the boundary moves at their end instead.
+/// Marks `rows[0..len]` (borrowed for the call) as at their requests' prompt ends (the seed's
+/// `commitPrefill`). Each row's boundary already stands where its length puts it, and a
+/// sibling's later chunks do not move it.
 /// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (a row the cache does not hold),
 /// `INVALID_STATE` (no `latent_cache_prefill_begin` before). On failure nothing changed.
 #[no_mangle]
@@ -38,9 +37,8 @@ pub unsafe extern "C" fn latent_cache_prefill_commit(
     }
 }
 
-/// Closes prefill maintenance: every row's boundary moves to where its length puts it. A prompt
-/// prefilled in one append or in chunks of any sizes (with siblings' forwards split between
-/// them) then holds bit-identical state.
+/// Closes prefill maintenance (the seed's `endPrefill`). A prompt prefilled in one append or in
+/// chunks of any sizes (with siblings' forwards split between them) holds bit-identical state.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (no `latent_cache_prefill_begin` before).
 /// On failure nothing changed.
 #[no_mangle]

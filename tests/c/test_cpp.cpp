@@ -86,7 +86,7 @@ int main() {
     c.prefill_begin();
     c.append(1, 100, std::vector<float>(l.begin(), l.begin() + 100 * 64), std::vector<float>(r.begin(), r.begin() + 100 * 64));
     c.append(1, 100, std::vector<float>(l.begin(), l.begin() + 100 * 64), std::vector<float>(r.begin(), r.begin() + 100 * 64));
-    CHECK(c.converted_positions() == (std::vector<size_t>{0}));
+    CHECK(c.converted_positions() == (std::vector<size_t>{128}));
     c.prefill_commit({0});
     c.prefill_end();
     CHECK(c.converted_positions() == (std::vector<size_t>{128}));
