@@ -62,7 +62,8 @@
  *   a boundary copies nothing, and prefill maintenance (latent_cache_prefill_begin, _commit,
  *   _end: the seed's protocol, checked) has nothing to defer.
  *   Reads: state, the append's views and the host reads give composed families in the hot mode's
- *   dtype, the compact positions decoded (O(stored) when evaluated); latent_cache_packed_state
+ *   dtype (float32 where the compact mode reads another), the compact positions decoded
+ *   (O(stored) when evaluated); latent_cache_packed_state
  *   gives the compact parts of every position, hot ones included. minimum_reusable_offset is the
  *   smallest offset a trim may reach and leave a state bit-identical to a fresh prefill of the
  *   remaining positions; a trim below it needs bypass (otherwise INVALID_STATE). Donor attention

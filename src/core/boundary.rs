@@ -38,14 +38,9 @@ pub fn max_reusable_trim(converted: &[usize], lengths: &[usize], hot_window: usi
         .min()
 }
 
-/// The most positions the next append may take without moving any row's boundary.
-pub fn appendable_before_conversion(converted: &[usize], lengths: &[usize], hot_window: usize) -> usize {
-    converted
-        .iter()
-        .zip(lengths)
-        .map(|(&c, &len)| ((c / CONVERSION_BLOCK + 1) * CONVERSION_BLOCK + hot_window - 1).saturating_sub(len))
-        .min()
-        .unwrap_or(hot_window + CONVERSION_BLOCK - 1)
+/// The settled length at which a boundary standing at `converted` next moves.
+pub fn next_move(converted: usize, hot_window: usize) -> usize {
+    (converted / CONVERSION_BLOCK + 1) * CONVERSION_BLOCK + hot_window
 }
 
 /// Where each row's hot positions start in the stored window: `left_pad + converted`, or the
@@ -120,12 +115,12 @@ mod tests {
     }
 
     #[test]
-    fn appendable_counts_up_to_the_next_boundary_move() {
+    fn the_next_move_is_where_the_boundary_first_changes() {
         for len in [0, 10, 163, 164, 500] {
             let c = converted_for(len, 100);
-            let n = appendable_before_conversion(&[c], &[len], 100);
-            assert_eq!(converted_for(len + n, 100), c, "len {len}");
-            assert!(converted_for(len + n + 1, 100) > c, "len {len}");
+            let at = next_move(c, 100);
+            assert_eq!(converted_for(at - 1, 100), c, "len {len}");
+            assert!(converted_for(at, 100) > c, "len {len}");
         }
     }
 

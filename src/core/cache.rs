@@ -101,15 +101,9 @@ impl LatentCache {
     /// append of more still succeeds: a boundary move copies nothing.
     pub fn max_append_tokens(&self) -> usize {
         let limit = self.layout.max_append_tokens(self.geometry.max_tokens);
-        match &self.hot {
-            Some(hot) if !self.in_spec_round() && self.batch_size() > 0 => {
-                limit.min(crate::core::boundary::appendable_before_conversion(
-                    &hot.converted,
-                    &self.settled(&self.layout),
-                    self.geometry.hot_window,
-                ))
-            }
-            _ => limit,
+        match self.batch_size() {
+            0 => limit,
+            _ => limit.min(self.appendable_before_conversion()),
         }
     }
 
@@ -334,7 +328,7 @@ impl LatentCache {
         // A rebuilt hot side drops positions only the old boundaries read hot: keep the old one
         // (shared, not copied) until the append is evaluated.
         let replaced = hot.as_ref().is_some_and(|h| h.replace.is_some());
-        let old_hot = self.hot.as_ref().filter(|_| replaced).map(|h| (h.storage.clone(), h.base));
+        let old_hot = self.hot.as_ref().filter(|_| replaced).map(|h| (h.storage.clone(), h.bases.clone()));
         self.commit_append(pending, hot, after);
         if let Err(err) = self.eval() {
             // The write lies beyond every row's end, so the old layout, boundaries and hot side
@@ -343,8 +337,8 @@ impl LatentCache {
             self.layout = before;
             if let Some(hot) = &mut self.hot {
                 hot.converted = converted;
-                if let Some((storage, base)) = old_hot {
-                    (hot.storage, hot.base) = (storage, base);
+                if let Some((storage, bases)) = old_hot {
+                    (hot.storage, hot.bases) = (storage, bases);
                 }
             }
             if self.layout.batch_size() == 0 {
@@ -376,7 +370,8 @@ impl LatentCache {
 
     /// Values of every stored family (see `LatentState`). With composed storage, composed
     /// families are the decoded compact positions with each row's hot positions over them, in
-    /// the hot mode's dtype (O(stored) when evaluated).
+    /// the hot mode's dtype, or float32 where the compact mode reads another (O(stored) when
+    /// evaluated).
     pub fn state(&self) -> Result<LatentState> {
         Families::for_geometry(&self.geometry, |family, _| family).try_map(|_, f| self.family_view(f, None))
     }

@@ -4,9 +4,9 @@
 //!
 //! Every position is encoded in the compact mode when it is appended, in the main storage, as
 //! in a cache that is not composed. The hot side keeps the float values of the positions rows
-//! may still read hot, in a second storage covering the stored window from `base` on (the
-//! oldest hot position of any row, rebuilt from there when it must grow), so its size is about
-//! `hot_window` plus a block per row, not the history. Converting a block is then only moving
+//! may still read hot, in a second storage where row `b` holds window positions from its own
+//! `bases[b]` on (its oldest hot position when last rebuilt), so its size is about `hot_window`
+//! plus a block per row, however far apart rows end, not the history. Converting a block is then only moving
 //! a row's boundary: nothing is copied or re-encoded, and the compact values are exactly what
 //! a cache of the compact mode alone holds.
 use mlx_rs::{Array, Dtype};
@@ -27,11 +27,12 @@ use super::storage::{Pending, RowPiece, Storage, MIN_CAPACITY};
 /// The hot side of a composed cache.
 #[derive(Debug)]
 pub(crate) struct Hot {
-    /// Every family in the hot mode; holds window positions `[base, base + capacity)`.
+    /// Every family in the hot mode; row `b` holds window positions `[bases[b], bases[b] +
+    /// capacity)`.
     pub(crate) storage: Storage,
-    /// The window position of the hot storage's first position: at most every row's first hot
-    /// position (rows without hot positions aside).
-    pub(crate) base: usize,
+    /// Per row: the window position of its first hot-storage position, at most its first hot
+    /// position (when it has any).
+    pub(crate) bases: Vec<usize>,
     /// Per row: how many of its valid positions are read in the compact mode.
     pub(crate) converted: Vec<usize>,
 }
@@ -41,7 +42,7 @@ pub(crate) struct HotChange {
     /// A rebuilt hot storage that replaces the current one (then `pending` lands on it).
     pub(crate) replace: Option<Storage>,
     pub(crate) pending: Option<Pending>,
-    pub(crate) base: usize,
+    pub(crate) bases: Vec<usize>,
     pub(crate) converted: Vec<usize>,
 }
 
@@ -65,7 +66,7 @@ fn hot_geometry(g: &Geometry) -> Geometry {
 impl Hot {
     /// The hot side of a cache of geometry `g`, or `None` when it is not composed.
     pub(crate) fn new(g: &Geometry) -> Option<Hot> {
-        g.composed().then(|| Hot { storage: Storage::new(&hot_geometry(g)), base: 0, converted: Vec::new() })
+        g.composed().then(|| Hot { storage: Storage::new(&hot_geometry(g)), bases: Vec::new(), converted: Vec::new() })
     }
 
     pub(crate) fn apply(&mut self, change: HotChange) {
@@ -75,38 +76,56 @@ impl Hot {
         if let Some(pending) = change.pending {
             self.storage.commit(pending);
         }
-        self.base = change.base;
+        self.bases = change.bases;
         self.converted = change.converted;
     }
 
     pub(crate) fn clear(&mut self) {
         self.storage.clear();
-        self.base = 0;
+        self.bases.clear();
         self.converted.clear();
     }
 
-    /// The window position one past the last the hot storage holds.
-    fn end(&self) -> usize {
+    /// Positions per row the hot storage holds (0 before its first write).
+    fn capacity(&self) -> usize {
         if self.storage.is_empty() {
-            self.base
+            0
         } else {
-            self.base + self.storage.capacity()
+            self.storage.capacity()
         }
     }
 }
 
-/// `cold` (`[rows, hi - lo, width]`, positions `[lo, hi)`) with each row's positions from
-/// `starts[row]` on taken from `hot` (`[rows, e - a, width]`, positions `[a, e)`).
-pub(crate) fn overlay(cold: &Array, lo: usize, hot: &Array, (a, e): (usize, usize), starts: &[usize]) -> Result<Array> {
-    let rows = starts.len();
-    let width = cold.shape()[2] as usize;
-    let positions: Vec<i32> = (a..e).map(|p| p as i32).collect();
-    let starts: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
-    let is_hot =
-        mlx_math::greater_equal(&mlx_ops::indices(&positions, &[1, e - a, 1]), &mlx_ops::indices(&starts, &[rows, 1, 1]))?;
-    let span = ([0, a - lo, 0], [rows, e - lo, width]);
-    let tail = mlx_math::select(&is_hot, hot, &mlx_ops::slice(cold, &span.0, &span.1)?)?;
-    mlx_ops::slice_update(cold, &tail, &span.0, &span.1)
+/// Where each row's hot values sit for window positions `[lo, hi)`: for row `b`, position `p`'s
+/// index in its hot row (`p - bases[b]`, clamped into `[0, capacity)`), and whether `p` is read
+/// hot (at or after the row's first hot position and inside its hot row). Row-major
+/// `[rows, hi - lo]` each.
+pub(crate) fn hot_alignment(
+    bases: &[usize],
+    starts: &[usize],
+    capacity: usize,
+    (lo, hi): (usize, usize),
+) -> (Vec<i32>, Vec<i32>) {
+    let mut at = Vec::with_capacity(bases.len() * (hi - lo));
+    let mut is_hot = Vec::with_capacity(at.capacity());
+    for (&base, &start) in bases.iter().zip(starts) {
+        for p in lo..hi {
+            let inside = p >= base && p < base + capacity;
+            at.push(if inside { (p - base) as i32 } else { 0 });
+            is_hot.push((inside && p >= start) as i32);
+        }
+    }
+    (at, is_hot)
+}
+
+/// `values` (`[rows, capacity, width]`, hot rows) laid out at window positions `[lo, hi)`,
+/// `[rows, hi - lo, width]`, and the mask `[rows, hi - lo, 1]` of the positions read hot.
+pub(crate) fn align_hot(values: &Array, bases: &[usize], starts: &[usize], (lo, hi): (usize, usize)) -> Result<(Array, Array)> {
+    let (rows, capacity) = (bases.len(), values.shape()[1] as usize);
+    let (at, is_hot) = hot_alignment(bases, starts, capacity, (lo, hi));
+    let aligned = mlx_math::take_along_axis(values, &mlx_ops::indices(&at, &[rows, hi - lo, 1]), 1)?;
+    let mask = mlx_math::greater_equal(&mlx_ops::indices(&is_hot, &[rows, hi - lo, 1]), &mlx_ops::indices(&[1], &[1]))?;
+    Ok((aligned, mask))
 }
 
 impl LatentCache {
@@ -151,8 +170,9 @@ impl LatentCache {
 
     /// Prepares the hot side of an append of `batch x tokens` whose layout afterwards is
     /// `after`. Only the new positions some row will read hot are written (a long prefill's
-    /// older positions go to the compact mode alone); when the hot storage must grow, it is
-    /// rebuilt from the oldest position a row reads hot now (allocated and evaluated here).
+    /// older positions go to the compact mode alone). When a row's writes would fall outside its
+    /// hot row, the hot storage is rebuilt (allocated and evaluated here): each row from the
+    /// oldest position it reads hot after the append, with room to double.
     pub(crate) fn prepare_hot_append(
         &self,
         updates: Families<&Array>,
@@ -164,53 +184,48 @@ impl LatentCache {
         let mut converted = hot.converted.clone();
         converted.resize(batch, 0);
         boundary::settle(&mut converted, &after.row_offsets(), &self.settled(after), self.geometry.hot_window);
-        let needed_from = Self::hot_starts_of(after, &converted).into_iter().min().unwrap_or(0);
+        let hot_after = Self::hot_starts_of(after, &converted);
         let starts = self.layout.append_starts(batch);
+        // Rows written together (one slice update) skip the new positions no row reads hot.
         let skip = match starts.iter().all(|&s| s == starts[0]) {
-            true => needed_from.saturating_sub(starts[0]).min(tokens),
+            true => hot_after.iter().copied().min().unwrap_or(0).saturating_sub(starts[0]).min(tokens),
             false => 0,
         };
-        let offset = self.layout.offset();
         let fresh = self.batch_size() == 0 || hot.storage.is_empty();
         if skip == tokens {
-            let base = if fresh { needed_from } else { hot.base };
-            return Ok(Some(HotChange { replace: None, pending: None, base, converted }));
+            let bases = if fresh { hot_after } else { hot.bases.clone() };
+            return Ok(Some(HotChange { replace: None, pending: None, bases, converted }));
         }
-        let end = after.offset();
-        let write_from = starts.iter().copied().min().unwrap_or(0) + skip;
-        // Rows with hot positions now, and where those start.
-        let live: Vec<(usize, usize)> = (0..self.batch_size())
-            .map(|b| (b, self.hot_start(b)))
-            .filter(|&(b, start)| start < self.layout.row_ends()[b])
-            .collect();
-        let (replace, base) = if fresh {
-            (Some(Storage::new(&hot_geometry(&self.geometry))), needed_from.min(write_from))
-        } else if hot.end() < end || write_from < hot.base {
-            // Growing (or writing below the hot storage after a trim with bypass): rebuild from
-            // the oldest position a row reads hot after the append, with room to double.
-            let from = needed_from.min(write_from);
-            let capacity = (2 * (end - from)).max(MIN_CAPACITY);
-            let pieces: Vec<RowPiece<'_>> = live
-                .iter()
-                .filter(|&&(b, lo)| lo.max(from) < self.layout.row_ends()[b])
-                .map(|&(b, lo)| {
-                    let lo = lo.max(from);
+        let written = tokens - skip;
+        let writes: Vec<usize> = starts.iter().map(|&s| s + skip).collect();
+        let capacity = hot.capacity();
+        let outside = |b: usize| writes[b] < hot.bases[b] || writes[b] + written > hot.bases[b] + capacity;
+        let (replace, bases) = if fresh {
+            let bases = hot_after.iter().zip(&writes).map(|(&h, &w)| h.min(w)).collect();
+            (Some(Storage::new(&hot_geometry(&self.geometry))), bases)
+        } else if (0..batch).any(outside) {
+            let bases: Vec<usize> = hot_after.iter().zip(&writes).map(|(&h, &w)| h.min(w)).collect();
+            let room = (0..batch).map(|b| writes[b] + written - bases[b]).max().unwrap_or(0);
+            // Each row's positions it reads hot now and will after the append.
+            let pieces: Vec<RowPiece<'_>> = (0..batch)
+                .filter_map(|b| {
+                    let lo = self.hot_start(b).max(bases[b]);
                     let hi = self.layout.row_ends()[b];
-                    RowPiece {
+                    (lo < hi).then(|| RowPiece {
                         source: &hot.storage,
                         row: b,
-                        lo: lo - hot.base,
-                        hi: hi - hot.base,
+                        lo: lo - hot.bases[b],
+                        hi: hi - hot.bases[b],
                         dest_row: b,
-                        dest_lo: lo - from,
-                    }
+                        dest_lo: lo - bases[b],
+                    })
                 })
                 .collect();
             let mut rebuilt = Storage::new(&hot_geometry(&self.geometry));
-            rebuilt.commit(hot.storage.prepare_assemble(batch, capacity, &pieces)?);
-            (Some(rebuilt), from)
+            rebuilt.commit(hot.storage.prepare_assemble(batch, (2 * room).max(MIN_CAPACITY), &pieces)?);
+            (Some(rebuilt), bases)
         } else {
-            (None, hot.base)
+            (None, hot.bases.clone())
         };
         let target = replace.as_ref().unwrap_or(&hot.storage);
         let sliced = updates.try_map(|_, u| match skip {
@@ -220,15 +235,17 @@ impl LatentCache {
                 mlx_ops::slice(u, &[0, skip, 0], &[shape[0] as usize, tokens, shape[2] as usize])
             }
         })?;
-        let at: Vec<usize> = starts.iter().map(|&s| s + skip - base).collect();
-        let pending = target.prepare_append(sliced.as_ref(), batch, offset + skip - base, &at, tokens - skip, (0, 0))?;
-        Ok(Some(HotChange { replace, pending: Some(pending), base, converted }))
+        let at: Vec<usize> = writes.iter().zip(&bases).map(|(&w, &base)| w - base).collect();
+        let reach = at.iter().copied().max().unwrap_or(0);
+        let pending = target.prepare_append(sliced.as_ref(), batch, reach, &at, written, (0, 0))?;
+        Ok(Some(HotChange { replace, pending: Some(pending), bases, converted }))
     }
 
     /// Prepares the hot side of a row rebuild: `moves` land in a cache laid out as `layout`,
-    /// whose rows keep `converted` positions each. In place (rows shifting within this cache,
-    /// `in_place`) only the moving hot positions are written; otherwise a new hot storage is
-    /// assembled from the oldest hot position on, allocated and evaluated here.
+    /// whose rows keep `converted` positions each. Rows shifting within this cache (`in_place`,
+    /// a rollback) only move their bases: their hot values stay where they are. Otherwise a new
+    /// hot storage is assembled, each row from its first hot position, allocated and evaluated
+    /// here.
     pub(crate) fn prepare_hot_rows(
         &self,
         moves: &[RowMove<'_>],
@@ -237,42 +254,62 @@ impl LatentCache {
         in_place: bool,
     ) -> Result<Option<HotChange>> {
         let Some(hot) = &self.hot else { return Ok(None) };
-        let starts = Self::hot_starts_of(layout, &converted);
-        let in_place = in_place && starts.iter().all(|&s| s >= hot.base) && layout.offset() <= hot.end();
-        let base = if in_place { hot.base } else { starts.iter().copied().min().unwrap_or(0) };
+        // In place, each row's base follows its shift; a row shifting left past the window's
+        // first position (its base would be negative) is rebuilt instead.
+        let shifted = in_place.then(|| {
+            let mut bases = hot.bases.clone();
+            let rows = bases.len();
+            for m in moves.iter().filter(|m| m.dest_row < rows) {
+                let base = bases[m.dest_row] as i64 + m.dest_lo as i64 - m.lo as i64;
+                bases[m.dest_row] = usize::try_from(base).ok()?;
+            }
+            Some(bases)
+        });
+        if let Some(Some(bases)) = shifted {
+            return Ok(Some(HotChange { replace: None, pending: None, bases, converted }));
+        }
+        let bases = Self::hot_starts_of(layout, &converted);
         let pieces: Vec<RowPiece<'_>> = moves
             .iter()
+            // A move without positions (an empty source's row) brings nothing hot.
+            .filter(|m| m.hi > m.lo)
             .filter_map(|m| {
                 let source = m.source.hot.as_ref().expect("rows move between caches of one geometry");
                 let lo = m.lo.max(m.source.hot_start(m.row));
                 let dest_lo = m.dest_lo + (lo - m.lo);
-                (lo < m.hi && !(in_place && dest_lo == lo)).then(|| RowPiece {
+                (lo < m.hi).then(|| RowPiece {
                     source: &source.storage,
                     row: m.row,
-                    lo: lo - source.base,
-                    hi: m.hi - source.base,
+                    lo: lo - source.bases[m.row],
+                    hi: m.hi - source.bases[m.row],
                     dest_row: m.dest_row,
-                    dest_lo: dest_lo - base,
+                    dest_lo: dest_lo - bases[m.dest_row],
                 })
             })
             .collect();
-        if in_place {
-            let pending = (!pieces.is_empty()).then(|| hot.storage.prepare_move(&pieces)).transpose()?;
-            return Ok(Some(HotChange { replace: None, pending, base, converted }));
-        }
-        let capacity = layout.offset().saturating_sub(base) + MIN_CAPACITY;
-        let pending = hot.storage.prepare_assemble(layout.batch_size(), capacity, &pieces)?;
+        let room = (0..layout.batch_size()).map(|b| layout.row_ends()[b] - bases[b]).max().unwrap_or(0);
+        let pending = hot.storage.prepare_assemble(layout.batch_size(), room + MIN_CAPACITY, &pieces)?;
         Ok(Some(HotChange {
             replace: Some(Storage::new(&hot_geometry(&self.geometry))),
             pending: Some(pending),
-            base,
+            bases,
             converted,
         }))
     }
 
-    /// Values of a composed family at rows `[rows.0, rows.1)`, positions `[lo, hi)`, in the hot
-    /// mode's dtype: the compact values decoded, each row's hot positions from the hot side. Of a
-    /// prepared state when `pending` gives one (main, hot, base and boundaries as prepared).
+    /// The dtype a composed family reads in: the hot mode's where its compact mode reads the
+    /// same, float32 otherwise (a decoded FP8 value is not a bfloat16 one).
+    pub(crate) fn composed_dtype(&self, family: Family) -> Dtype {
+        let hot = self.geometry.hot_storage.read_dtype();
+        match self.geometry.storage(family).read_dtype() == hot {
+            true => hot,
+            false => Dtype::Float32,
+        }
+    }
+
+    /// Values of a composed family at rows `[rows.0, rows.1)`, positions `[lo, hi)`, in
+    /// `composed_dtype`: the compact values decoded, each row's hot positions from its hot row. Of a
+    /// prepared state when `pending` gives one (main, hot, bases and boundaries as prepared).
     fn composed_window(
         &self,
         family: Family,
@@ -281,31 +318,31 @@ impl LatentCache {
         pending: Option<(&Pending, &HotChange, &RowLayout)>,
     ) -> Result<Array> {
         let hot = self.hot.as_ref().expect("composed caches have a hot side");
-        let dtype = self.geometry.hot_storage.read_dtype();
+        let dtype = self.composed_dtype(family);
         if pending.is_none() && self.storage.is_empty() {
             // Before the first write: the empty view every cache returns.
             return mlx_ops::astype(&self.storage.view(family, 0)?, dtype);
         }
         let cold = mlx_ops::astype(&self.storage.window_in(pending.map(|p| p.0), family, rows, lo, hi)?, dtype)?;
-        let (store, hot_pending, base, converted, layout) = match pending {
+        let (store, hot_pending, bases, converted, layout) = match pending {
             Some((_, change, layout)) => {
                 let store = change.replace.as_ref().unwrap_or(&hot.storage);
-                (store, change.pending.as_ref(), change.base, &change.converted, layout)
+                (store, change.pending.as_ref(), &change.bases, &change.converted, layout)
             }
-            None => (&hot.storage, None, hot.base, &hot.converted, &self.layout),
+            None => (&hot.storage, None, &hot.bases, &hot.converted, &self.layout),
         };
         let capacity = match hot_pending {
             Some(p) => p.capacity(),
             None if store.is_empty() => 0,
             None => store.capacity(),
         };
-        let (a, e) = (lo.max(base), hi.min(base + capacity));
-        if a >= e {
+        if capacity == 0 || hi <= lo {
             return Ok(cold);
         }
-        let hot_values = store.window_in(hot_pending, family, rows, a - base, e - base)?;
+        let values = mlx_ops::astype(&store.window_in(hot_pending, family, rows, 0, capacity)?, dtype)?;
         let starts = Self::hot_starts_of(layout, converted);
-        overlay(&cold, lo, &mlx_ops::astype(&hot_values, dtype)?, (a, e), &starts[rows.0..rows.1])
+        let (aligned, is_hot) = align_hot(&values, &bases[rows.0..rows.1], &starts[rows.0..rows.1], (lo, hi))?;
+        mlx_math::select(&is_hot, &aligned, &cold)
     }
 
     /// One family's values over the whole window `[rows, offset, width]` (see `LatentState`):
@@ -409,29 +446,28 @@ impl LatentCache {
         self.maintaining
     }
 
-    /// The hot side for a donor: each composed family's values over the hot span that holds
-    /// positions (views), its base and each row's first hot position; `None` when not composed.
+    /// The hot side for a donor: each composed family's hot rows (views), each row's base and
+    /// first hot position; `None` when not composed.
     pub(crate) fn capture_hot(&self) -> Result<Option<HotCapture>> {
         let Some(hot) = &self.hot else { return Ok(None) };
-        let end = self.offset().min(hot.end());
-        let rows = self.batch_size();
+        let (rows, capacity) = (self.batch_size(), hot.capacity());
         let mut values = Vec::new();
-        if end > hot.base && !hot.storage.is_empty() {
+        if capacity > 0 {
             for family in Family::ALL.into_iter().filter(|&f| self.geometry.is_composed(f)) {
-                values.push((family, hot.storage.window_in(None, family, (0, rows), 0, end - hot.base)?));
+                values.push((family, hot.storage.window_in(None, family, (0, rows), 0, capacity)?));
             }
         }
         let starts = Self::hot_starts_of(&self.layout, &hot.converted);
-        Ok(Some(HotCapture { base: hot.base, starts, values }))
+        Ok(Some(HotCapture { bases: hot.bases.clone(), starts, values }))
     }
 
-    /// Takes a loaded hot side (`persist`, which checked it): the hot values of the composed
-    /// families over window positions `[base, base + T_h)`, and each row's boundary.
-    pub(crate) fn adopt_hot(&mut self, base: usize, converted: Vec<usize>, values: Vec<(Family, Array)>) -> Result<()> {
+    /// Takes a loaded hot side (`persist`, which checked it): the hot rows of the composed
+    /// families (`[B, capacity, width]`), each row's base and boundary.
+    pub(crate) fn adopt_hot(&mut self, bases: Vec<usize>, converted: Vec<usize>, values: Vec<(Family, Array)>) -> Result<()> {
         let g = hot_geometry(&self.geometry);
         let rows = self.batch_size();
-        let span = values.first().map_or(0, |(_, a)| a.shape()[1] as usize);
-        let storage = match span {
+        let capacity = values.first().map_or(0, |(_, a)| a.shape()[1] as usize);
+        let storage = match capacity {
             0 => Storage::new(&g),
             _ => {
                 // Families that are not composed are never read from the hot side.
@@ -439,14 +475,49 @@ impl LatentCache {
                     Families::for_geometry(&g, |family, width| (family, width)).try_map(|_, (family, width)| {
                         match values.iter().find(|(f, _)| *f == family) {
                             Some((_, a)) => Ok(vec![a.clone()]),
-                            None => Ok::<_, CacheError>(vec![mlx_ops::zeros(&[rows, span, width], g.hot_storage.read_dtype())?]),
+                            None => {
+                                Ok::<_, CacheError>(vec![mlx_ops::zeros(&[rows, capacity, width], g.hot_storage.read_dtype())?])
+                            }
                         }
                     })?;
-                Storage::from_parts(&g, rows, span, parts)
+                Storage::from_parts(&g, rows, capacity, parts)
             }
         };
-        self.hot = Some(Hot { storage, base, converted });
+        self.hot = Some(Hot { storage, bases, converted });
         Ok(())
+    }
+
+    /// The most positions the next append may take before some row's boundary moves: counted
+    /// from each row's settled length as the append would move it (right padding still to come,
+    /// and positions past a prompt's declared length, settle nothing). `usize::MAX` when no
+    /// append moves one (inside a round, or every prompt in).
+    pub(crate) fn appendable_before_conversion(&self) -> usize {
+        let Some(hot) = &self.hot else { return usize::MAX };
+        if self.in_spec_round() {
+            return usize::MAX;
+        }
+        let (held, window) = (self.row_offsets(), self.geometry.hot_window);
+        let prefill = self.prefill.as_ref();
+        (0..self.batch_size())
+            .map(|b| {
+                let c = hot.converted.get(b).copied().unwrap_or(0);
+                let threshold = boundary::next_move(c, window);
+                let prompts = prefill.and_then(|p| p.lengths.as_ref().map(|l| (p, l)));
+                let right = prefill.and_then(|p| p.right_padding.as_ref());
+                match (prompts, right) {
+                    (Some((p, lengths)), _) => {
+                        let prompt = p.base.get(b).copied().unwrap_or(0) + lengths.get(b).copied().unwrap_or(0);
+                        match prompt < threshold {
+                            true => usize::MAX,
+                            false => (threshold - 1).saturating_sub(held[b]),
+                        }
+                    }
+                    (None, Some(right)) => (threshold + right.get(b).copied().unwrap_or(0) - 1).saturating_sub(held[b]),
+                    (None, None) => (threshold - 1).saturating_sub(held[b]),
+                }
+            })
+            .min()
+            .unwrap_or(usize::MAX)
     }
 
     /// Each row's count of valid positions read in the compact mode (the row's precision

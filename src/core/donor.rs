@@ -9,7 +9,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::cache::LatentCache;
 use super::codec::{StorageMode, AFFINE_GROUP};
-use super::composed::overlay;
+use super::composed::{align_hot, hot_alignment};
 use super::error::{fail, Result};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
@@ -49,10 +49,11 @@ pub struct Donor {
     hot: Option<HotCapture>,
 }
 
-/// The hot side of a composed cache as captured: each composed family's values at window
-/// positions `[base, base + T_h)` in the hot mode, and each row's first hot position.
+/// The hot side of a composed cache as captured: each composed family's hot rows `[B,
+/// capacity, width]` in the hot mode (row `b` from window position `bases[b]` on), and each
+/// row's first hot position.
 pub(crate) struct HotCapture {
-    pub base: usize,
+    pub bases: Vec<usize>,
     pub starts: Vec<usize>,
     pub values: Vec<(Family, Array)>,
 }
@@ -130,9 +131,10 @@ impl Donor {
         let mode = self.geometry.storage(family);
         let cold = mode.decode(self.parts(family), self.geometry.width(family).expect("present"))?;
         match self.hot_values(family) {
-            Some((hot, span, starts)) => {
-                let (cold, hot) = same_dtype(cold, hot.clone())?;
-                overlay(&cold, 0, &hot, span, starts)
+            Some((hot, bases, starts)) => {
+                let (aligned, is_hot) = align_hot(hot, bases, starts, (0, self.offset))?;
+                let (cold, aligned) = same_dtype(cold, aligned)?;
+                mlx_math::select(&is_hot, &aligned, &cold)
             }
             None => Ok(cold),
         }
@@ -143,25 +145,30 @@ impl Donor {
         Self::per_head(&self.decoded(family)?)
     }
 
-    /// A composed family's hot values `[B, T_h, width]`, their window span and each row's first
-    /// hot position; `None` when the family has no hot positions.
-    fn hot_values(&self, family: Family) -> Option<(&Array, (usize, usize), &[usize])> {
+    /// A composed family's hot rows `[B, capacity, width]`, each row's base and first hot
+    /// position; `None` when the family has no hot values.
+    fn hot_values(&self, family: Family) -> Option<(&Array, &[usize], &[usize])> {
         let hot = self.hot.as_ref()?;
         let (_, values) = hot.values.iter().find(|(f, _)| *f == family)?;
-        let span = (hot.base, hot.base + values.shape()[1] as usize);
-        (span.1 > span.0).then_some((values, span, hot.starts.as_slice()))
+        Some((values, hot.bases.as_slice(), hot.starts.as_slice()))
+    }
+
+    /// Where the window positions `[0, T)` of each row sit in its hot row (`[B, 1, 1, T]`
+    /// indices) and whether each is read hot (`[B, 1, 1, T]` mask), for a hot row of `capacity`.
+    fn window_alignment(&self, bases: &[usize], starts: &[usize], capacity: usize) -> Result<(Array, Array)> {
+        let (at, is_hot) = hot_alignment(bases, starts, capacity, (0, self.offset));
+        let shape = [bases.len(), 1, 1, self.offset];
+        let mask = mlx_math::greater_equal(&mlx_ops::indices(&is_hot, &shape), &mlx_ops::indices(&[1], &[1]))?;
+        Ok((mlx_ops::indices(&at, &shape), mask))
     }
 
     /// `x` (`[B, 1, N, T]`, over the window) with each row's hot positions from `hot_part`
-    /// (`[B, 1, N, T_h]`, over the hot span).
-    fn overlay_positions(x: &Array, hot_part: &Array, (a, e): (usize, usize), starts: &[usize]) -> Result<Array> {
-        let s = x.shape();
-        let (batch, n) = (s[0] as usize, s[2] as usize);
-        let is_hot = hot_mask(starts, (a, e), &[1, 1, 1, e - a], &[batch, 1, 1, 1])?;
-        let span = ([0, 0, 0, a], [batch, 1, n, e]);
-        let (x, hot_part) = same_dtype(x.clone(), hot_part.clone())?;
-        let tail = mlx_math::select(&is_hot, &hot_part, &mlx_ops::slice(&x, &span.0, &span.1)?)?;
-        mlx_ops::slice_update(&x, &tail, &span.0, &span.1)
+    /// (`[B, 1, N, capacity]`, over its hot row).
+    fn overlay_positions(&self, x: &Array, hot_part: &Array, bases: &[usize], starts: &[usize]) -> Result<Array> {
+        let (at, is_hot) = self.window_alignment(bases, starts, hot_part.shape()[3] as usize)?;
+        let aligned = mlx_math::take_along_axis(hot_part, &at, 3)?;
+        let (x, aligned) = same_dtype(x.clone(), aligned)?;
+        mlx_math::select(&is_hot, &aligned, &x)
     }
 
     /// `[B, H, Lq, n]` -> `[B, 1, H * Lq, n]`: every head's queries as rows of one product with a
@@ -182,10 +189,10 @@ impl Donor {
     fn scores(&self, family: Family, q: &Array) -> Result<Array> {
         let folded = Self::fold_heads(q)?;
         let scores = match (self.quantized_product(family, &folded, true)?, self.hot_values(family)) {
-            (Some(cold), Some((hot, span, starts))) => {
+            (Some(cold), Some((hot, bases, starts))) => {
                 // Compact positions from their codes, hot ones from their values.
                 let hot_scores = mlx_math::matmul(&folded, &mlx_math::swapaxes(&Self::per_head(hot)?, -1, -2)?)?;
-                Self::overlay_positions(&cold, &hot_scores, span, starts)?
+                self.overlay_positions(&cold, &hot_scores, bases, starts)?
             }
             (Some(scores), None) => scores,
             (None, _) => mlx_math::matmul(&folded, &mlx_math::swapaxes(&self.values(family)?, -1, -2)?)?,
@@ -202,21 +209,29 @@ impl Donor {
         let hot = self.hot_values(Family::Latent);
         // With hot positions, the compact parts take the probabilities of the compact ones only.
         let cold_probs = match hot {
-            Some((_, _, starts)) => {
-                let s = folded.shape();
-                let is_hot = hot_mask(starts, (0, self.offset), &[1, 1, 1, self.offset], &[s[0] as usize, 1, 1, 1])?;
+            Some((values, bases, starts)) => {
+                let (_, is_hot) = self.window_alignment(bases, starts, values.shape()[1] as usize)?;
                 mlx_math::select(&is_hot, &mlx_ops::scalar(0.0), &folded)?
             }
             None => folded.clone(),
         };
         let out = match self.quantized_product(Family::Latent, &cold_probs, false)? {
             Some(cold) => match hot {
-                Some((values, (a, e), starts)) => {
-                    let s = folded.shape();
-                    let (batch, n) = (s[0] as usize, s[2] as usize);
-                    let is_hot = hot_mask(starts, (a, e), &[1, 1, 1, e - a], &[batch, 1, 1, 1])?;
-                    let tail = mlx_ops::slice(&folded, &[0, 0, 0, a], &[batch, 1, n, e])?;
-                    let hot_probs = mlx_math::select(&is_hot, &tail, &mlx_ops::scalar(0.0))?;
+                Some((values, bases, starts)) => {
+                    // The probabilities at each row's hot positions, laid out as its hot row.
+                    let capacity = values.shape()[1] as usize;
+                    let (mut at, mut is_hot) = (Vec::new(), Vec::new());
+                    for (&base, &start) in bases.iter().zip(starts) {
+                        for j in 0..capacity {
+                            let p = base + j;
+                            at.push(p.min(self.offset.saturating_sub(1)) as i32);
+                            is_hot.push((p >= start && p < self.offset) as i32);
+                        }
+                    }
+                    let shape = [bases.len(), 1, 1, capacity];
+                    let is_hot = mlx_math::greater_equal(&mlx_ops::indices(&is_hot, &shape), &mlx_ops::indices(&[1], &[1]))?;
+                    let gathered = mlx_math::take_along_axis(&folded, &mlx_ops::indices(&at, &shape), 3)?;
+                    let hot_probs = mlx_math::select(&is_hot, &gathered, &mlx_ops::scalar(0.0))?;
                     let values = mlx_ops::astype(&Self::per_head(values)?, Dtype::Float32)?;
                     mlx_math::add(&cold, &mlx_math::matmul(&hot_probs, &values)?)?
                 }
@@ -274,18 +289,23 @@ impl Donor {
             self.parts(family).iter().map(|part| mlx_math::take_along_axis(part, &flat, 1)).collect::<Result<Vec<Array>>>()?;
         let width = self.geometry.width(family).expect("present");
         let mut values = mlx_ops::astype(&self.geometry.storage(family).decode(&parts, width)?, Dtype::Float32)?;
-        if let Some((hot, (a, e), starts)) = self.hot_values(family) {
-            // Selected hot positions are read from the hot values (the index is clamped into its
-            // span where the position is compact: that value is not used).
+        if let Some((hot, bases, starts)) = self.hot_values(family) {
+            // Selected hot positions are read from each row's hot row (the index is clamped into
+            // it where the position is compact: that value is not used).
+            let capacity = hot.shape()[1];
+            let minus_base: Vec<i32> = bases.iter().map(|&b| -(b as i32)).collect();
+            let shifted = mlx_math::add(&flat, &mlx_ops::indices(&minus_base, &[batch, 1, 1]))?;
             let in_span = mlx_math::logical_and(
-                &mlx_math::greater_equal(&flat, &mlx_ops::indices(&[a as i32], &[1]))?,
-                &mlx_math::less(&flat, &mlx_ops::indices(&[e as i32], &[1]))?,
+                &mlx_math::greater_equal(&shifted, &mlx_ops::indices(&[0], &[1]))?,
+                &mlx_math::less(&shifted, &mlx_ops::indices(&[capacity], &[1]))?,
             )?;
-            let shifted = mlx_math::add(&flat, &mlx_ops::indices(&[-(a as i32)], &[1]))?;
             let at = mlx_math::select(&in_span, &shifted, &mlx_ops::indices(&[0], &[1]))?;
             let hot = mlx_ops::astype(&mlx_math::take_along_axis(hot, &at, 1)?, Dtype::Float32)?;
             let row_starts: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
-            let is_hot = mlx_math::greater_equal(&flat, &mlx_ops::indices(&row_starts, &[batch, 1, 1]))?;
+            let is_hot = mlx_math::logical_and(
+                &in_span,
+                &mlx_math::greater_equal(&flat, &mlx_ops::indices(&row_starts, &[batch, 1, 1]))?,
+            )?;
             values = mlx_math::select(&is_hot, &hot, &values)?;
         }
         mlx_ops::reshape(&values, &[batch, queries, k, width])
@@ -464,14 +484,6 @@ impl Donor {
         }
         self.weighted_latent(&mlx_math::softmax(&scores, -1)?, q_latent.dtype())
     }
-}
-
-/// `[.., T_h]`-shaped (`positions`) against `[B, ..]` (`rows`): whether window position `a + j`
-/// is at or after row `b`'s first hot position.
-fn hot_mask(starts: &[usize], (a, e): (usize, usize), positions: &[usize], rows: &[usize]) -> Result<Array> {
-    let at: Vec<i32> = (a..e).map(|p| p as i32).collect();
-    let starts: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
-    mlx_math::greater_equal(&mlx_ops::indices(&at, positions), &mlx_ops::indices(&starts, rows))
 }
 
 /// `a` and `b` in one dtype: float32 where they differ (a hot float32 value over bfloat16

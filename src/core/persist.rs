@@ -142,7 +142,7 @@ fn add_hot(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
     let Some(hot) = cache.capture_hot()? else { return Ok(()) };
     c.metadata.push((format!("{PREFIX}layer.{i}.hot"), format!("{};{}", g.hot_window, g.hot_storage.name())));
     c.metadata.push((format!("{PREFIX}layer.{i}.converted"), list(&cache.converted_positions())));
-    c.metadata.push((format!("{PREFIX}layer.{i}.hot_base"), hot.base.to_string()));
+    c.metadata.push((format!("{PREFIX}layer.{i}.hot_bases"), list(&hot.bases)));
     for (family, values) in hot.values {
         c.tensor(format!("latent_cache.{i}.hot.{}", family.name()), values)?;
     }
@@ -158,7 +158,7 @@ fn read_hot<'a>(
     layout: &RowLayout,
     get: impl Fn(&str) -> Result<&'a String>,
     tensor: &impl Fn(&str) -> Result<Array>,
-) -> Result<Option<(usize, Vec<usize>, Vec<(Family, Array)>)>> {
+) -> Result<Option<(Vec<usize>, Vec<usize>, Vec<(Family, Array)>)>> {
     let Ok(spec) = get(&format!("layer.{i}.hot")) else { return Ok(None) };
     let bad = |what: &str| fail!(InvalidArgument, "layer {i}: composed storage's {what} is damaged");
     let Some((window, mode)) = spec.split_once(';') else { return bad("description") };
@@ -171,9 +171,9 @@ fn read_hot<'a>(
         return bad("description");
     }
     let converted = parse_list(get(&format!("layer.{i}.converted"))?)?;
-    let base: usize = get(&format!("layer.{i}.hot_base"))?.parse().map_err(|_| error!(InvalidArgument, "layer {i}: hot_base"))?;
+    let bases = parse_list(get(&format!("layer.{i}.hot_bases"))?)?;
     let lengths = layout.row_offsets();
-    if converted.len() != lengths.len() || converted.iter().zip(&lengths).any(|(c, l)| c > l) {
+    if converted.len() != lengths.len() || bases.len() != lengths.len() || converted.iter().zip(&lengths).any(|(c, l)| c > l) {
         return bad("row boundaries");
     }
     let rows = lengths.len();
@@ -197,14 +197,15 @@ fn read_hot<'a>(
         span = Some(s[1] as usize);
         values.push((family, a));
     }
-    let end = base + span.unwrap_or(0);
-    for ((&pad, &c), &row_end) in layout.left_pad().iter().zip(&converted).zip(layout.row_ends()) {
+    // Every row that reads positions hot holds them in its hot row.
+    let capacity = span.unwrap_or(0);
+    for (((&pad, &c), &row_end), &base) in layout.left_pad().iter().zip(&converted).zip(layout.row_ends()).zip(&bases) {
         let start = pad + c;
-        if start < row_end && (start < base || row_end > end) {
+        if start < row_end && (start < base || row_end > base.saturating_add(capacity)) {
             return bad("hot span");
         }
     }
-    Ok(Some((base, converted, values)))
+    Ok(Some((bases, converted, values)))
 }
 
 fn list(values: &[usize]) -> String {
@@ -560,8 +561,8 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
         .into_iter()
         .map(|(g, layout, rows, positions, parts, hot)| {
             let mut cache = LatentCache::adopt(g, layout, Storage::from_parts(&g, rows, positions, parts));
-            if let Some((base, converted, values)) = hot {
-                cache.adopt_hot(base, converted, values)?;
+            if let Some((bases, converted, values)) = hot {
+                cache.adopt_hot(bases, converted, values)?;
             }
             Ok(cache)
         })
