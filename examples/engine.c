@@ -412,8 +412,8 @@ static void model_set(void) {
 }
 
 /* Composed storage, as a memory-bound engine would set it: the preset's layers with an 8-bit
- * latent and index keys, a bfloat16 rope key, and each row's newest prefill/4 positions kept in
- * float32. A chunked prefill under set-wide prefill maintenance (the seed's protocol; the hot
+ * latent and index keys, a bfloat16 rope key, and each row's newest 256 positions (prefill/8 for
+ * short prompts) kept in float32. A chunked prefill under set-wide prefill maintenance (the seed's protocol; the hot
  * side stays the size of the window throughout), then decode steps. The hot positions read back exactly, the compact ones within 8-bit
  * precision; the bytes held are printed beside what float32 storage would take. */
 static void composed(void) {
@@ -421,7 +421,7 @@ static void composed(void) {
   latent_cache_config configs[PRESET];
   size_t n_configs = 0;
   TRY(latent_cache_glm52_configs(configs, PRESET, &n_configs));
-  size_t hot = prefill / 4 > 0 ? (size_t)prefill / 4 : 1, f32_bytes = 0;
+  size_t hot = prefill / 8 > 256 ? 256 : prefill / 8 > 0 ? (size_t)prefill / 8 : 1, f32_bytes = 0;
   for (size_t l = 0; l < n_configs; l++) {
     size_t projected = 0;
     TRY(latent_cache_projected_bytes(&configs[l], 1, (size_t)(prefill + decode), &projected));

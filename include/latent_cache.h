@@ -330,8 +330,8 @@ latent_cache_config latent_cache_config_default(void);
 // `*out` = the bytes `batch` rows of `tokens` positions would hold in a cache made from
 // `*config` (`batch * tokens * bytes_per_token`): admission control before a request is
 // created. Buffers grow in steps, so a cache may hold up to one growth step more; with composed
-// storage, plus its hot side (at most about twice `hot_window + 64` positions per row in
-// `hot_storage`, every family).
+// storage, plus its hot side (about twice `hot_window + 64` positions per row, plus the last
+// append's length, in `hot_storage`, every family).
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a config `latent_cache_new` refuses),
 // `CAPACITY` (the product overflows `size_t`).
 latent_cache_status latent_cache_projected_bytes(const latent_cache_config *config,

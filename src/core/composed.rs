@@ -172,7 +172,7 @@ impl LatentCache {
     /// `after`. Only the new positions some row will read hot are written (a long prefill's
     /// older positions go to the compact mode alone). When a row's writes would fall outside its
     /// hot row, the hot storage is rebuilt (allocated and evaluated here): each row from the
-    /// oldest position it reads hot after the append, with room to double.
+    /// oldest position it reads hot after the append, with room for another window.
     pub(crate) fn prepare_hot_append(
         &self,
         updates: Families<&Array>,
@@ -222,7 +222,10 @@ impl LatentCache {
                 })
                 .collect();
             let mut rebuilt = Storage::new(&hot_geometry(&self.geometry));
-            rebuilt.commit(hot.storage.prepare_assemble(batch, (2 * room).max(MIN_CAPACITY), &pieces)?);
+            // Room for another window and block of appends before the next rebuild: a rebuild
+            // copies about that many positions per row, so its cost per append stays constant.
+            let slack = self.geometry.hot_window + boundary::CONVERSION_BLOCK;
+            rebuilt.commit(hot.storage.prepare_assemble(batch, (room + slack).max(MIN_CAPACITY), &pieces)?);
             (Some(rebuilt), bases)
         } else {
             (None, hot.bases.clone())
