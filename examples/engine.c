@@ -441,6 +441,9 @@ static void composed(void) {
   int saved = n_layers, req[1] = {50};
   n_layers = (int)n_configs;
   size_t pos[1] = {0}, row0 = 0;
+  /* Reserved, as an engine that knows the request's length does: bytes in use are then the
+   * positions held, not a growth step. */
+  TRY(latent_cache_set_reserve(set, (size_t)(prefill + decode)));
   TRY(latent_cache_set_prefill_begin(set));
   for (; pos[0] < (size_t)prefill; pos[0] += (size_t)chunk) {
     size_t tokens = (size_t)prefill - pos[0] < (size_t)chunk ? (size_t)prefill - pos[0] : (size_t)chunk;
