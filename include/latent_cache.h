@@ -47,7 +47,10 @@
  *   changes) until that thread evaluates it. What comes back: views on the library's stream,
  *   which any thread may evaluate, and free, at any time (also while another thread appends to
  *   the same cache; freeing is not an evaluation). Building MLX graphs needs no lock: engine
- *   threads may build theirs while library calls run; only evaluations are serialized.
+ *   threads may build theirs while library calls run; only evaluations are serialized. Except on
+ *   MLX's CUDA backend (0.32): there a process aborted when one thread created arrays from host
+ *   data while another evaluated (cudaStreamEndCapture failed); on CUDA make one call at a time
+ *   across the process and create your own arrays under the lock you give the library.
  *
  * Composed storage (config.hot_window > 0)
  *   Each row's newest hot_window positions (up to 63 more) are read in config.hot_storage (a
