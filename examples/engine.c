@@ -377,18 +377,25 @@ static void batching(void) {
 
 /* Phase 5: the model's caches as one set, made from the GLM-5.2 preset (78 layers and the MTP
  * layer): layers are lent for the forward, rounds and row operations move every layer at once. */
+/* A set of the given layers, and its layers lent as `layer`s (free the array, not the lent
+ * handles: the set releases them). */
+static layer *new_set(const latent_cache_config *configs, size_t n_configs, latent_cache_set **set) {
+  TRY(latent_cache_set_new(configs, n_configs, set));
+  layer *layers = calloc(n_configs, sizeof(layer));
+  for (size_t l = 0; l < n_configs; l++) {
+    TRY(latent_cache_set_layer(*set, l, &layers[l].cache));
+    layers[l].dsa = configs[l].index_head_dim > 0;
+  }
+  return layers;
+}
+
 static void model_set(void) {
   enum { PRESET = 79, ROWS = 2, PROMPT = 16, DRAFT = 3 };
   latent_cache_config configs[PRESET];
   size_t n_configs = 0;
   TRY(latent_cache_glm52_configs(configs, PRESET, &n_configs));
   latent_cache_set *set = NULL;
-  TRY(latent_cache_set_new(configs, n_configs, &set));
-  layer *layers = calloc(n_configs, sizeof(layer));
-  for (size_t l = 0; l < n_configs; l++) {
-    TRY(latent_cache_set_layer(set, l, &layers[l].cache));
-    layers[l].dsa = configs[l].index_head_dim > 0;
-  }
+  layer *layers = new_set(configs, n_configs, &set);
   int saved = n_layers, req[ROWS] = {30, 31};
   n_layers = (int)n_configs; /* step() walks every layer of the set */
   size_t pos[ROWS] = {0, 0};
@@ -432,12 +439,7 @@ static void composed(void) {
     configs[l].hot_window = hot;
   }
   latent_cache_set *set = NULL;
-  TRY(latent_cache_set_new(configs, n_configs, &set));
-  layer *layers = calloc(n_configs, sizeof(layer));
-  for (size_t l = 0; l < n_configs; l++) {
-    TRY(latent_cache_set_layer(set, l, &layers[l].cache));
-    layers[l].dsa = configs[l].index_head_dim > 0;
-  }
+  layer *layers = new_set(configs, n_configs, &set);
   int saved = n_layers, req[1] = {50};
   n_layers = (int)n_configs;
   size_t pos[1] = {0}, row0 = 0;

@@ -10,32 +10,16 @@
 //! nothing changed, the hot side staying the size of the window, and saves refused.
 mod common;
 
+use common::composed_rule::{boundary, composed_layer, BLOCK};
+
 use common::core_check::widths;
 use common::model::{Model, Rng};
 use latent_cache::core::{mlx_ops, persist};
 use latent_cache::{ErrorKind, Family, Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::Dtype;
 
-const BLOCK: usize = 64;
-
-/// The documented boundary of a row of `len` positions with conversions up to date.
-fn boundary(len: usize, hot_window: usize) -> usize {
-    len.saturating_sub(hot_window) / BLOCK * BLOCK
-}
-
 fn geometry(hot_window: usize, hot: StorageMode, modes: [StorageMode; 3], layout: LayoutKind) -> Geometry {
-    Geometry {
-        kv_lora_rank: 64,
-        rope_head_dim: 64,
-        index_head_dim: 128,
-        latent_storage: modes[0],
-        rope_storage: modes[1],
-        index_storage: modes[2],
-        layout,
-        hot_window,
-        hot_storage: hot,
-        ..Geometry::default()
-    }
+    composed_layer(64, hot_window, hot, modes, layout)
 }
 
 /// The reference: what every row reads, from two plain models and the boundaries.

@@ -14,6 +14,8 @@
 //! the rule (inside padded prefills too).
 mod common;
 
+use common::composed_rule::{boundary, composed_layer, BLOCK};
+
 use common::core_check::widths;
 use common::model::{Model, Rng};
 use latent_cache::core::donor::MaskMode;
@@ -22,29 +24,12 @@ use latent_cache::StorageMode::{Bf16, Fp8, F16, F32, Q4, Q8};
 use latent_cache::{ErrorKind, Family, Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::{Array, Dtype};
 
-const BLOCK: usize = 64;
 const RJ: LayoutKind = LayoutKind::RightJustified;
 const RAGGED: LayoutKind = LayoutKind::Ragged;
 const LAYOUTS: [LayoutKind; 2] = [RJ, RAGGED];
 
-/// The documented boundary of a row of `len` positions with conversions up to date.
-fn boundary(len: usize, hot_window: usize) -> usize {
-    len.saturating_sub(hot_window) / BLOCK * BLOCK
-}
-
 fn geometry(hot_window: usize, hot: StorageMode, modes: [StorageMode; 3], layout: LayoutKind) -> Geometry {
-    Geometry {
-        kv_lora_rank: 128,
-        rope_head_dim: 64,
-        index_head_dim: 128,
-        latent_storage: modes[0],
-        rope_storage: modes[1],
-        index_storage: modes[2],
-        layout,
-        hot_window,
-        hot_storage: hot,
-        ..Geometry::default()
-    }
+    composed_layer(128, hot_window, hot, modes, layout)
 }
 
 fn bits(values: &[f32]) -> Vec<u32> {
