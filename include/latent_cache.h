@@ -48,9 +48,9 @@
  *   which any thread may evaluate, and free, at any time (also while another thread appends to
  *   the same cache; freeing is not an evaluation). Building MLX graphs needs no lock: engine
  *   threads may build theirs while library calls run; only evaluations are serialized. Except on
- *   MLX's CUDA backend (0.32): there a process aborted when one thread created arrays from host
- *   data while another evaluated (cudaStreamEndCapture failed); on CUDA make one call at a time
- *   across the process and create your own arrays under the lock you give the library.
+ *   MLX's CUDA backend (0.32): there a process whose threads each built and evaluated their own
+ *   graphs aborted (cudaStreamEndCapture failed; cause not found yet). On CUDA make one call at a
+ *   time across the process and build your own graphs under the lock you give the library.
  *
  * Composed storage (config.hot_window > 0)
  *   Each row's newest hot_window positions (up to 63 more) are read in config.hot_storage (a
