@@ -22,32 +22,23 @@ bytes_read: the stored state the step reads (batch x context x 576 values).
 Usage: python3 mlx_lm_attention_bench.py [--quick] [--gpu] --out FILE
 """
 import argparse
-import importlib
 import json
 import os
 import sys
 import time
-import types
 
 import mlx.core as mx
+
+# The interop scripts' importer of mlx-lm's model modules.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "interop"))
+from mlx_lm_models import mlx_lm_models  # noqa: E402
 
 HEADS, RANK, ROPE, NOPE = 64, 512, 64, 192
 SCALE = (NOPE + ROPE) ** -0.5  # DeepseekV32Attention.scale (GLM-5: no rope scaling)
 CHUNK = 4096
 
 
-def import_models():
-    # mlx_lm.models.* without mlx_lm/__init__.py (which imports transformers).
-    root = os.path.dirname(importlib.util.find_spec("mlx_lm").origin)
-    for name, path in (("mlx_lm", root), ("mlx_lm.models", os.path.join(root, "models"))):
-        module = types.ModuleType(name)
-        module.__path__ = [path]
-        sys.modules[name] = module
-    imp = importlib.import_module
-    return imp("mlx_lm.models.base"), imp("mlx_lm.models.cache"), imp("mlx_lm.models.mla")
-
-
-base, cache_module, mla = import_models()
+base, cache_module, mla = mlx_lm_models("base", "cache", "mla")
 
 
 def timed(warmup, samples, step):

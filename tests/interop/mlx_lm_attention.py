@@ -12,12 +12,11 @@ Two runs on the same weights and inputs: "sparse" (index_topk 6: both steps sele
 
 Usage: python3 mlx_lm_attention.py OUT.safetensors
 """
-import importlib
-import os
 import sys
-import types
 
 import mlx.core as mx
+
+from mlx_lm_models import mlx_lm_models
 
 BATCH, PREFILL = 2, 12
 # Small GLM-5-shaped attention: 4 heads, kv_lora_rank 32, rope 8, 4 index heads of width 16.
@@ -33,18 +32,7 @@ CONFIG = dict(
 )
 
 
-def import_models():
-    # mlx_lm.models.* without mlx_lm/__init__.py (which imports transformers).
-    root = os.path.dirname(importlib.util.find_spec("mlx_lm").origin)
-    for name, path in (("mlx_lm", root), ("mlx_lm.models", os.path.join(root, "models"))):
-        module = types.ModuleType(name)
-        module.__path__ = [path]
-        sys.modules[name] = module
-    imp = importlib.import_module
-    return imp("mlx_lm.models.glm_moe_dsa"), imp("mlx_lm.models.deepseek_v32"), imp("mlx_lm.models.base")
-
-
-glm, dsv32, base = import_models()
+glm, dsv32, base = mlx_lm_models("glm_moe_dsa", "deepseek_v32", "base")
 calls = {}  # name -> list of (args, result) of the current step
 
 

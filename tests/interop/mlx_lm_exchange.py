@@ -4,22 +4,11 @@ save_prompt_cache for the library to load. Values follow value() below on both s
 
 Usage: python3 mlx_lm_exchange.py OURS_FILE MLX_LM_FILE
 """
-import importlib
-import os
 import sys
-import types
 
 import mlx.core as mx
 
-
-def load_cache_module():
-    # mlx_lm.models.cache without mlx_lm/__init__.py (which imports transformers).
-    root = os.path.dirname(importlib.util.find_spec("mlx_lm").origin)
-    for name, path in (("mlx_lm", root), ("mlx_lm.models", os.path.join(root, "models"))):
-        module = types.ModuleType(name)
-        module.__path__ = [path]
-        sys.modules[name] = module
-    return importlib.import_module("mlx_lm.models.cache")
+from mlx_lm_models import mlx_lm_models
 
 
 def value(layer, row, pos, family, width):
@@ -34,7 +23,7 @@ def expected(layer, family, batch, tokens, width):
 
 def main():
     ours, theirs = sys.argv[1], sys.argv[2]
-    cache = load_cache_module()
+    (cache,) = mlx_lm_models("cache")
     loaded = cache.load_prompt_cache(ours)
     assert [type(c).__name__ for c in loaded] == ["CacheList", "CacheList"], loaded
     for layer, c in enumerate(loaded):

@@ -9,7 +9,7 @@ import sys
 
 import mlx.core as mx
 
-from mlx_lm_exchange import load_cache_module
+from mlx_lm_models import mlx_lm_models
 
 WIDTHS = (8, 4)
 
@@ -50,7 +50,7 @@ def run(index, scenario, cache_module):
 
 
 def main():
-    cache_module = load_cache_module()
+    (cache_module,) = mlx_lm_models("cache")
     for index, scenario in enumerate(sys.argv[1:]):
         run(index, scenario, cache_module)
 
