@@ -26,12 +26,18 @@
  *
  * Thread safety
  *   Any thread may call any function, and a handle's consecutive calls may each come from a
- *   different thread (thread pools, Swift tasks hopping threads): the library builds every graph
- *   on one stream of its own that MLX lets any thread evaluate, and causes one MLX worker thread
- *   however many threads call it. Calls on one handle from several threads at once are
+ *   different thread (thread pools, Swift tasks hopping threads), and caller threads may end at
+ *   any time. The library builds every graph on one stream of its own that MLX lets any thread
+ *   evaluate, and runs every evaluation it performs on one thread of its own (started on the
+ *   first evaluation, living as long as the process): the calling thread waits for it. So the
+ *   library adds two threads in all (that one and one MLX worker), however many threads call it,
+ *   and caller threads never hold MLX state. (On MLX's CUDA backend a thread that evaluated
+ *   and then ended broke the CUDA graph another thread was capturing, and MLX aborted the
+ *   process; tests/thread_exit.rs.) Calls on one handle from several threads at once are
  *   serialized (each call locks the handle); different handles run in parallel.
  *   Evaluation: every evaluation the library performs takes one process-wide lock (or the lock
- *   given to latent_cache_set_eval_lock). These calls may evaluate: append_host,
+ *   given to latent_cache_set_eval_lock, which the library's evaluation thread then takes).
+ *   These calls may evaluate: append_host,
  *   append_host_padded, read_row_host, read_host, reserve, merge_rows, extract_row, filter_rows,
  *   spec_round_rollback_rows (uneven counts, right-justified rows), latent_cache_eval, and
  *   append_latent / append_latent_padded when they must grow the buffers (never after a large
@@ -43,14 +49,14 @@
  *   What an engine may pass in: arrays that are evaluated, made by latent_cache_array_from_host,
  *   or built on a stream any thread may evaluate (mlx_stream_new_thread_unsafe). An array the
  *   engine built on its own thread's stream and left unevaluated can only be evaluated on that
- *   thread: a later call that evaluates the cache on another thread fails with BACKEND (nothing
- *   changes) until that thread evaluates it. What comes back: views on the library's stream,
- *   which any thread may evaluate, and free, at any time (also while another thread appends to
- *   the same cache; freeing is not an evaluation). Building MLX graphs needs no lock: engine
- *   threads may build theirs while library calls run; only evaluations are serialized. Except on
- *   MLX's CUDA backend (0.32): there a process whose threads each built and evaluated their own
- *   graphs aborted (cudaStreamEndCapture failed; cause not found yet). On CUDA make one call at a
- *   time across the process and build your own graphs under the lock you give the library.
+ *   thread, so never by the library: a call that must evaluate it fails with BACKEND (nothing
+ *   changes), on any thread, until the engine evaluates it (its step's evaluation does). What
+ *   comes back: views on the library's stream, which any thread may evaluate, and free, at any
+ *   time (also while another thread appends to the same cache; freeing is not an evaluation).
+ *   Building MLX graphs needs no lock: engine threads may build theirs while library calls run;
+ *   only evaluations are serialized. On MLX's CUDA backend, a thread of yours that evaluates MLX
+ *   work itself (not through latent_cache_eval) should live as long as the process, or end only
+ *   while nothing else evaluates: ending it breaks a concurrent evaluation, as above.
  *
  * Composed storage (config.hot_window > 0)
  *   Each row's newest hot_window positions (up to 63 more) are read in config.hot_storage (a
@@ -1136,8 +1142,8 @@ size_t latent_cache_last_error(char *out, size_t out_len);
 // evaluations, so one lock covers the process. Pass both as NULL to go back to the library's
 // lock.
 //
-// The callbacks are called from whichever thread evaluates, must be safe to call from any
-// thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
+// The callbacks are called from the library's evaluation thread (both on that thread), must
+// be safe to call from any thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
 // Install the lock before other threads use the library, or while none of them is evaluating.
 //
 // Returns `OK`, or `INVALID_ARGUMENT` when exactly one of the two is NULL (nothing changes).

@@ -2,13 +2,15 @@
 //! use-after-free: the call inside the handle (held at the evaluation lock by an engine lock the
 //! test controls) and the call waiting for the handle each complete or are refused, and a cache
 //! created meanwhile (which may get the freed memory) is untouched by them. (Its own test
-//! binary: it installs a process-wide evaluation lock.)
+//! binary: it installs a process-wide evaluation lock. The library takes that lock on its
+//! evaluation thread, so while the gate holds it no other evaluation runs: the new cache is
+//! made meanwhile, which evaluates nothing, and filled once the gate opens.)
 mod common;
 
 use std::ffi::c_void;
 use std::sync::mpsc;
 use std::sync::{Condvar, Mutex};
-use std::thread::{self, ThreadId};
+use std::thread;
 use std::time::Duration;
 
 use latent_cache::ffi::cache::*;
@@ -21,8 +23,9 @@ use common::model::{Model, Rng};
 
 const WIDTHS: [usize; 3] = [8, 4, 3];
 
-/// The engine's evaluation lock: a plain lock, except that the thread named in `gated` stops
-/// at its door until the gate opens (it is then inside a call, holding the handle).
+/// The engine's evaluation lock: a plain lock, except that while `gated` is set the next
+/// evaluation stops at its door until the gate opens (its caller is then inside a call,
+/// holding the handle).
 struct Gate {
     state: Mutex<GateState>,
     changed: Condvar,
@@ -30,19 +33,19 @@ struct Gate {
 
 struct GateState {
     held: bool,
-    gated: Option<ThreadId>,
+    gated: bool,
     gated_waiting: bool,
 }
 
 static GATE: Gate =
-    Gate { state: Mutex::new(GateState { held: false, gated: None, gated_waiting: false }), changed: Condvar::new() };
+    Gate { state: Mutex::new(GateState { held: false, gated: false, gated_waiting: false }), changed: Condvar::new() };
 
 unsafe extern "C" fn lock(_: *mut c_void) {
     let mut s = GATE.state.lock().unwrap();
-    if s.gated == Some(thread::current().id()) {
+    if s.gated {
         s.gated_waiting = true;
         GATE.changed.notify_all();
-        while s.gated.is_some() {
+        while s.gated {
             s = GATE.changed.wait(s).unwrap();
         }
     }
@@ -86,10 +89,8 @@ fn freeing_a_handle_while_calls_on_it_are_in_flight_is_safe() {
         assert_eq!(append_one(a.get(), &mut rng).0, Status::Ok);
 
         // T1 enters an append on A and stops at the evaluation lock, holding A.
-        let inside = spawn(move || {
-            GATE.state.lock().unwrap().gated = Some(thread::current().id());
-            append_one(a.get(), &mut Rng::new(round))
-        });
+        GATE.state.lock().unwrap().gated = true;
+        let inside = spawn(move || append_one(a.get(), &mut Rng::new(round)));
         {
             let mut s = GATE.state.lock().unwrap();
             while !s.gated_waiting {
@@ -105,20 +106,22 @@ fn freeing_a_handle_while_calls_on_it_are_in_flight_is_safe() {
 
         // A new cache made now may get A's memory; the calls in flight must not reach it.
         let b = new_cache(WIDTHS, 0);
-        let mut model = Model::new(WIDTHS);
-        let data = host_data(&mut rng, WIDTHS, 2, 3);
-        assert_eq!(append_host(b, 2, 3, &data), Status::Ok, "{}", last_error());
-        model.append(2, 3, &data);
 
         {
             let mut s = GATE.state.lock().unwrap();
-            s.gated = None;
+            s.gated = false;
             s.gated_waiting = false;
         }
         GATE.changed.notify_all();
         let (s1, m1) = wait(&inside, "the call holding the handle");
         let (s2, m2) = wait(&waiting, "the call waiting for the handle");
         wait(&freed, "latent_cache_free");
+        // Had a call on A reached B, B would hold a row already, and this append or the check
+        // after it would fail.
+        let mut model = Model::new(WIDTHS);
+        let data = host_data(&mut rng, WIDTHS, 2, 3);
+        assert_eq!(append_host(b, 2, 3, &data), Status::Ok, "{}", last_error());
+        model.append(2, 3, &data);
 
         assert!(matches!(s1, Status::Ok | Status::NullArgument), "round {round}: call inside the freed handle: {s1:?} {m1}");
         assert!(matches!(s2, Status::Ok | Status::NullArgument), "round {round}: call waiting on the freed handle: {s2:?} {m2}");

@@ -102,6 +102,9 @@ fn attention_and_selection_match_mlx_lm_glm5_attention() {
         std::process::Command::new("python3").arg(script).arg(&file).env("PYTHONPATH", pythonpath).output().expect("python3");
     assert!(out.status.success(), "mlx-lm's side failed: {}", String::from_utf8_lossy(&out.stderr));
     let f = Array::load_safetensors(&file).unwrap();
+    // Loaded lazily on this thread's own stream: evaluate here, as an engine evaluates its own
+    // arrays, before handing them to the library (which evaluates on a thread of its own).
+    mlx_rs::transforms::eval(f.values()).unwrap();
     // MLX's CUDA backend runs float32 matmuls at TF32 precision (10-bit mantissas).
     let tol = match mlx_rs::Device::default().get_type().unwrap() {
         mlx_rs::DeviceType::Gpu => 1e-2,

@@ -16,7 +16,7 @@ use latent_cache::ffi::rows::latent_cache_merge_rows;
 use latent_cache::ffi::storage::latent_cache_storage as S;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 use latent_cache::StorageMode;
-use mlx_rs::{ops, Array, Dtype};
+use mlx_rs::{Array, Dtype};
 use mlx_sys::mlx_array;
 
 fn config(widths: [usize; 3], modes: [S; 3]) -> latent_cache_config {
@@ -151,7 +151,7 @@ fn borrowed(a: mlx_array) -> std::mem::ManuallyDrop<Array> {
 /// strides), evaluated under the library's evaluation lock: the tests run on several threads,
 /// and MLX's evaluations must not overlap.
 fn host(a: &Array) -> Vec<f32> {
-    mlx_ops::to_host(&a.as_dtype(Dtype::Float32).unwrap().contiguous().unwrap()).unwrap()
+    mlx_ops::to_host(&mlx_ops::contiguous(&mlx_ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
 }
 
 #[test]
@@ -188,11 +188,11 @@ fn packed_parts_are_what_mlx_dequantizes_to_the_state() {
         let (values, scales) = (borrowed(packed.values), borrowed(packed.scales));
         let decoded = match s {
             S::Q8 | S::Q4 => {
-                host(&ops::dequantize(&*values, &*scales, Some(&*borrowed(packed.biases)), 64, packed.bits as i32).unwrap())
+                host(&mlx_ops::dequantize(&values, &scales, &borrowed(packed.biases), 64, packed.bits as i32).unwrap())
             }
             S::Fp8 => {
-                let codes = ops::from_fp8(&*values, Dtype::Float32).unwrap().reshape(&[2, 5, 2, 128]).unwrap();
-                host(&codes.multiply(scales.reshape(&[2, 5, 2, 1]).unwrap()).unwrap())
+                let codes = mlx_ops::reshape(&mlx_ops::from_fp8(&values, Dtype::Float32).unwrap(), &[2, 5, 2, 128]).unwrap();
+                host(&mlx_ops::multiply(&codes, &mlx_ops::reshape(&scales, &[2, 5, 2, 1]).unwrap()).unwrap())
             }
             _ => host(&values),
         };
@@ -216,8 +216,9 @@ fn bf16_and_f16_arrays_are_appended_in_every_mode() {
         for input in [Dtype::Bfloat16, Dtype::Float16] {
             let cache = new(&config(widths, [s, s, S::F32])).unwrap();
             let data: [Vec<f32>; 3] = std::array::from_fn(|f| samples(&mut rng, 2 * 3 * widths[f], false));
-            let arrays: Vec<Array> =
-                (0..2).map(|f| Array::from_slice(&data[f], &[2, 3, widths[f] as i32]).as_dtype(input).unwrap()).collect();
+            let arrays: Vec<Array> = (0..2)
+                .map(|f| mlx_ops::astype(&Array::from_slice(&data[f], &[2, 3, widths[f] as i32]), input).unwrap())
+                .collect();
             let none = mlx_array { ctx: std::ptr::null_mut() };
             let status = unsafe {
                 latent_cache_append_latent(

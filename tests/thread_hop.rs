@@ -515,9 +515,10 @@ fn two_live_threads_take_turns_appending_latent() {
 }
 
 /// The documented limit: an array the engine built on its own thread's stream and left
-/// unevaluated can only be evaluated there. A call that must evaluate the cache on another
-/// thread fails with BACKEND and changes nothing (its message without MLX's source paths);
-/// once the owning thread evaluates, every thread works again.
+/// unevaluated can only be evaluated there, never by the library (which evaluates on a thread of
+/// its own). A call that must evaluate the cache fails with BACKEND and changes nothing (its
+/// message without MLX's source paths), on any thread, the owner's too; once the owning thread
+/// evaluates, every thread works again.
 #[test]
 fn an_engine_array_on_its_own_threads_stream_fails_elsewhere_and_changes_nothing() {
     let pool = Pool::new(1);
@@ -532,7 +533,7 @@ fn an_engine_array_on_its_own_threads_stream_fails_elsewhere_and_changes_nothing
     // On the worker: inputs computed lazily on the worker's own default stream (x + 0).
     let lazy = host_data(&mut rng, widths, 1, 2);
     let appended = lazy.clone();
-    pool.run(0, move || {
+    let inputs = pool.run(0, move || {
         let make = |f: usize| {
             let x = mlx_rs::Array::from_slice(&appended[f], &[1, 2, widths[f] as i32]);
             mlx_rs::ops::add(&x, mlx_rs::Array::from_f32(0.0)).unwrap()
@@ -543,27 +544,28 @@ fn an_engine_array_on_its_own_threads_stream_fails_elsewhere_and_changes_nothing
         let status = unsafe { latent_cache_append_latent(cache.get(), latent.as_ptr(), rope.as_ptr(), NULL_ARRAY, l, r, k) };
         ok(status, "append_latent of lazy inputs on the worker");
         views.iter().for_each(|&v| unsafe { latent_cache_array_free(v) });
+        [latent, rope]
     });
     model.append(1, 2, &lazy);
 
-    // On the main thread: a host append must evaluate the cache, and cannot.
+    // On the main thread, and on the owner: a host append must evaluate the cache, and cannot.
     let more = host_data(&mut rng, widths, 1, 1);
     let status = append_host(cache.get(), 1, 1, &more);
     assert_eq!(status, Status::Backend, "append_host on another thread: {}", last_error());
+    let again = more.clone();
+    pool.run(0, move || {
+        let status = append_host(cache.get(), 1, 1, &again);
+        assert_eq!(status, Status::Backend, "append_host on the owning thread: {}", last_error());
+    });
     let message = last_error();
     assert!(!message.contains(".cpp:"), "the message carries MLX's source path: {message}");
     let mut offset = 0;
     ok(unsafe { latent_cache_offset(cache.get(), &mut offset) }, "offset");
     assert_eq!(offset, 5, "the failed append_host moved the offset");
 
-    // The owning thread evaluates; then the main thread reads and appends again.
-    pool.run(0, move || {
-        let mut state = [NULL_ARRAY; 3];
-        let [l, r, k] = &mut state;
-        ok(unsafe { latent_cache_state(cache.get(), l, r, k) }, "state on the worker");
-        ok(unsafe { latent_cache_eval(state.as_ptr(), 2) }, "eval on the owning thread");
-        state.iter().for_each(|&v| unsafe { latent_cache_array_free(v) });
-    });
+    // The owning thread evaluates its inputs (its own evaluation, on its own stream: other
+    // threads' evaluations may run meanwhile); then the main thread reads and appends again.
+    pool.run(0, move || mlx_rs::transforms::eval(&inputs).expect("the owner's own evaluation"));
     assert_equal(cache.get(), &model, "after the owning thread evaluated");
     ok(append_host(cache.get(), 1, 1, &more), "append_host on main after the owner evaluated");
     model.append(1, 1, &more);

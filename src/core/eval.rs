@@ -1,12 +1,20 @@
-//! Evaluation: the one place the library runs MLX work, under one process-wide lock (the
-//! library's own, or the engine's). Every graph the library builds lives on one stream usable
-//! from any thread, so evaluations must never overlap: this lock is what makes that stream safe.
+//! Evaluation: the one place the library runs MLX work, on one thread the library owns, under
+//! one process-wide lock (the library's own, or the engine's). Every graph the library builds
+//! lives on one stream usable from any thread, so evaluations must never overlap: the lock is
+//! what makes that stream safe. The thread is what makes caller threads safe to end: a thread
+//! that evaluates gets MLX state of its own (its default stream and, on CUDA, its BLAS, DNN and
+//! stream handles), and ending such a thread tears that state down with device-wide CUDA calls
+//! that break a CUDA graph another thread is capturing at that moment (MLX 0.32 aborts the
+//! process: "cudaStreamEndCapture ... failed"). Caller threads therefore never evaluate: they
+//! hand the arrays to the evaluation thread and wait for it.
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{self, Sender, SyncSender};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mlx_rs::Array;
-use once_cell::sync::Lazy;
+use once_cell::sync::{Lazy, OnceCell};
 
-use super::error::Result;
+use super::error::{error, fail, Result};
 
 /// MLX evaluation is not safe to run from several threads at once on a shared stream (Metal
 /// also encodes into a stream's command buffer on the calling thread), so every evaluation the
@@ -45,24 +53,63 @@ pub fn is_evaluated(a: &Array) -> bool {
     rc == 0 && available
 }
 
-/// Evaluates `arrays` under the evaluation lock. Arrays already evaluated are skipped, and a
-/// call with nothing left to evaluate returns at once: MLX would otherwise run an empty
-/// evaluation on the calling thread's own default stream, giving that thread a worker.
-pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
-    let pending: Vec<&Array> = arrays.into_iter().filter(|a| !is_evaluated(a)).collect();
-    if pending.is_empty() {
-        return Ok(());
-    }
+/// One evaluation handed to the evaluation thread: references to the arrays (MLX arrays are
+/// reference-counted, so these are not copies) and where to send the outcome.
+struct Job {
+    arrays: Vec<Array>,
+    reply: SyncSender<Result<()>>,
+}
+
+/// The evaluation thread's queue, started on the first evaluation. The thread lives as long as
+/// the process, so the MLX state it gathers is never torn down while the process runs.
+static EVALUATOR: OnceCell<Sender<Job>> = OnceCell::new();
+
+fn evaluator() -> Result<&'static Sender<Job>> {
+    EVALUATOR.get_or_try_init(|| {
+        let (sender, jobs) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("latent-cache-eval".into())
+            // MLX tears down long lazy chains recursively; give it the main thread's room.
+            .stack_size(8 << 20)
+            .spawn(move || {
+                for job in jobs {
+                    let outcome = catch_unwind(AssertUnwindSafe(|| eval_locked(&job.arrays)))
+                        .unwrap_or_else(|_| fail!(Backend, "MLX evaluation panicked"));
+                    drop(job.arrays);
+                    let _ = job.reply.send(outcome);
+                }
+            })
+            .map(|_| sender)
+            .map_err(|e| error!(Backend, "starting the evaluation thread: {e}"))
+    })
+}
+
+/// Evaluates on the evaluation thread, under the engine's lock or the library's.
+fn eval_locked(arrays: &[Array]) -> Result<()> {
     let engine = ENGINE_LOCK.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
     match engine {
         Some(lock) => {
             lock.lock();
             let _guard = EngineGuard(lock);
-            Ok(mlx_rs::transforms::eval(pending)?)
+            Ok(mlx_rs::transforms::eval(arrays)?)
         }
         None => {
             let _guard = EVAL_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            Ok(mlx_rs::transforms::eval(pending)?)
+            Ok(mlx_rs::transforms::eval(arrays)?)
         }
     }
+}
+
+/// Evaluates `arrays` on the evaluation thread and waits for it. Arrays already evaluated are
+/// skipped, and a call with nothing left to evaluate returns at once, without a hand-off.
+pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
+    let pending: Vec<Array> = arrays.into_iter().filter(|a| !is_evaluated(a)).cloned().collect();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let (reply, outcome) = mpsc::sync_channel(1);
+    if evaluator()?.send(Job { arrays: pending, reply }).is_err() {
+        return fail!(Backend, "the evaluation thread has stopped");
+    }
+    outcome.recv().unwrap_or_else(|_| fail!(Backend, "the evaluation thread has stopped"))
 }

@@ -37,8 +37,8 @@ impl EvalLock for EngineLock {
 /// evaluations, so one lock covers the process. Pass both as NULL to go back to the library's
 /// lock.
 ///
-/// The callbacks are called from whichever thread evaluates, must be safe to call from any
-/// thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
+/// The callbacks are called from the library's evaluation thread (both on that thread), must
+/// be safe to call from any thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
 /// Install the lock before other threads use the library, or while none of them is evaluating.
 ///
 /// Returns `OK`, or `INVALID_ARGUMENT` when exactly one of the two is NULL (nothing changes).

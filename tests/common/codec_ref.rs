@@ -7,7 +7,7 @@
 
 use latent_cache::core::mlx_ops;
 use latent_cache::StorageMode;
-use mlx_rs::{ops, Array, Dtype};
+use mlx_rs::{Array, Dtype};
 
 /// The values `mode` reads back for `values` (positions of `width` values each).
 pub fn stored(mode: StorageMode, width: usize, values: &[f32]) -> Vec<f32> {
@@ -45,12 +45,13 @@ fn mlx_affine(values: &[f32], width: usize, bits: i32) -> Vec<f32> {
     if values.is_empty() {
         return Vec::new();
     }
-    let x = Array::from_slice(values, &[(values.len() / width) as i32, width as i32]).as_dtype(Dtype::Bfloat16).unwrap();
-    let (w, scales, biases) = ops::quantize(&x, 64, bits).unwrap();
-    let back = ops::dequantize(&w, &scales, &biases, 64, bits).unwrap().as_dtype(Dtype::Float32).unwrap();
-    // Evaluated under the library's evaluation lock: tests run on several threads, and MLX's
-    // evaluations must not overlap (on a GPU they crash).
-    mlx_ops::to_host(&back).unwrap()
+    // Built on the library's stream and evaluated by the library: tests run on several threads,
+    // and the library evaluates on a thread of its own, which cannot see a test thread's stream.
+    let x = Array::from_slice(values, &[(values.len() / width) as i32, width as i32]);
+    let x = mlx_ops::astype(&x, Dtype::Bfloat16).unwrap();
+    let parts = mlx_ops::quantize(&x, 64, bits).unwrap();
+    let back = mlx_ops::dequantize(&parts[0], &parts[1], &parts[2], 64, bits).unwrap();
+    mlx_ops::to_host(&mlx_ops::astype(&back, Dtype::Float32).unwrap()).unwrap()
 }
 
 /// The largest error `mode` may make on any value of `values` (one position's group or block
