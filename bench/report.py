@@ -366,7 +366,7 @@ def attention_section(by, records):
           "One GLM-5.2 layer's decode attention: 64 query heads, kv_lora_rank 512, rope 64, one query per row, "
           "the absorbed query given. Ours: `Donor::attend` per storage mode (queries float32 for f32, bfloat16 "
           "else); mlx-lm: its absorbed decode path (pe_scores, then its scaled_dot_product_attention over its "
-          "KVCache) in f32 and bf16. Each step = build + one evaluation; median ms (GB/s = stored bytes the "
+          "KVCache) in f32 and bf16. Each step = build + one evaluation on the calling thread (ours: the library's evaluation thread turned off, as inside an engine's own step); median ms (GB/s = stored bytes the "
           "step reads / time). ours / mlx-lm: time ratio against mlx-lm in the same dtype (bf16 for q8 and "
           "fp8); below 1 means ours is faster.", ""]
     for batch in sorted({r["batch"] for r in att}):

@@ -33,7 +33,8 @@
  *   library adds two threads in all (that one and one MLX worker), however many threads call it,
  *   and caller threads never hold MLX state. (On MLX's CUDA backend a thread that evaluated
  *   and then ended broke the CUDA graph another thread was capturing, and MLX aborted the
- *   process; tests/thread_exit.rs.) Calls on one handle from several threads at once are
+ *   process; tests/thread_exit.rs.) latent_cache_set_evaluation_thread(false) evaluates on the
+ *   calling thread instead, for engines whose calling threads live as long as the process. Calls on one handle from several threads at once are
  *   serialized (each call locks the handle); different handles run in parallel.
  *   Evaluation: every evaluation the library performs takes one process-wide lock (or the lock
  *   given to latent_cache_set_eval_lock, which the library's evaluation thread then takes).
@@ -1142,14 +1143,27 @@ size_t latent_cache_last_error(char *out, size_t out_len);
 // evaluations, so one lock covers the process. Pass both as NULL to go back to the library's
 // lock.
 //
-// The callbacks are called from the library's evaluation thread (both on that thread), must
-// be safe to call from any thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
+// The callbacks are called on the thread that evaluates (the library's evaluation thread, see
+// latent_cache_set_evaluation_thread; lock and unlock always on the same thread), must be safe
+// to call from any thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
 // Install the lock before other threads use the library, or while none of them is evaluating.
 //
 // Returns `OK`, or `INVALID_ARGUMENT` when exactly one of the two is NULL (nothing changes).
 latent_cache_status latent_cache_set_eval_lock(latent_cache_lock_fn lock,
                                                latent_cache_lock_fn unlock,
                                                void *ctx);
+
+// Chooses where the library's evaluations run. `true` (the default): on one thread the library
+// owns, which the calling thread waits for; caller threads then never hold MLX state, and may
+// end at any time. `false`: on the calling thread, without the hand-off. On MLX's CUDA backend
+// the hand-off made a GLM-5.2 decode step 1.3-1.9x slower on an H200 (the calling thread:
+// 1.0-1.6x; bench/results/eval-thread.md); on the CPU it made no difference to the decode
+// step. Turn it off only if no thread that calls the library ends while another thread
+// evaluates: on CUDA that broke the other thread's evaluation and MLX aborted the process.
+// With it off, an array an engine built on its own thread's stream can be evaluated by calls
+// on that thread. Set it before other threads use the library, or while none is evaluating.
+// Never fails.
+void latent_cache_set_evaluation_thread(bool enabled);
 
 // The library's version as a static NUL-terminated string ("MAJOR.MINOR.PATCH"); never NULL,
 // never freed.

@@ -97,6 +97,9 @@ inline void set_eval_lock(latent_cache_lock_fn lock, latent_cache_lock_fn unlock
   check(latent_cache_set_eval_lock(lock, unlock, ctx));
 }
 
+// Where the library evaluates: its own thread (true, the default) or the calling thread.
+inline void set_evaluation_thread(bool enabled) { latent_cache_set_evaluation_thread(enabled); }
+
 // The values of every stored family, as an append or `state` returns them.
 struct State {
   Array latent, rope, index_keys;

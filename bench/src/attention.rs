@@ -146,6 +146,9 @@ fn points(quick: bool, gpu: bool) -> [(usize, &'static [usize]); 2] {
 }
 
 pub fn run(quick: bool, gpu: bool) -> Vec<String> {
+    // The attention's output is evaluated on this thread, as mlx-lm's is and as an engine's
+    // step evaluates it (inside its own evaluation); not through the library's evaluation thread.
+    latent_cache::core::eval::set_evaluation_thread(false);
     // (warmup, samples), as bench/mlx_lm_attention_bench.py.
     let runs = match (quick, gpu) {
         (true, _) => (1, 5),

@@ -28,7 +28,7 @@ mod systems;
 use std::time::Instant;
 
 use latent_cache::LayoutKind;
-use systems::{Concat, Inputs, OursC, OursRust, Step, System};
+use systems::{CallerThreadEval, Concat, Inputs, OursC, OursRust, Step, System};
 
 /// The row layouts as `--rounds` names them.
 const RIGHT_JUSTIFIED: &str = "latent-cache right-justified";
@@ -333,6 +333,7 @@ fn main() {
         (false, false) => vec![
             Maker { make: Box::new(|| Box::new(OursRust::new())), runs_alone: false },
             Maker { make: Box::new(|| Box::new(OursC::new())), runs_alone: false },
+            Maker { make: Box::new(|| Box::new(CallerThreadEval(OursC::new()))), runs_alone: false },
             Maker { make: Box::new(|| Box::new(Concat::new())), runs_alone: true },
         ],
     };

@@ -375,3 +375,47 @@ impl System for Concat {
         eval(outputs.iter()).unwrap();
     }
 }
+
+/// A labelled variant: the C ABI with the library's evaluations on the calling thread
+/// (`latent_cache_set_evaluation_thread(false)`) instead of its evaluation thread, switched on
+/// around each of its own calls only, so the systems beside it run with the default.
+pub struct CallerThreadEval(pub OursC);
+
+impl CallerThreadEval {
+    fn on_caller<T>(f: impl FnOnce() -> T) -> T {
+        latent_cache::ffi::eval_lock::latent_cache_set_evaluation_thread(false);
+        let out = f();
+        latent_cache::ffi::eval_lock::latent_cache_set_evaluation_thread(true);
+        out
+    }
+}
+
+impl System for CallerThreadEval {
+    fn name(&self) -> &'static str {
+        "latent-cache (C ABI, evaluating on the calling thread)"
+    }
+
+    fn forward(&mut self, inputs: &Inputs, step: Step) {
+        Self::on_caller(|| self.0.forward(inputs, step))
+    }
+
+    fn spec_begin(&mut self) {
+        Self::on_caller(|| self.0.spec_begin())
+    }
+
+    fn spec_rollback(&mut self, keep: usize) {
+        Self::on_caller(|| self.0.spec_rollback(keep))
+    }
+
+    fn spec_rollback_rows(&mut self, keep: &[usize]) -> bool {
+        Self::on_caller(|| self.0.spec_rollback_rows(keep))
+    }
+
+    fn reserve(&mut self, tokens: usize) {
+        Self::on_caller(|| self.0.reserve(tokens))
+    }
+
+    fn bytes_moved(&self) -> Option<usize> {
+        self.0.bytes_moved()
+    }
+}

@@ -328,13 +328,24 @@ impl Donor {
             return fail!(InvalidArgument, "index scores take the NONE or CAUSAL mask mode");
         }
         self.check_rows(mode, queries as usize)?;
-        let keys = Self::per_head(&mlx_ops::astype(&self.decoded(Family::IndexKeys)?, Dtype::Float32)?)?;
-        let q = mlx_ops::astype(q_index, Dtype::Float32)?;
+        let (b, h, lq, t) = (self.batch_size(), heads as usize, queries as usize, self.offset);
+        let keys = mlx_ops::astype(&self.decoded(Family::IndexKeys)?, Dtype::Float32)?;
+        // Every head and query folded into the rows of one product per row, [B, Hi*Lq, 128] x
+        // [B, 128, T]: a head axis broadcast against the keys made MLX's CUDA matmul expand the
+        // keys per head at batch > 1 (60x slower at batch 8, 128K positions).
+        let q = mlx_ops::reshape(&mlx_ops::astype(q_index, Dtype::Float32)?, &[b, h * lq, width])?;
         let per_head = mlx_ops::maximum(&mlx_math::matmul(&q, &mlx_math::swapaxes(&keys, -1, -2)?)?, &mlx_ops::scalar(0.0))?;
-        // [B, Lq, Hi] -> [B, Hi, Lq, 1]
-        let weights = mlx_math::expand_dims(&mlx_math::swapaxes(&mlx_ops::astype(weights, Dtype::Float32)?, 1, 2)?, 3)?;
-        let scores = mlx_math::sum(&mlx_ops::multiply(&per_head, &weights)?, 1)?;
-        mlx_math::add(&scores, &self.query_mask(mode, queries as usize)?)
+        let weights = mlx_ops::astype(weights, Dtype::Float32)?;
+        let scores = if lq == 1 {
+            // One query: the weighted sum over heads is one more product, [B, 1, Hi] x [B, Hi, T].
+            mlx_math::matmul(&weights, &per_head)?
+        } else {
+            // [B, Lq, Hi] -> [B, Hi, Lq, 1] against [B, Hi, Lq, T], summed over heads.
+            let weights = mlx_math::expand_dims(&mlx_math::swapaxes(&weights, 1, 2)?, 3)?;
+            let per_head = mlx_ops::reshape(&per_head, &[b, h, lq, t])?;
+            mlx_math::sum(&mlx_ops::multiply(&per_head, &weights)?, 1)?
+        };
+        mlx_math::add(&scores, &self.query_mask(mode, lq)?)
     }
 
     /// The `k` positions with the highest scores per query (`scores` `[B, Lq, T]` from

@@ -8,6 +8,7 @@
 //! process: "cudaStreamEndCapture ... failed"). Caller threads therefore never evaluate: they
 //! hand the arrays to the evaluation thread and wait for it.
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender, SyncSender};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -53,6 +54,23 @@ pub fn is_evaluated(a: &Array) -> bool {
     rc == 0 && available
 }
 
+/// Whether evaluations run on the library's evaluation thread (the default) or on the caller's.
+static ON_EVALUATION_THREAD: AtomicBool = AtomicBool::new(true);
+
+/// Chooses where the library's evaluations run: on its evaluation thread (`true`, the default;
+/// any caller thread may end at any time) or on the calling thread (`false`: no hand-off, but on
+/// MLX's CUDA backend a thread that evaluated must not end while another thread evaluates, and
+/// arrays an engine built on its own thread's stream are then evaluated when that thread calls).
+/// Set it before other threads use the library, or while none of them is evaluating.
+pub fn set_evaluation_thread(enabled: bool) {
+    ON_EVALUATION_THREAD.store(enabled, Ordering::SeqCst);
+}
+
+/// Whether evaluations run on the library's evaluation thread.
+pub fn evaluation_thread() -> bool {
+    ON_EVALUATION_THREAD.load(Ordering::SeqCst)
+}
+
 /// One evaluation handed to the evaluation thread: references to the arrays (MLX arrays are
 /// reference-counted, so these are not copies) and where to send the outcome.
 struct Job {
@@ -84,7 +102,8 @@ fn evaluator() -> Result<&'static Sender<Job>> {
     })
 }
 
-/// Evaluates on the evaluation thread, under the engine's lock or the library's.
+/// Evaluates under the engine's lock or the library's (on the evaluation thread, unless it is
+/// turned off).
 fn eval_locked(arrays: &[Array]) -> Result<()> {
     let engine = ENGINE_LOCK.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
     match engine {
@@ -100,12 +119,16 @@ fn eval_locked(arrays: &[Array]) -> Result<()> {
     }
 }
 
-/// Evaluates `arrays` on the evaluation thread and waits for it. Arrays already evaluated are
-/// skipped, and a call with nothing left to evaluate returns at once, without a hand-off.
+/// Evaluates `arrays` on the evaluation thread and waits for it (or on this thread, when the
+/// evaluation thread is turned off). Arrays already evaluated are skipped, and a call with
+/// nothing left to evaluate returns at once, without a hand-off.
 pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
     let pending: Vec<Array> = arrays.into_iter().filter(|a| !is_evaluated(a)).cloned().collect();
     if pending.is_empty() {
         return Ok(());
+    }
+    if !evaluation_thread() {
+        return eval_locked(&pending);
     }
     let (reply, outcome) = mpsc::sync_channel(1);
     if evaluator()?.send(Job { arrays: pending, reply }).is_err() {

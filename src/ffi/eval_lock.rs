@@ -1,12 +1,13 @@
-//! Lets an engine hand the library its own evaluation lock, so one lock serializes every MLX
-//! evaluation in the process (see the header's thread-safety notes).
+//! Process-wide evaluation settings: the engine's own evaluation lock, so one lock serializes
+//! every MLX evaluation in the process, and where the library's evaluations run (see the
+//! header's thread-safety notes).
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::error::Failure;
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
-use crate::core::eval::{set_eval_lock, EvalLock};
+use crate::core::eval::{set_eval_lock, set_evaluation_thread, EvalLock};
 
 /// A lock or unlock callback; receives the `ctx` given to `latent_cache_set_eval_lock`.
 pub type latent_cache_lock_fn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
@@ -37,8 +38,9 @@ impl EvalLock for EngineLock {
 /// evaluations, so one lock covers the process. Pass both as NULL to go back to the library's
 /// lock.
 ///
-/// The callbacks are called from the library's evaluation thread (both on that thread), must
-/// be safe to call from any thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
+/// The callbacks are called on the thread that evaluates (the library's evaluation thread, see
+/// latent_cache_set_evaluation_thread; lock and unlock always on the same thread), must be safe
+/// to call from any thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
 /// Install the lock before other threads use the library, or while none of them is evaluating.
 ///
 /// Returns `OK`, or `INVALID_ARGUMENT` when exactly one of the two is NULL (nothing changes).
@@ -61,4 +63,19 @@ pub unsafe extern "C" fn latent_cache_set_eval_lock(
         }
         Ok(())
     }
+}
+
+/// Chooses where the library's evaluations run. `true` (the default): on one thread the library
+/// owns, which the calling thread waits for; caller threads then never hold MLX state, and may
+/// end at any time. `false`: on the calling thread, without the hand-off. On MLX's CUDA backend
+/// the hand-off made a GLM-5.2 decode step 1.3-1.9x slower on an H200 (the calling thread:
+/// 1.0-1.6x; bench/results/eval-thread.md); on the CPU it made no difference to the decode
+/// step. Turn it off only if no thread that calls the library ends while another thread
+/// evaluates: on CUDA that broke the other thread's evaluation and MLX aborted the process.
+/// With it off, an array an engine built on its own thread's stream can be evaluated by calls
+/// on that thread. Set it before other threads use the library, or while none is evaluating.
+/// Never fails.
+#[no_mangle]
+pub extern "C" fn latent_cache_set_evaluation_thread(enabled: bool) {
+    ffi_boundary!(on_panic = (); set_evaluation_thread(enabled))
 }
