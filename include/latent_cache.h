@@ -50,8 +50,9 @@
  *   What an engine may pass in: arrays that are evaluated, made by latent_cache_array_from_host,
  *   or built on a stream any thread may evaluate (mlx_stream_new_thread_unsafe). An array the
  *   engine built on its own thread's stream and left unevaluated can only be evaluated on that
- *   thread, so never by the library: a call that must evaluate it fails with BACKEND (nothing
- *   changes), on any thread, until the engine evaluates it (its step's evaluation does). What
+ *   thread, so never by the library's evaluation thread: a call that must evaluate it fails
+ *   with BACKEND (nothing changes), on any thread, until the engine evaluates it (its step's
+ *   evaluation does). What
  *   comes back: views on the library's stream, which any thread may evaluate, and free, at any
  *   time (also while another thread appends to the same cache; freeing is not an evaluation).
  *   Building MLX graphs needs no lock: engine threads may build theirs while library calls run;
