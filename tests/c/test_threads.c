@@ -1,16 +1,19 @@
 /* C client test of handles moving between threads, run under ASan/UBSan by `make test`:
  * append_latent on a worker thread then read back on the main thread; state views made on a
- * worker evaluated on the main thread; a freed handle stays refused after many new caches, and
+ * worker evaluated on the main thread; short-lived threads calling the library and ending
+ * while another thread's calls evaluate; a freed handle stays refused after many new caches, and
  * a second free leaves them intact; a failing call leaves the offset unchanged; reservations
  * and geometries beyond what MLX can allocate are refused with a status, never a crash. */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "latent_cache.h"
 
-static int failures = 0;
+/* Counted from several threads at once. */
+static _Atomic int failures = 0;
 
 #define CHECK(cond)                                                                \
   do {                                                                             \
@@ -260,8 +263,47 @@ static void test_reservations_beyond_memory(void) {
   CHECK(latent_cache_new(&cfg, &wide) == LATENT_CACHE_STATUS_INVALID_ARGUMENT && wide == NULL);
 }
 
+/* ---- short-lived threads ending beside a thread whose calls evaluate ---- */
+
+enum { STEPS = 60, ENDED = 60 };
+static _Atomic int long_lived_done = 0;
+
+static void *long_lived_worker(void *arg) {
+  latent_cache *c = arg;
+  for (size_t step = 0; step < STEPS; step++) {
+    OK(append_host(c, 7, 1, step, 1));
+    if (step % 10 == 9) expect_rows(c, 7, 1, step + 1, "the long-lived thread's cache");
+  }
+  long_lived_done = 1;
+  return NULL;
+}
+
+static void *short_lived_worker(void *arg) {
+  size_t tag = 100 + (size_t)(uintptr_t)arg;
+  latent_cache *c = new_cache();
+  OK(append_host(c, tag, 1, 0, 3));
+  expect_rows(c, tag, 1, 3, "a short-lived thread's cache");
+  latent_cache_free(c);
+  return NULL;
+}
+
+static void test_threads_ending_beside_evaluations(void) {
+  latent_cache *c = new_cache();
+  pthread_t long_lived;
+  CHECK(pthread_create(&long_lived, NULL, long_lived_worker, c) == 0);
+  size_t ended = 0;
+  while (!long_lived_done || ended < ENDED) {
+    run_on_thread(short_lived_worker, (void *)(uintptr_t)ended);
+    ended++;
+  }
+  CHECK(pthread_join(long_lived, NULL) == 0);
+  expect_rows(c, 7, 1, STEPS, "the long-lived thread's cache, at the end");
+  latent_cache_free(c);
+}
+
 int main(void) {
   test_append_latent_on_a_worker();
+  test_threads_ending_beside_evaluations();
   test_state_views_from_a_worker();
   test_stale_handle();
   test_failing_call_changes_nothing();
