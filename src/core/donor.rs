@@ -47,6 +47,10 @@ pub struct Donor {
     parts: Families<Vec<Array>>,
     /// Composed storage's hot positions (see `composed`), read over the compact ones.
     hot: Option<HotCapture>,
+    /// The window's alignment to the hot rows (`window_alignment`), built on first use: an
+    /// attention reads it for the rope scores, the latent scores and the weighted latent, and
+    /// every composed family's hot rows share one capacity.
+    alignment: std::cell::OnceCell<(usize, Array, Array)>,
 }
 
 /// The hot side of a composed cache as captured: each composed family's hot rows `[B,
@@ -70,7 +74,8 @@ impl LatentCache {
         let families = Families::for_geometry(&self.geometry, |family, _| family);
         let parts = families.try_map(|_, family| self.storage.packed(family, offset))?;
         let (left_pad, row_ends) = (self.left_pad().to_vec(), self.row_ends().to_vec());
-        Ok(Donor { geometry: self.geometry, offset, left_pad, row_ends, parts, hot: self.capture_hot()? })
+        let hot = self.capture_hot()?;
+        Ok(Donor { geometry: self.geometry, offset, left_pad, row_ends, parts, hot, alignment: Default::default() })
     }
 }
 
@@ -155,11 +160,19 @@ impl Donor {
 
     /// Where the window positions `[0, T)` of each row sit in its hot row (`[B, 1, 1, T]`
     /// indices) and whether each is read hot (`[B, 1, 1, T]` mask), for a hot row of `capacity`.
+    /// Built once per donor and capacity (the host loop runs over every row's window).
     fn window_alignment(&self, bases: &[usize], starts: &[usize], capacity: usize) -> Result<(Array, Array)> {
+        if let Some((built_for, at, mask)) = self.alignment.get() {
+            if *built_for == capacity {
+                return Ok((at.clone(), mask.clone()));
+            }
+        }
         let (at, is_hot) = hot_alignment(bases, starts, capacity, (0, self.offset));
         let shape = [bases.len(), 1, 1, self.offset];
         let mask = mlx_math::greater_equal(&mlx_ops::indices(&is_hot, &shape), &mlx_ops::indices(&[1], &[1]))?;
-        Ok((mlx_ops::indices(&at, &shape), mask))
+        let at = mlx_ops::indices(&at, &shape);
+        let _ = self.alignment.set((capacity, at.clone(), mask.clone()));
+        Ok((at, mask))
     }
 
     /// `x` (`[B, 1, N, T]`, over the window) with each row's hot positions from `hot_part`
