@@ -24,54 +24,82 @@ fn le(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// The checksum of an evaluated array (innermost axis contiguous) under `shape`, as `version`
-/// (1 or 2) of the saved format computes it: 16 hex digits.
-pub fn checksum(a: &Array, shape: &[i32], version: u32) -> Result<String> {
-    let lanes = if version >= 2 { 4 } else { 1 };
-    let block = 8 * lanes;
-    let mut hash = [OFFSET; 4];
-    for &b in format!("{:?}{shape:?}", a.dtype()).as_bytes() {
-        hash[0] = byte(hash[0], b);
+/// A checksum computed over runs of bytes as they stream past (a save hashes each run as it
+/// writes it, while the bytes are still in the cache); `checksum` is the same over an array.
+pub struct Hasher {
+    lanes: usize,
+    hash: [u64; 4],
+    /// A block split between runs waits here.
+    pending: [u8; 32],
+    held: usize,
+}
+
+impl Hasher {
+    /// A hasher for a tensor of `dtype` under `shape`, as format `version` (1 or 2) computes it.
+    pub fn new(dtype: mlx_rs::Dtype, shape: &[i32], version: u32) -> Hasher {
+        let mut hash = [OFFSET; 4];
+        for &b in format!("{dtype:?}{shape:?}").as_bytes() {
+            hash[0] = byte(hash[0], b);
+        }
+        Hasher { lanes: if version >= 2 { 4 } else { 1 }, hash, pending: [0; 32], held: 0 }
     }
-    // A block split between runs waits here.
-    let (mut pending, mut held) = ([0u8; 32], 0usize);
-    let blocks = |hash: &mut [u64; 4], data: &[u8]| {
+
+    fn blocks(&mut self, data: &[u8]) {
+        let (lanes, block) = (self.lanes, 8 * self.lanes);
         for chunk in data.chunks_exact(block) {
-            for (lane, h) in hash.iter_mut().take(lanes).enumerate() {
+            for (lane, h) in self.hash.iter_mut().take(lanes).enumerate() {
                 *h = word(*h, le(chunk, 8 * lane));
             }
         }
-    };
-    tensor_bytes::for_each_run(a, |mut run| {
-        if held > 0 {
-            let take = (block - held).min(run.len());
-            pending[held..held + take].copy_from_slice(&run[..take]);
-            held += take;
+    }
+
+    /// The next run of the tensor's row-major bytes.
+    pub fn update(&mut self, mut run: &[u8]) {
+        let block = 8 * self.lanes;
+        if self.held > 0 {
+            let take = (block - self.held).min(run.len());
+            self.pending[self.held..self.held + take].copy_from_slice(&run[..take]);
+            self.held += take;
             run = &run[take..];
-            if held < block {
-                return Ok(());
+            if self.held < block {
+                return;
             }
-            blocks(&mut hash, &pending[..block]);
-            held = 0;
+            let pending = self.pending;
+            self.blocks(&pending[..block]);
+            self.held = 0;
         }
         let whole = run.len() / block * block;
-        blocks(&mut hash, &run[..whole]);
-        pending[..run.len() - whole].copy_from_slice(&run[whole..]);
-        held = run.len() - whole;
+        self.blocks(&run[..whole]);
+        self.pending[..run.len() - whole].copy_from_slice(&run[whole..]);
+        self.held = run.len() - whole;
+    }
+
+    /// The checksum: 16 hex digits.
+    pub fn finish(self) -> String {
+        // Fold the lanes, then the tail: whole words on the folded chain, then bytes.
+        let mut h = self.hash[0];
+        for &lane in &self.hash[1..self.lanes] {
+            h = word(h, lane);
+        }
+        let tail = &self.pending[..self.held];
+        let words = tail.len() / 8 * 8;
+        for at in (0..words).step_by(8) {
+            h = word(h, le(tail, at));
+        }
+        for &b in &tail[words..] {
+            h = byte(h, b);
+        }
+        format!("{h:016x}")
+    }
+}
+
+/// The checksum of an evaluated array (innermost axis contiguous) under `shape`, as `version`
+/// (1 or 2) of the saved format computes it: 16 hex digits.
+pub fn checksum(a: &Array, shape: &[i32], version: u32) -> Result<String> {
+    let mut hasher = Hasher::new(a.dtype(), shape, version);
+    tensor_bytes::for_each_run(a, |run| {
+        hasher.update(run);
         Ok(())
     })?;
-    // Fold the lanes, then the tail: whole words on the folded chain, then bytes.
-    let mut h = hash[0];
-    for &lane in &hash[1..lanes] {
-        h = word(h, lane);
-    }
-    let tail = &pending[..held];
-    let words = tail.len() / 8 * 8;
-    for at in (0..words).step_by(8) {
-        h = word(h, le(tail, at));
-    }
-    for &b in &tail[words..] {
-        h = byte(h, b);
-    }
-    Ok(format!("{h:016x}"))
+    Ok(hasher.finish())
 }

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use mlx_rs::{Array, Dtype};
 
 use super::cache::LatentCache;
-use super::checksum;
+use super::checksum::{self, Hasher};
 use super::codec::StorageMode;
 use super::error::{error, fail, Result};
 use super::eval::eval;
@@ -295,7 +295,9 @@ fn add_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
     Ok(())
 }
 
-fn contents(layers: &[&LatentCache]) -> Result<Contents> {
+/// Everything a save writes but the checksums: the tensors evaluated and laid out along their
+/// innermost axis, the metadata; and the format version the checksums follow.
+fn laid_out(layers: &[&LatentCache]) -> Result<(Contents, u32)> {
     let mut c = Contents::default();
     let composed = layers.iter().any(|l| l.geometry.composed());
     let version = if composed { FORMAT_VERSION } else { PLAIN_VERSION };
@@ -317,14 +319,22 @@ fn contents(layers: &[&LatentCache]) -> Result<Contents> {
         t.array = mlx_ops::contiguous(&t.array)?;
         eval([&t.array])?;
     }
-    let sums = c
-        .tensors
-        .iter()
-        .map(|t| Ok((format!("{PREFIX}sum.{}", t.name), checksum(&t.array, &t.shape, version)?)))
-        .collect::<Result<Vec<_>>>()?;
+    Ok((c, version))
+}
+
+/// Adds each tensor's checksum (in tensor order) and the metadata's own checksum.
+fn seal(c: &mut Contents, sums: Vec<String>) {
+    let sums: Vec<(String, String)> =
+        c.tensors.iter().zip(sums).map(|(t, sum)| (format!("{PREFIX}sum.{}", t.name), sum)).collect();
     c.metadata.extend(sums);
     let meta_sum = metadata_checksum(c.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     c.metadata.push((format!("{PREFIX}meta_sum"), meta_sum));
+}
+
+fn contents(layers: &[&LatentCache]) -> Result<Contents> {
+    let (mut c, version) = laid_out(layers)?;
+    let sums = c.tensors.iter().map(|t| checksum(&t.array, &t.shape, version)).collect::<Result<Vec<_>>>()?;
+    seal(&mut c, sums);
     Ok(c)
 }
 
@@ -360,9 +370,8 @@ fn mlx_path(path: &Path) -> Result<CString> {
 /// over `path`: a crash mid-save never leaves a partial file under the final name.
 pub fn save(layers: &[&LatentCache], path: &Path) -> Result<()> {
     mlx_path(path)?;
-    let c = contents(layers)?;
     let tmp = temporary_beside(path)?;
-    let written = write_safetensors(&c, &tmp).and_then(|_| {
+    let written = write_safetensors(layers, &tmp).and_then(|_| {
         std::fs::rename(&tmp, path).map_err(|e| error!(Backend, "renaming {} to {}: {e}", tmp.display(), path.display()))
     });
     if written.is_err() {
@@ -381,14 +390,33 @@ fn temporary_beside(path: &Path) -> Result<PathBuf> {
     Ok(path.with_file_name(tmp))
 }
 
-fn write_safetensors(c: &Contents, path: &Path) -> Result<()> {
+/// Writes the file in one pass over the state: every tensor is hashed as it is written (while
+/// its bytes are still in the cache), then the header is written again with the checksums. Its
+/// length does not change: every checksum has 16 hex digits, and so have the placeholders.
+fn write_safetensors(layers: &[&LatentCache], path: &Path) -> Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
     if path.parent().is_some_and(|dir| !dir.as_os_str().is_empty() && !dir.is_dir()) {
         return fail!(Backend, "cannot write {}: its folder does not exist", path.display());
     }
+    let (mut c, version) = laid_out(layers)?;
+    let unsealed = c.metadata.len();
+    let placeholders = vec!["0".repeat(16); c.tensors.len()];
+    seal(&mut c, placeholders);
+    let placeholder = safetensors::header(&c.tensors, &c.metadata)?;
+    let mut hashers: Vec<Hasher> = c.tensors.iter().map(|t| Hasher::new(t.array.dtype(), &t.shape, version)).collect();
+    let io = |e: std::io::Error| error!(Backend, "writing {}: {e}", path.display());
     let file = std::fs::File::create(path).map_err(|e| error!(Backend, "creating {}: {e}", path.display()))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    safetensors::write(&mut out, &c.tensors, &c.metadata)?;
-    let file = out.into_inner().map_err(|e| error!(Backend, "writing {}: {e}", path.display()))?;
+    safetensors::write_with(&mut out, &c.tensors, &c.metadata, |i, run| hashers[i].update(run))?;
+    let mut file = out.into_inner().map_err(|e| error!(Backend, "writing {}: {e}", path.display()))?;
+    c.metadata.truncate(unsealed);
+    seal(&mut c, hashers.into_iter().map(Hasher::finish).collect());
+    let header = safetensors::header(&c.tensors, &c.metadata)?;
+    if header.len() != placeholder.len() {
+        return fail!(Backend, "the header changed length when its checksums were written");
+    }
+    file.seek(SeekFrom::Start(8)).map_err(io)?;
+    file.write_all(header.as_bytes()).map_err(io)?;
     file.sync_all().map_err(|e| error!(Backend, "syncing {}: {e}", path.display()))
 }
 

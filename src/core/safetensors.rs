@@ -41,10 +41,8 @@ fn json(s: &str) -> String {
     serde_json::to_string(s).expect("a string serializes")
 }
 
-/// Writes `tensors` (evaluated, innermost axis contiguous) and `metadata` as one safetensors
-/// file to `out`: an 8-byte little-endian header length, the JSON header padded with spaces to a
-/// multiple of 8, then the tensors' bytes in order.
-pub fn write(out: &mut impl Write, tensors: &[Tensor], metadata: &[(String, String)]) -> Result<()> {
+/// The JSON header for `tensors` and `metadata`, padded with spaces to a multiple of 8.
+pub fn header(tensors: &[Tensor], metadata: &[(String, String)]) -> Result<String> {
     let meta: Vec<String> = metadata.iter().map(|(k, v)| format!("{}:{}", json(k), json(v))).collect();
     let mut entries = vec![format!("\"__metadata__\":{{{}}}", meta.join(","))];
     let mut at = 0usize;
@@ -67,11 +65,33 @@ pub fn write(out: &mut impl Write, tensors: &[Tensor], metadata: &[(String, Stri
     while header.len() % 8 != 0 {
         header.push(' ');
     }
+    Ok(header)
+}
+
+/// Writes `tensors` (evaluated, innermost axis contiguous) and `metadata` as one safetensors
+/// file to `out`: an 8-byte little-endian header length, the JSON header padded with spaces to a
+/// multiple of 8, then the tensors' bytes in order.
+pub fn write(out: &mut impl Write, tensors: &[Tensor], metadata: &[(String, String)]) -> Result<()> {
+    write_with(out, tensors, metadata, |_, _| {})
+}
+
+/// `write`, handing every run of tensor `i`'s bytes to `on_run(i, run)` as it is written (while
+/// it is still in the cache).
+pub fn write_with(
+    out: &mut impl Write,
+    tensors: &[Tensor],
+    metadata: &[(String, String)],
+    mut on_run: impl FnMut(usize, &[u8]),
+) -> Result<()> {
+    let header = header(tensors, metadata)?;
     let io = |e: std::io::Error| error!(Backend, "writing the file: {e}");
     out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
     out.write_all(header.as_bytes()).map_err(io)?;
-    for t in tensors {
-        for_each_run(&t.array, |run| out.write_all(run).map_err(io))?;
+    for (i, t) in tensors.iter().enumerate() {
+        for_each_run(&t.array, |run| {
+            on_run(i, run);
+            out.write_all(run).map_err(io)
+        })?;
     }
     Ok(())
 }
