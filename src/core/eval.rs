@@ -91,7 +91,7 @@ fn evaluator() -> Result<&'static Sender<Job>> {
             .stack_size(8 << 20)
             .spawn(move || {
                 for job in jobs {
-                    let outcome = catch_unwind(AssertUnwindSafe(|| eval_locked(&job.arrays)))
+                    let outcome = catch_unwind(AssertUnwindSafe(|| eval_locked(&job.arrays.iter().collect::<Vec<_>>())))
                         .unwrap_or_else(|_| fail!(Backend, "MLX evaluation panicked"));
                     drop(job.arrays);
                     let _ = job.reply.send(outcome);
@@ -104,17 +104,17 @@ fn evaluator() -> Result<&'static Sender<Job>> {
 
 /// Evaluates under the engine's lock or the library's (on the evaluation thread, unless it is
 /// turned off).
-fn eval_locked(arrays: &[Array]) -> Result<()> {
+fn eval_locked(arrays: &[&Array]) -> Result<()> {
     let engine = ENGINE_LOCK.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
     match engine {
         Some(lock) => {
             lock.lock();
             let _guard = EngineGuard(lock);
-            Ok(mlx_rs::transforms::eval(arrays)?)
+            Ok(mlx_rs::transforms::eval(arrays.iter().copied())?)
         }
         None => {
             let _guard = EVAL_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            Ok(mlx_rs::transforms::eval(arrays)?)
+            Ok(mlx_rs::transforms::eval(arrays.iter().copied())?)
         }
     }
 }
@@ -123,7 +123,7 @@ fn eval_locked(arrays: &[Array]) -> Result<()> {
 /// evaluation thread is turned off). Arrays already evaluated are skipped, and a call with
 /// nothing left to evaluate returns at once, without a hand-off.
 pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
-    let pending: Vec<Array> = arrays.into_iter().filter(|a| !is_evaluated(a)).cloned().collect();
+    let pending: Vec<&Array> = arrays.into_iter().filter(|a| !is_evaluated(a)).collect();
     if pending.is_empty() {
         return Ok(());
     }
@@ -131,7 +131,8 @@ pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
         return eval_locked(&pending);
     }
     let (reply, outcome) = mpsc::sync_channel(1);
-    if evaluator()?.send(Job { arrays: pending, reply }).is_err() {
+    let arrays = pending.into_iter().cloned().collect();
+    if evaluator()?.send(Job { arrays, reply }).is_err() {
         return fail!(Backend, "the evaluation thread has stopped");
     }
     outcome.recv().unwrap_or_else(|_| fail!(Backend, "the evaluation thread has stopped"))

@@ -402,17 +402,16 @@ fn write_safetensors(layers: &[&LatentCache], path: &Path) -> Result<()> {
     let unsealed = c.metadata.len();
     let placeholders = vec!["0".repeat(16); c.tensors.len()];
     seal(&mut c, placeholders);
-    let placeholder = safetensors::header(&c.tensors, &c.metadata)?;
     let mut hashers: Vec<Hasher> = c.tensors.iter().map(|t| Hasher::new(t.array.dtype(), &t.shape, version)).collect();
     let io = |e: std::io::Error| error!(Backend, "writing {}: {e}", path.display());
     let file = std::fs::File::create(path).map_err(|e| error!(Backend, "creating {}: {e}", path.display()))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    safetensors::write_with(&mut out, &c.tensors, &c.metadata, |i, run| hashers[i].update(run))?;
-    let mut file = out.into_inner().map_err(|e| error!(Backend, "writing {}: {e}", path.display()))?;
+    let written = safetensors::write_with(&mut out, &c.tensors, &c.metadata, |i, run| hashers[i].update(run))?;
+    let mut file = out.into_inner().map_err(|e| io(e.into_error()))?;
     c.metadata.truncate(unsealed);
     seal(&mut c, hashers.into_iter().map(Hasher::finish).collect());
     let header = safetensors::header(&c.tensors, &c.metadata)?;
-    if header.len() != placeholder.len() {
+    if header.len() != written {
         return fail!(Backend, "the header changed length when its checksums were written");
     }
     file.seek(SeekFrom::Start(8)).map_err(io)?;

@@ -72,17 +72,17 @@ pub fn header(tensors: &[Tensor], metadata: &[(String, String)]) -> Result<Strin
 /// file to `out`: an 8-byte little-endian header length, the JSON header padded with spaces to a
 /// multiple of 8, then the tensors' bytes in order.
 pub fn write(out: &mut impl Write, tensors: &[Tensor], metadata: &[(String, String)]) -> Result<()> {
-    write_with(out, tensors, metadata, |_, _| {})
+    write_with(out, tensors, metadata, |_, _| {}).map(|_| ())
 }
 
 /// `write`, handing every run of tensor `i`'s bytes to `on_run(i, run)` as it is written (while
-/// it is still in the cache).
+/// it is still in the cache). Returns the length of the JSON header it wrote.
 pub fn write_with(
     out: &mut impl Write,
     tensors: &[Tensor],
     metadata: &[(String, String)],
     mut on_run: impl FnMut(usize, &[u8]),
-) -> Result<()> {
+) -> Result<usize> {
     let header = header(tensors, metadata)?;
     let io = |e: std::io::Error| error!(Backend, "writing the file: {e}");
     out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
@@ -93,5 +93,5 @@ pub fn write_with(
             out.write_all(run).map_err(io)
         })?;
     }
-    Ok(())
+    Ok(header.len())
 }
