@@ -8,6 +8,7 @@
 //! the step reads (for bandwidth).
 use std::time::Instant;
 
+use latent_cache::core::decode_kernel;
 use latent_cache::core::donor::{Donor, MaskMode};
 use latent_cache::core::eval::eval;
 use latent_cache::core::mlx_ops;
@@ -25,6 +26,8 @@ const TOPK: usize = 2048;
 const RANK: usize = WIDTHS[0];
 const ROPE: usize = WIDTHS[1];
 const INDEX: usize = WIDTHS[2];
+/// Attentions per evaluation in the amortized scenario.
+const REPEAT: usize = 20;
 /// Positions per fill append.
 const CHUNK: usize = 4096;
 
@@ -121,6 +124,29 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
         eval([&o]).unwrap();
     });
     out.push(record(set.name, "attention", batch, context, dense, runs.1, batch * context * attended));
+    if decode_kernel::applies(dtype, dtype, RANK, ROPE, 1) && g.storage(Family::Rope) == g.storage(Family::Latent) {
+        // Labelled variant: the same call with the split-K kernel off (MLX's ops, the fallback).
+        decode_kernel::set_enabled(false);
+        let t = time(runs.0, runs.1, || {
+            let o = donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap();
+            eval([&o]).unwrap();
+        });
+        let name = format!("{} (MLX ops, kernel off)", set.name);
+        out.push(record(&name, "attention", batch, context, t, runs.1, batch * context * attended));
+        // The GPU's own time per attention, the host's share amortized: `REPEAT` attentions (as
+        // many layers) built and evaluated together, per attention; kernel off, then on.
+        for (enabled, name) in [(false, name.as_str()), (true, set.name)] {
+            decode_kernel::set_enabled(enabled);
+            let t = time(runs.0, runs.1 / 5, || {
+                let o: Vec<Array> =
+                    (0..REPEAT).map(|_| donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap()).collect();
+                eval(o.iter()).unwrap();
+            });
+            let t = t.map(|v| v / REPEAT as f64);
+            out.push(record(name, "attention_amortized", batch, context, t, runs.1 / 5, batch * context * attended));
+        }
+        decode_kernel::set_enabled(true);
+    }
     if sparse {
         let step = || {
             let scores = donor.index_scores(&q_index, &weights, MaskMode::None).unwrap();

@@ -10,6 +10,7 @@ use mlx_rs::{Array, Dtype};
 use super::cache::LatentCache;
 use super::codec::{StorageMode, AFFINE_GROUP};
 use super::composed::{align_hot, hot_alignment};
+use super::decode_kernel;
 use super::error::{fail, Result};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
@@ -481,6 +482,29 @@ impl Donor {
         Ok(Some(mlx_ops::astype(&out, Dtype::Float32)?))
     }
 
+    /// One query per row over 16-bit float storage on CUDA: the split-K kernel of
+    /// `decode_kernel`, which reads each stored position once for 64 heads. With one query, the
+    /// causal mask sees the whole row, as no mask does. `None` where it does not apply.
+    fn kernel_decode(&self, q_latent: &Array, q_rope: &Array, scale: f32, extra: Option<&Array>, queries: usize) -> Result<Option<Array>> {
+        let g = &self.geometry;
+        let storage = match (g.latent_storage, g.rope_storage) {
+            (StorageMode::Bf16, StorageMode::Bf16) => Dtype::Bfloat16,
+            (StorageMode::F16, StorageMode::F16) => Dtype::Float16,
+            _ => return Ok(None),
+        };
+        let composed = self.hot_values(Family::Latent).is_some() || self.hot_values(Family::Rope).is_some();
+        if extra.is_some()
+            || composed
+            || q_rope.dtype() != q_latent.dtype()
+            || !decode_kernel::applies(storage, q_latent.dtype(), g.kv_lora_rank, g.rope_head_dim, queries)
+        {
+            return Ok(None);
+        }
+        let ranges: Vec<(usize, usize)> = self.left_pad.iter().copied().zip(self.row_ends.iter().copied()).collect();
+        let (latent, rope) = (&self.parts(Family::Latent)[0], &self.parts(Family::Rope)[0]);
+        decode_kernel::attend(q_latent, q_rope, latent, rope, &ranges, scale).map(Some)
+    }
+
     /// GLM-5's absorbed MLA attention over the donor's rows (see the module doc), `[B, H, Lq,
     /// kv_lora_rank]` float32, lazily. `mask` is required with `MaskMode::Array` and refused
     /// otherwise. Every row must hold a position each query sees (with `Causal`, at least `Lq`).
@@ -497,6 +521,9 @@ impl Donor {
             (_, Some(_)) => return fail!(InvalidArgument, "a mask array is taken only with the ARRAY mask mode"),
             (_, None) => None,
         };
+        if let Some(out) = self.kernel_decode(q_latent, q_rope, scale, extra, queries)? {
+            return Ok(out);
+        }
         if let Some(out) = self.fused_decode(q_latent, q_rope, scale, mode, extra, queries)? {
             return Ok(out);
         }

@@ -273,8 +273,12 @@ pub fn from_host(data: &[f32], shape: &[usize], name: &str) -> Result<Array> {
 }
 
 /// Copies an array's elements to the host, row-major, after evaluating it under the library's
-/// lock. The array must be row-contiguous once evaluated (a slice of whole trailing rows is).
+/// lock. The array must be float32 and row-contiguous once evaluated (a slice of whole
+/// trailing rows is); anything else is refused.
 pub fn to_host(a: &Array) -> Result<Vec<f32>> {
+    if a.dtype() != Dtype::Float32 {
+        return fail!(Dtype, "reading MLX array: float32 expected, got {:?}", a.dtype());
+    }
     eval([a])?;
     let size = a.size();
     if size == 0 {

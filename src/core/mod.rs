@@ -4,6 +4,7 @@ pub mod boundary;
 pub mod checksum;
 pub mod codec;
 pub mod composed;
+pub mod decode_kernel;
 pub mod donor;
 pub mod error;
 pub mod eval;

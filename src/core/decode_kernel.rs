@@ -1,0 +1,481 @@
+//! Split-K flash decoding for absorbed MLA on MLX's CUDA backend: one query per row over the
+//! stored latent and rope (bfloat16 or float16), every head of a row sharing each position as
+//! it is read. MLX's own fused attention treats the one latent "key head" as broadcast to every
+//! query head and runs far below the GPU's memory bandwidth; this kernel reads each stored
+//! position once per 64 heads, in tensor-core products, with the positions split over the GPU's
+//! multiprocessors and the splits combined by their log-sum-exp (the FlashDecoding scheme).
+//!
+//! Two kernels, compiled by MLX at first use (NVRTC) through its custom-kernel API:
+//! - `partial`: block (split, row, head group) walks its positions in tiles of 32, each copied
+//!   in (cp.async) while the previous one is computed on: scores for 64 heads by 32 positions
+//!   (`mma.sync` m16n8k16, float32 accumulators), an online softmax, and the probabilities times
+//!   the tile's latent into float32 accumulators that stay in registers; it writes its
+//!   unnormalized output and each head's running max and sum.
+//! - `combine`: each output channel sums the splits, weighted by `exp(max_s - max)`.
+//!
+//! Taken by `Donor::attend` where it applies (see `applies`); the MLX-ops path is the fallback
+//! and the reference it is tested against (`tests/decode_kernel.rs`, run on an H200). Metal has
+//! no counterpart yet.
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use mlx_rs::{Array, Dtype};
+use once_cell::sync::Lazy;
+
+use super::error::{fail, Result};
+use super::mlx_ops;
+
+/// Heads per block and positions per tile (the kernel's fixed tile sizes).
+const HEADS_PER_BLOCK: usize = 64;
+const POSITIONS_PER_TILE: usize = 32;
+/// Shared memory the partial kernel may use (an H100/H200 block: 227 KiB).
+const SHARED_LIMIT: usize = 227 * 1024;
+/// Blocks to aim for: about one per multiprocessor of an H100/H200 (132), so one wave runs.
+const TARGET_BLOCKS: usize = 132;
+
+/// Whether the default device is a GPU driven by MLX's CUDA backend.
+static ON_CUDA: Lazy<bool> = Lazy::new(|| {
+    let mut cuda = false;
+    // SAFETY: a plain query writing one bool.
+    unsafe { mlx_sys::mlx_cuda_is_available(&mut cuda) };
+    cuda && matches!(mlx_rs::Device::default().get_type(), Ok(mlx_rs::DeviceType::Gpu))
+});
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+static LAUNCHES: AtomicUsize = AtomicUsize::new(0);
+
+/// Turns the kernel off (`false`) or back on, process-wide: for benchmarks that compare it with
+/// the MLX-ops path side by side.
+#[doc(hidden)]
+pub fn set_enabled(enabled: bool) {
+    ENABLED.store(enabled, Ordering::SeqCst);
+}
+
+/// How many attentions the kernel has been chosen for in this process (tests check that it ran).
+#[doc(hidden)]
+pub fn launches() -> usize {
+    LAUNCHES.load(Ordering::SeqCst)
+}
+
+/// Shared memory of the partial kernel for widths `d = r + p`: the queries and two key tiles
+/// (rows padded by 8 halves against bank conflicts), the scores, the probabilities and three
+/// per-head vectors.
+fn shared_bytes(d: usize) -> usize {
+    let (m, n) = (HEADS_PER_BLOCK, POSITIONS_PER_TILE);
+    (m + 2 * n) * (d + 8) * 2 + m * (n + 4) * 4 + m * (n + 8) * 2 + 3 * m * 4
+}
+
+/// Whether the kernel computes this attention: CUDA, one query per row, latent and rope stored
+/// in the queries' 16-bit float dtype, a latent width that tiles by 32 and a rope width by 16,
+/// both fitting shared memory.
+pub fn applies(storage: Dtype, q_dtype: Dtype, rank: usize, rope: usize, queries: usize) -> bool {
+    ENABLED.load(Ordering::Relaxed)
+        && *ON_CUDA
+        && queries == 1
+        && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
+        && q_dtype == storage
+        && rank % 32 == 0
+        && rope % 16 == 0
+        && shared_bytes(rank + rope) <= SHARED_LIMIT
+}
+
+const HEADER: &str = r#"
+#define LC_NEG_INF __int_as_float(0xff800000)
+__device__ __forceinline__ void lc_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                       uint32_t b0, uint32_t b1, bool bf16) {
+  if (bf16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+__device__ __forceinline__ void lc_cp_async16(void* dst, const void* src, bool copy) {
+  uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(d), "l"(src), "r"(copy ? 16 : 0));
+}
+__device__ __forceinline__ void lc_ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+"#;
+
+/// The partial kernel's body. Inputs: `q_latent [B, H, 1, R]`, `q_rope [B, H, 1, P]`, `latent [B,
+/// T, R]`, `rope [B, T, P]` (views, any strides), `params` int32 `[chunk, lo_0, hi_0, lo_1, ...]`
+/// (each row's valid window range), `scale` float32 `[1]`. Outputs: `o_part [B, S, H, R]`
+/// float32 (unnormalized) and `ml [B, S, H, 2]` (running max in log2 units, running sum).
+const PARTIAL: &str = r#"
+  constexpr int M = 64, N = 32, D = R + P, LD = D + 8, LDS = N + 4, LDP = N + 8;
+  constexpr int NT = R / 16;  // n8 tiles of the output per warp (each warp holds half the width)
+  constexpr int NJ = N / 16;  // n8 tiles of the scores per warp (each warp holds half the tile)
+  constexpr int THREADS = 256;
+  extern __shared__ __align__(16) unsigned char lc_smem[];
+  uint16_t* sq = reinterpret_cast<uint16_t*>(lc_smem);
+  uint16_t* sk0 = sq + M * LD;  // two key tiles: one computed on while the next arrives
+  float* ss = reinterpret_cast<float*>(sk0 + 2 * N * LD);
+  uint16_t* sp = reinterpret_cast<uint16_t*>(ss + M * LDS);
+  float* sm = reinterpret_cast<float*>(sp + M * LDP);
+  float* sl = sm + M;
+  float* sa = sl + M;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int split = blockIdx.x, S = gridDim.x, b = blockIdx.y, h0 = blockIdx.z * M;
+  const int chunk = params[0], lo = params[1 + 2 * b], hi = params[2 + 2 * b];
+  const int begin = max(lo, split * chunk), end = min(hi, (split + 1) * chunk);
+  const float sc = scale[0] * 1.4426950408889634f;
+
+  const uint16_t* qlat = reinterpret_cast<const uint16_t*>(q_latent);
+  const uint16_t* qrop = reinterpret_cast<const uint16_t*>(q_rope);
+  const int64_t q0 = q_latent_strides[0], q1 = q_latent_strides[1], q3 = q_latent_strides[3];
+  const int64_t p0 = q_rope_strides[0], p1 = q_rope_strides[1], p3 = q_rope_strides[3];
+  const uint16_t* lat = reinterpret_cast<const uint16_t*>(latent);
+  const uint16_t* rop = reinterpret_cast<const uint16_t*>(rope);
+  const int64_t l0 = latent_strides[0], l1 = latent_strides[1], l2 = latent_strides[2];
+  const int64_t r0 = rope_strides[0], r1 = rope_strides[1], r2 = rope_strides[2];
+  // 16-byte copies where rows are contiguous and aligned (the stored buffers and engines' queries
+  // are); element copies otherwise.
+  auto aligned = [](const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15) == 0; };
+  const bool qvec = q3 == 1 && p3 == 1 && q0 % 8 == 0 && q1 % 8 == 0 && p0 % 8 == 0 && p1 % 8 == 0 && aligned(qlat) && aligned(qrop);
+  const bool vec = l2 == 1 && r2 == 1 && l0 % 8 == 0 && l1 % 8 == 0 && r0 % 8 == 0 && r1 % 8 == 0 && aligned(lat) && aligned(rop);
+
+  // Queries of heads h0.. (rows past H are zero).
+  if (qvec) {
+    for (int i = tid; i < M * (D / 8); i += THREADS) {
+      int r = i / (D / 8), c = (i % (D / 8)) * 8, h = h0 + r;
+      const uint16_t* src = h >= H ? qlat : c < R ? qlat + b * q0 + h * q1 + c : qrop + b * p0 + h * p1 + (c - R);
+      lc_cp_async16(sq + r * LD + c, src, h < H);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  } else {
+    for (int i = tid; i < M * D; i += THREADS) {
+      int r = i / D, c = i % D, h = h0 + r;
+      uint16_t v = 0;
+      if (h < H) v = c < R ? qlat[b * q0 + h * q1 + c * q3] : qrop[b * p0 + h * p1 + (c - R) * p3];
+      sq[r * LD + c] = v;
+    }
+  }
+  if (tid < M) { sm[tid] = LC_NEG_INF; sl[tid] = 0.f; }
+
+  // Starts copying the tile at `tile` (positions, latent then rope, as rows of D halves; zeros
+  // past the range) into key buffer `buf`, as one cp.async group (an empty one past the end).
+  auto load = [&](int tile, int buf) {
+    uint16_t* sk = sk0 + buf * N * LD;
+    if (vec) {
+      if (tile < end) {
+        for (int i = tid; i < N * (D / 8); i += THREADS) {
+          int r = i / (D / 8), c = (i % (D / 8)) * 8, pos = tile + r;
+          const bool in = pos < end;
+          const uint16_t* src = !in ? lat : c < R ? lat + b * l0 + pos * l1 + c : rop + b * r0 + pos * r1 + (c - R);
+          lc_cp_async16(sk + r * LD + c, src, in);
+        }
+      }
+      asm volatile("cp.async.commit_group;\n" ::);
+    } else if (tile < end) {
+      for (int i = tid; i < N * D; i += THREADS) {
+        int r = i / D, c = i % D, pos = tile + r;
+        uint16_t v = 0;
+        if (pos < end) v = c < R ? lat[b * l0 + pos * l1 + c * l2] : rop[b * r0 + pos * r1 + (c - R) * r2];
+        sk[r * LD + c] = v;
+      }
+    }
+  };
+
+  const int mt = warp & 3, half = warp >> 2;
+  float o[NT][4];
+  #pragma unroll
+  for (int j = 0; j < NT; j++) { o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f; }
+
+  load(begin, 0);
+  int buf = 0;
+  for (int tile = begin; tile < end; tile += N, buf ^= 1) {
+    // The next tile streams in while this one is computed on.
+    load(tile + N, buf ^ 1);
+    if (vec) asm volatile("cp.async.wait_group 1;\n" ::);
+    __syncthreads();
+    const uint16_t* sk = sk0 + buf * N * LD;
+
+    // Scores: warp (mt, half) computes heads mt*16.. by positions half*N/2.. .
+    {
+      float acc[NJ][4];
+      #pragma unroll
+      for (int j = 0; j < NJ; j++) { acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f; }
+      const uint16_t* qa = sq + (mt * 16 + g) * LD + 2 * t;
+      #pragma unroll 4
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t a0 = *reinterpret_cast<const uint32_t*>(qa + k0);
+        uint32_t a1 = *reinterpret_cast<const uint32_t*>(qa + 8 * LD + k0);
+        uint32_t a2 = *reinterpret_cast<const uint32_t*>(qa + k0 + 8);
+        uint32_t a3 = *reinterpret_cast<const uint32_t*>(qa + 8 * LD + k0 + 8);
+        #pragma unroll
+        for (int j = 0; j < NJ; j++) {
+          const uint16_t* kb = sk + (half * (N / 2) + j * 8 + g) * LD + k0 + 2 * t;
+          lc_mma(acc[j], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(kb),
+                 *reinterpret_cast<const uint32_t*>(kb + 8), BF16);
+        }
+      }
+      #pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int row = mt * 16 + g + (e >= 2 ? 8 : 0), col = half * (N / 2) + j * 8 + 2 * t + (e & 1);
+          ss[row * LDS + col] = tile + col < end ? acc[j][e] * sc : LC_NEG_INF;
+        }
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: four threads per head, N/4 positions each.
+    {
+      constexpr int C = N / 4;
+      const int r = tid >> 2, q = tid & 3;
+      float mx = LC_NEG_INF;
+      #pragma unroll
+      for (int c = 0; c < C; c++) mx = fmaxf(mx, ss[r * LDS + q * C + c]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      const float m_old = sm[r], m_new = fmaxf(m_old, mx);
+      float sum = 0.f;
+      #pragma unroll
+      for (int c = 0; c < C; c++) {
+        float p = m_new == LC_NEG_INF ? 0.f : exp2f(ss[r * LDS + q * C + c] - m_new);
+        sum += p;
+        if (BF16) {
+          __nv_bfloat16 v = __float2bfloat16(p);
+          sp[r * LDP + q * C + c] = *reinterpret_cast<uint16_t*>(&v);
+        } else {
+          __half v = __float2half(p);
+          sp[r * LDP + q * C + c] = *reinterpret_cast<uint16_t*>(&v);
+        }
+      }
+      sum += __shfl_xor_sync(0xffffffff, sum, 1);
+      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      __syncwarp();
+      if (q == 0) {
+        const float alpha = m_new == LC_NEG_INF ? 1.f : exp2f(m_old - m_new);
+        sa[r] = alpha;
+        sl[r] = sl[r] * alpha + sum;
+        sm[r] = m_new;
+      }
+    }
+    __syncthreads();
+
+    // Output: warp (mt, half) accumulates heads mt*16.. by channels half*R/2.. .
+    {
+      const float al0 = sa[mt * 16 + g], al1 = sa[mt * 16 + g + 8];
+      #pragma unroll
+      for (int j = 0; j < NT; j++) { o[j][0] *= al0; o[j][1] *= al0; o[j][2] *= al1; o[j][3] *= al1; }
+      const uint16_t* pa = sp + (mt * 16 + g) * LDP + 2 * t;
+      #pragma unroll
+      for (int k0 = 0; k0 < N; k0 += 16) {
+        uint32_t a0 = *reinterpret_cast<const uint32_t*>(pa + k0);
+        uint32_t a1 = *reinterpret_cast<const uint32_t*>(pa + 8 * LDP + k0);
+        uint32_t a2 = *reinterpret_cast<const uint32_t*>(pa + k0 + 8);
+        uint32_t a3 = *reinterpret_cast<const uint32_t*>(pa + 8 * LDP + k0 + 8);
+        #pragma unroll
+        for (int j = 0; j < NT; j += 2) {
+          uint32_t bb[4];
+          lc_ldmatrix_x4_trans(bb, sk + (k0 + (lane & 15)) * LD + half * (R / 2) + j * 8 + (lane >> 4) * 8);
+          lc_mma(o[j], a0, a1, a2, a3, bb[0], bb[1], BF16);
+          lc_mma(o[j + 1], a0, a1, a2, a3, bb[2], bb[3], BF16);
+        }
+      }
+    }
+    // Every warp is done with this buffer before the next iteration's copy overwrites it.
+    __syncthreads();
+  }
+  if (vec) asm volatile("cp.async.wait_group 0;\n" ::);
+  __syncthreads();
+
+  #pragma unroll
+  for (int j = 0; j < NT; j++) {
+    #pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int h = h0 + mt * 16 + g + (e >= 2 ? 8 : 0), c = half * (R / 2) + j * 8 + 2 * t + (e & 1);
+      if (h < H) o_part[((static_cast<int64_t>(b) * S + split) * H + h) * R + c] = o[j][e];
+    }
+  }
+  if (tid < M && h0 + tid < H) {
+    int64_t at = ((static_cast<int64_t>(b) * S + split) * H + h0 + tid) * 2;
+    ml[at] = sm[tid];
+    ml[at + 1] = sl[tid];
+  }
+"#;
+
+/// The combine kernel's body: `out [B, H, 1, R]` float32 from `o_part` and `ml`.
+const COMBINE: &str = r#"
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
+  if (c >= R) return;
+  const int S = ml_shape[1];
+  const int64_t base = static_cast<int64_t>(b) * S * H + h;
+  float m = LC_NEG_INF;
+  #pragma unroll 8
+  for (int s = 0; s < S; s++) m = fmaxf(m, ml[(base + static_cast<int64_t>(s) * H) * 2]);
+  float num = 0.f, den = 0.f;
+  #pragma unroll 8
+  for (int s = 0; s < S; s++) {
+    int64_t at = base + static_cast<int64_t>(s) * H;
+    float ms = ml[at * 2];
+    if (ms == LC_NEG_INF) continue;
+    float w = exp2f(ms - m);
+    num += w * o_part[at * R + c];
+    den += w * ml[at * 2 + 1];
+  }
+  out[(static_cast<int64_t>(b) * H + h) * R + c] = num / den;
+"#;
+
+/// Owned mlx-c handles of one kernel launch, freed on every path.
+struct Handles {
+    names: Vec<mlx_sys::mlx_vector_string>,
+    kernel: Option<mlx_sys::mlx_fast_cuda_kernel>,
+    config: Option<mlx_sys::mlx_fast_cuda_kernel_config>,
+    vectors: Vec<mlx_sys::mlx_vector_array>,
+}
+
+impl Drop for Handles {
+    fn drop(&mut self) {
+        // SAFETY: each handle was made by its mlx-c constructor and is freed once, here.
+        unsafe {
+            for v in self.names.drain(..) {
+                mlx_sys::mlx_vector_string_free(v);
+            }
+            if let Some(k) = self.kernel.take() {
+                mlx_sys::mlx_fast_cuda_kernel_free(k);
+            }
+            if let Some(c) = self.config.take() {
+                mlx_sys::mlx_fast_cuda_kernel_config_free(c);
+            }
+            for v in self.vectors.drain(..) {
+                mlx_sys::mlx_vector_array_free(v);
+            }
+        }
+    }
+}
+
+/// One launch description: output shapes (float32), grid and block in threads, int template
+/// arguments, and the dtype template argument's name and value.
+struct Launch<'a> {
+    outputs: &'a [&'a [i32]],
+    grid: [i32; 3],
+    block: [i32; 3],
+    ints: &'a [(&'a str, i32)],
+    bools: &'a [(&'a str, bool)],
+}
+
+/// Compiles (once, cached by MLX) and applies a custom CUDA kernel lazily on the library's stream.
+fn apply(name: &str, inputs: &[(&str, &Array)], output_names: &[&str], source: &str, shared: usize, launch: Launch) -> Result<Vec<Array>> {
+    let cstr = |s: &str| CString::new(s).expect("kernel names and sources hold no NUL");
+    let (name, source, header) = (cstr(name), cstr(source), cstr(HEADER));
+    let mut h = Handles { names: Vec::new(), kernel: None, config: None, vectors: Vec::new() };
+    // SAFETY: every handle is owned by `h` and freed when it drops; arrays are borrowed for the
+    // call (mlx-c copies them into its vector) and the outputs are copied into owned Arrays.
+    unsafe {
+        for list in [inputs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), output_names.to_vec()] {
+            let v = mlx_sys::mlx_vector_string_new();
+            h.names.push(v);
+            for n in list {
+                mlx_sys::mlx_vector_string_append_value(v, cstr(n).as_ptr());
+            }
+        }
+        let kernel = mlx_sys::mlx_fast_cuda_kernel_new(
+            name.as_ptr(),
+            h.names[0],
+            h.names[1],
+            source.as_ptr(),
+            header.as_ptr(),
+            false,
+            shared as i32,
+        );
+        h.kernel = Some(kernel);
+        let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
+        h.config = Some(config);
+        let mut rc = 0;
+        for shape in launch.outputs {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(config, shape.as_ptr(), shape.len(), Dtype::Float32 as u32);
+        }
+        let [gx, gy, gz] = launch.grid;
+        let [tx, ty, tz] = launch.block;
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, gx, gy, gz);
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, tx, ty, tz);
+        for (n, v) in launch.ints {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, cstr(n).as_ptr(), *v);
+        }
+        for (n, v) in launch.bools {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(config, cstr(n).as_ptr(), *v);
+        }
+        let ins = mlx_sys::mlx_vector_array_new();
+        h.vectors.push(ins);
+        for (_, a) in inputs {
+            rc |= mlx_sys::mlx_vector_array_append_value(ins, a.as_ptr());
+        }
+        let mut outs = mlx_sys::mlx_vector_array_new();
+        h.vectors.push(outs);
+        if rc != 0 || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outs, kernel, ins, config, mlx_ops::library_stream()) != 0 {
+            return fail!(Backend, "MLX custom kernel {:?} could not be applied", name);
+        }
+        h.vectors[1] = outs;
+        let mut arrays = Vec::new();
+        for i in 0..mlx_sys::mlx_vector_array_size(outs) {
+            let mut a = mlx_sys::mlx_array_new();
+            if mlx_sys::mlx_vector_array_get(&mut a, outs, i) != 0 {
+                mlx_sys::mlx_array_free(a);
+                return fail!(Backend, "MLX custom kernel {:?} returned no output {i}", name);
+            }
+            arrays.push(Array::from_ptr(a));
+        }
+        Ok(arrays)
+    }
+}
+
+/// Absorbed MLA attention for one query per row, `[B, H, 1, R]` float32, lazily: `latent [B, T,
+/// R]` and `rope [B, T, P]` in the queries' dtype, `ranges` each row's valid window positions.
+/// Callers check `applies` first.
+pub(crate) fn attend(q_latent: &Array, q_rope: &Array, latent: &Array, rope: &Array, ranges: &[(usize, usize)], scale: f32) -> Result<Array> {
+    let qs = q_latent.shape();
+    let (batch, heads, rank) = (qs[0] as usize, qs[1] as usize, qs[3] as usize);
+    let rope_dim = q_rope.shape()[3] as usize;
+    let positions = latent.shape()[1] as usize;
+    let groups = heads.div_ceil(HEADS_PER_BLOCK);
+    // Splits: about one block per multiprocessor, at least a tile of positions each.
+    let tiles = positions.div_ceil(POSITIONS_PER_TILE).max(1);
+    let splits = (TARGET_BLOCKS / (batch * groups)).clamp(1, tiles);
+    let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
+    let splits = positions.div_ceil(chunk).max(1);
+    let mut params = vec![chunk as i32];
+    for &(lo, hi) in ranges {
+        params.extend([lo as i32, hi as i32]);
+    }
+    let params = mlx_ops::indices(&params, &[params.len()]);
+    let scale = Array::from_slice(&[scale], &[1]);
+    let bf16 = q_latent.dtype() == Dtype::Bfloat16;
+    let ints = [("R", rank as i32), ("P", rope_dim as i32), ("H", heads as i32)];
+    let (b, s, h, r) = (batch as i32, splits as i32, heads as i32, rank as i32);
+    let partial = apply(
+        "latent_cache_mla_decode_partial",
+        &[("q_latent", q_latent), ("q_rope", q_rope), ("latent", latent), ("rope", rope), ("params", &params), ("scale", &scale)],
+        &["o_part", "ml"],
+        PARTIAL,
+        shared_bytes(rank + rope_dim),
+        Launch {
+            outputs: &[&[b, s, h, r], &[b, s, h, 2]],
+            grid: [s * 256, b, groups as i32],
+            block: [256, 1, 1],
+            ints: &ints,
+            bools: &[("BF16", bf16)],
+        },
+    )?;
+    let threads = rank.min(256) as i32;
+    let out = apply(
+        "latent_cache_mla_decode_combine",
+        &[("o_part", &partial[0]), ("ml", &partial[1])],
+        &["out"],
+        COMBINE,
+        0,
+        Launch { outputs: &[&[b, h, 1, r]], grid: [r, h, b], block: [threads, 1, 1], ints: &[ints[0], ints[2]], bools: &[] },
+    )?;
+    LAUNCHES.fetch_add(1, Ordering::SeqCst);
+    Ok(out.into_iter().next().expect("one output"))
+}
