@@ -163,7 +163,7 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
 /// The (batch, contexts) points: 4K to 128K at batch 1 and 8 (`gpu`); on a CPU (where one step
 /// at batch 8 and 16K takes seconds per mode) 4K and 16K at batch 1, 4K at batch 8; `quick`: 1K
 /// and 4K, 1K. DSA's sparse step is measured at each batch's largest context.
-fn points(quick: bool, gpu: bool) -> [(usize, &'static [usize]); 2] {
+fn points_of(quick: bool, gpu: bool) -> [(usize, &'static [usize]); 2] {
     match (quick, gpu) {
         (true, _) => [(1, &[1024, 4096]), (8, &[1024])],
         (false, true) => [(1, &[4096, 16384, 65536, 131072]), (8, &[4096, 16384, 65536, 131072])],
@@ -171,7 +171,9 @@ fn points(quick: bool, gpu: bool) -> [(usize, &'static [usize]); 2] {
     }
 }
 
-pub fn run(quick: bool, gpu: bool) -> Vec<String> {
+/// `points` replaces the (batch, context) points (`--points`, each its own sparse point too);
+/// `only` keeps the mode sets whose name contains it (`--only bf16`).
+pub fn run(quick: bool, gpu: bool, points: Option<&[(usize, usize)]>, only: Option<&str>) -> Vec<String> {
     // The attention's output is evaluated on this thread, as mlx-lm's is and as an engine's
     // step evaluates it (inside its own evaluation); not through the library's evaluation thread.
     latent_cache::core::eval::set_evaluation_thread(false);
@@ -182,10 +184,17 @@ pub fn run(quick: bool, gpu: bool) -> Vec<String> {
         (false, false) => (1, 5),
     };
     // The modes attend reads: f32, bf16, q8 and fp8 (rope bf16); not q4.
-    let sets: Vec<&ModeSet> = MODE_SETS.iter().filter(|s| s.storage[0] != StorageMode::Q4 && s.hot_window == 0).collect();
+    let sets: Vec<&ModeSet> = MODE_SETS
+        .iter()
+        .filter(|s| s.storage[0] != StorageMode::Q4 && s.hot_window == 0 && only.map_or(true, |o| s.name.contains(o)))
+        .collect();
     eprintln!("attention: MLX device {:?}", mlx_rs::Device::default());
     let mut out = Vec::new();
-    for (batch, contexts) in points(quick, gpu) {
+    let given: Vec<(usize, &[usize])> = match points {
+        Some(points) => points.iter().map(|(b, c)| (*b, std::slice::from_ref(c))).collect(),
+        None => points_of(quick, gpu).to_vec(),
+    };
+    for (batch, contexts) in given {
         for &context in contexts {
             for set in &sets {
                 mlx_rs::memory::clear_cache().unwrap();

@@ -300,7 +300,10 @@ fn main() {
     let cfg = config();
     let mut out = Vec::new();
     if std::env::args().any(|a| a == "--attention") {
-        let out = attention::run(cfg.quick, std::env::args().any(|a| a == "--gpu"));
+        let args: Vec<String> = std::env::args().collect();
+        let only = args.iter().position(|a| a == "--only").map(|i| args[i + 1].clone());
+        let points = args.iter().any(|a| a == "--points").then_some(cfg.points.as_slice());
+        let out = attention::run(cfg.quick, args.iter().any(|a| a == "--gpu"), points, only.as_deref());
         std::fs::create_dir_all(std::path::Path::new(&cfg.out).parent().unwrap()).unwrap();
         std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
         return;

@@ -18,6 +18,7 @@
 //! no counterpart yet.
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
@@ -58,15 +59,15 @@ pub fn launches() -> usize {
 }
 
 /// Shared memory of the partial kernel for widths `d = r + p`: the queries and two key tiles
-/// (rows padded by 8 halves against bank conflicts), the scores, the probabilities and three
-/// per-head vectors.
+/// (rows padded by 8 halves against bank conflicts), four partial scores, the probabilities and
+/// three per-head vectors.
 fn shared_bytes(d: usize) -> usize {
     let (m, n) = (HEADS_PER_BLOCK, POSITIONS_PER_TILE);
-    (m + 2 * n) * (d + 8) * 2 + m * (n + 4) * 4 + m * (n + 8) * 2 + 3 * m * 4
+    (m + 2 * n) * (d + 8) * 2 + 4 * m * (n + 1) * 4 + m * (n + 8) * 2 + 3 * m * 4
 }
 
 /// Whether the kernel computes this attention: CUDA, one query per row, latent and rope stored
-/// in the queries' 16-bit float dtype, a latent width that tiles by 32 and a rope width by 16,
+/// in the queries' 16-bit float dtype, a latent width that tiles by 64 and a rope width by 16,
 /// both fitting shared memory.
 pub fn applies(storage: Dtype, q_dtype: Dtype, rank: usize, rope: usize, queries: usize) -> bool {
     ENABLED.load(Ordering::Relaxed)
@@ -74,13 +75,17 @@ pub fn applies(storage: Dtype, q_dtype: Dtype, rank: usize, rope: usize, queries
         && queries == 1
         && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
         && q_dtype == storage
-        && rank % 32 == 0
+        && rank % 64 == 0
         && rope % 16 == 0
         && shared_bytes(rank + rope) <= SHARED_LIMIT
 }
 
 const HEADER: &str = r#"
 #define LC_NEG_INF __int_as_float(0xff800000)
+// MLX writes the kernel's signature; this module holds only our kernels, so their launch bound
+// (at most 512 threads a block, hence at most 128 registers a thread) is given this way.
+#undef __global__
+#define __global__ __location__(global) __launch_bounds__(512)
 __device__ __forceinline__ void lc_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                        uint32_t b0, uint32_t b1, bool bf16) {
   if (bf16) {
@@ -109,15 +114,17 @@ __device__ __forceinline__ void lc_ldmatrix_x4_trans(uint32_t* r, const void* p)
 /// (each row's valid window range), `scale` float32 `[1]`. Outputs: `o_part [B, S, H, R]`
 /// float32 (unnormalized) and `ml [B, S, H, 2]` (running max in log2 units, running sum).
 const PARTIAL: &str = r#"
-  constexpr int M = 64, N = 32, D = R + P, LD = D + 8, LDS = N + 4, LDP = N + 8;
-  constexpr int NT = R / 16;  // n8 tiles of the output per warp (each warp holds half the width)
-  constexpr int NJ = N / 16;  // n8 tiles of the scores per warp (each warp holds half the tile)
-  constexpr int THREADS = 256;
+  constexpr int M = 64, N = 32, D = R + P, LD = D + 8, LDS = N + 1, LDP = N + 8;
+  // Sixteen warps: warp w holds heads (w % 4) * 16.. and group w / 4 of four (a quarter of the
+  // output channels; for the scores, a quarter of the dot products' steps), so each thread
+  // keeps R / 8 float32 accumulators (64 at R = 512), well inside its registers.
+  constexpr int THREADS = 512, CG = 4;
+  constexpr int NT = R / (8 * CG);  // n8 tiles of the output per warp
   extern __shared__ __align__(16) unsigned char lc_smem[];
   uint16_t* sq = reinterpret_cast<uint16_t*>(lc_smem);
   uint16_t* sk0 = sq + M * LD;  // two key tiles: one computed on while the next arrives
   float* ss = reinterpret_cast<float*>(sk0 + 2 * N * LD);
-  uint16_t* sp = reinterpret_cast<uint16_t*>(ss + M * LDS);
+  uint16_t* sp = reinterpret_cast<uint16_t*>(ss + 4 * M * LDS);
   float* sm = reinterpret_cast<float*>(sp + M * LDP);
   float* sl = sm + M;
   float* sa = sl + M;
@@ -184,7 +191,7 @@ const PARTIAL: &str = r#"
     }
   };
 
-  const int mt = warp & 3, half = warp >> 2;
+  const int mt = warp & 3, cg = warp >> 2;
   float o[NT][4];
   #pragma unroll
   for (int j = 0; j < NT; j++) { o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f; }
@@ -198,50 +205,62 @@ const PARTIAL: &str = r#"
     __syncthreads();
     const uint16_t* sk = sk0 + buf * N * LD;
 
-    // Scores: warp (mt, half) computes heads mt*16.. by positions half*N/2.. .
+    // Scores: warp (mt, kq) computes heads mt*16.. by all N positions over every fourth
+    // 16-wide step of the D-wide dot products (steps kq, kq + 4, ...): each query fragment it
+    // loads serves N / 8 products, which keeps shared-memory traffic down. The four partial
+    // sums go to their own buffers; the softmax adds them.
     {
-      float acc[NJ][4];
+      float acc[N / 8][4];
       #pragma unroll
-      for (int j = 0; j < NJ; j++) { acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f; }
+      for (int j = 0; j < N / 8; j++) { acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f; }
       const uint16_t* qa = sq + (mt * 16 + g) * LD + 2 * t;
-      #pragma unroll 4
-      for (int k0 = 0; k0 < D; k0 += 16) {
+      #pragma unroll 3
+      for (int ks = cg; ks < D / 16; ks += 4) {
+        const int k0 = ks * 16;
         uint32_t a0 = *reinterpret_cast<const uint32_t*>(qa + k0);
         uint32_t a1 = *reinterpret_cast<const uint32_t*>(qa + 8 * LD + k0);
         uint32_t a2 = *reinterpret_cast<const uint32_t*>(qa + k0 + 8);
         uint32_t a3 = *reinterpret_cast<const uint32_t*>(qa + 8 * LD + k0 + 8);
         #pragma unroll
-        for (int j = 0; j < NJ; j++) {
-          const uint16_t* kb = sk + (half * (N / 2) + j * 8 + g) * LD + k0 + 2 * t;
+        for (int j = 0; j < N / 8; j++) {
+          const uint16_t* kb = sk + (j * 8 + g) * LD + k0 + 2 * t;
           lc_mma(acc[j], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(kb),
                  *reinterpret_cast<const uint32_t*>(kb + 8), BF16);
         }
       }
+      float* part = ss + cg * M * LDS;
       #pragma unroll
-      for (int j = 0; j < NJ; j++) {
+      for (int j = 0; j < N / 8; j++) {
         #pragma unroll
         for (int e = 0; e < 4; e++) {
-          int row = mt * 16 + g + (e >= 2 ? 8 : 0), col = half * (N / 2) + j * 8 + 2 * t + (e & 1);
-          ss[row * LDS + col] = tile + col < end ? acc[j][e] * sc : LC_NEG_INF;
+          part[(mt * 16 + g + (e >= 2 ? 8 : 0)) * LDS + j * 8 + 2 * t + (e & 1)] = acc[j][e];
         }
       }
     }
     __syncthreads();
 
-    // Online softmax: four threads per head, N/4 positions each.
+    // Online softmax: eight threads per head (neighbouring lanes), N/8 positions each; the
+    // scores are the four partial sums, scaled, with positions past the range masked.
     {
-      constexpr int C = N / 4;
-      const int r = tid >> 2, q = tid & 3;
+      constexpr int C = N / 8;
+      const int r = tid >> 3, q = tid & 7;
+      float sv[C];
       float mx = LC_NEG_INF;
       #pragma unroll
-      for (int c = 0; c < C; c++) mx = fmaxf(mx, ss[r * LDS + q * C + c]);
+      for (int c = 0; c < C; c++) {
+        const int at = r * LDS + q * C + c;
+        const float v = (ss[at] + ss[M * LDS + at] + ss[2 * M * LDS + at] + ss[3 * M * LDS + at]) * sc;
+        sv[c] = tile + q * C + c < end ? v : LC_NEG_INF;
+        mx = fmaxf(mx, sv[c]);
+      }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 4));
       const float m_old = sm[r], m_new = fmaxf(m_old, mx);
       float sum = 0.f;
       #pragma unroll
       for (int c = 0; c < C; c++) {
-        float p = m_new == LC_NEG_INF ? 0.f : exp2f(ss[r * LDS + q * C + c] - m_new);
+        float p = m_new == LC_NEG_INF ? 0.f : exp2f(sv[c] - m_new);
         sum += p;
         if (BF16) {
           __nv_bfloat16 v = __float2bfloat16(p);
@@ -253,6 +272,7 @@ const PARTIAL: &str = r#"
       }
       sum += __shfl_xor_sync(0xffffffff, sum, 1);
       sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      sum += __shfl_xor_sync(0xffffffff, sum, 4);
       __syncwarp();
       if (q == 0) {
         const float alpha = m_new == LC_NEG_INF ? 1.f : exp2f(m_old - m_new);
@@ -263,7 +283,7 @@ const PARTIAL: &str = r#"
     }
     __syncthreads();
 
-    // Output: warp (mt, half) accumulates heads mt*16.. by channels half*R/2.. .
+    // Output: warp (mt, cg) accumulates heads mt*16.. by channels cg*R/CG.. .
     {
       const float al0 = sa[mt * 16 + g], al1 = sa[mt * 16 + g + 8];
       #pragma unroll
@@ -278,7 +298,7 @@ const PARTIAL: &str = r#"
         #pragma unroll
         for (int j = 0; j < NT; j += 2) {
           uint32_t bb[4];
-          lc_ldmatrix_x4_trans(bb, sk + (k0 + (lane & 15)) * LD + half * (R / 2) + j * 8 + (lane >> 4) * 8);
+          lc_ldmatrix_x4_trans(bb, sk + (k0 + (lane & 15)) * LD + cg * (R / CG) + j * 8 + (lane >> 4) * 8);
           lc_mma(o[j], a0, a1, a2, a3, bb[0], bb[1], BF16);
           lc_mma(o[j + 1], a0, a1, a2, a3, bb[2], bb[3], BF16);
         }
@@ -294,7 +314,7 @@ const PARTIAL: &str = r#"
   for (int j = 0; j < NT; j++) {
     #pragma unroll
     for (int e = 0; e < 4; e++) {
-      int h = h0 + mt * 16 + g + (e >= 2 ? 8 : 0), c = half * (R / 2) + j * 8 + 2 * t + (e & 1);
+      int h = h0 + mt * 16 + g + (e >= 2 ? 8 : 0), c = cg * (R / CG) + j * 8 + 2 * t + (e & 1);
       if (h < H) o_part[((static_cast<int64_t>(b) * S + split) * H + h) * R + c] = o[j][e];
     }
   }
@@ -327,36 +347,75 @@ const COMBINE: &str = r#"
   out[(static_cast<int64_t>(b) * H + h) * R + c] = num / den;
 "#;
 
-/// Owned mlx-c handles of one kernel launch, freed on every path.
-struct Handles {
-    names: Vec<mlx_sys::mlx_vector_string>,
-    kernel: Option<mlx_sys::mlx_fast_cuda_kernel>,
-    config: Option<mlx_sys::mlx_fast_cuda_kernel_config>,
-    vectors: Vec<mlx_sys::mlx_vector_array>,
+/// A compiled-on-first-use kernel object (mlx-c's handle), made once per kernel and shared
+/// memory size and kept for the process: making one copies its source, and MLX compiles each
+/// source once however many objects name it.
+struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
+
+// SAFETY: the handle is immutable once made; applying it only reads it (MLX's kernel function is
+// a const closure), and the library applies kernels from one thread at a time or under its lock.
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
+
+static KERNELS: Lazy<Mutex<Vec<(&'static str, usize, &'static Kernel)>>> = Lazy::new(|| Mutex::new(Vec::new()));
+
+fn cstr(s: &str) -> CString {
+    CString::new(s).expect("kernel names and sources hold no NUL")
 }
 
-impl Drop for Handles {
+/// The kernel `name` (with its input and output names and body), made on first use.
+fn kernel(name: &'static str, inputs: &[&str], outputs: &[&str], source: &str, shared: usize) -> &'static Kernel {
+    let mut kernels = KERNELS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, _, k)) = kernels.iter().find(|(n, s, _)| *n == name && *s == shared) {
+        return k;
+    }
+    // SAFETY: plain mlx-c constructors; the name vectors are freed once the kernel holds copies.
+    let made = unsafe {
+        let names = [inputs, outputs].map(|list| {
+            let v = mlx_sys::mlx_vector_string_new();
+            for n in list {
+                mlx_sys::mlx_vector_string_append_value(v, cstr(n).as_ptr());
+            }
+            v
+        });
+        let k = mlx_sys::mlx_fast_cuda_kernel_new(
+            cstr(name).as_ptr(),
+            names[0],
+            names[1],
+            cstr(source).as_ptr(),
+            cstr(HEADER).as_ptr(),
+            false,
+            shared as i32,
+        );
+        for v in names {
+            mlx_sys::mlx_vector_string_free(v);
+        }
+        k
+    };
+    let k: &'static Kernel = Box::leak(Box::new(Kernel(made)));
+    kernels.push((name, shared, k));
+    k
+}
+
+/// The mlx-c handles of one launch, freed on every path.
+struct Launched {
+    config: mlx_sys::mlx_fast_cuda_kernel_config,
+    inputs: mlx_sys::mlx_vector_array,
+    outputs: mlx_sys::mlx_vector_array,
+}
+
+impl Drop for Launched {
     fn drop(&mut self) {
         // SAFETY: each handle was made by its mlx-c constructor and is freed once, here.
         unsafe {
-            for v in self.names.drain(..) {
-                mlx_sys::mlx_vector_string_free(v);
-            }
-            if let Some(k) = self.kernel.take() {
-                mlx_sys::mlx_fast_cuda_kernel_free(k);
-            }
-            if let Some(c) = self.config.take() {
-                mlx_sys::mlx_fast_cuda_kernel_config_free(c);
-            }
-            for v in self.vectors.drain(..) {
-                mlx_sys::mlx_vector_array_free(v);
-            }
+            mlx_sys::mlx_fast_cuda_kernel_config_free(self.config);
+            mlx_sys::mlx_vector_array_free(self.inputs);
+            mlx_sys::mlx_vector_array_free(self.outputs);
         }
     }
 }
 
-/// One launch description: output shapes (float32), grid and block in threads, int template
-/// arguments, and the dtype template argument's name and value.
+/// One launch: output shapes (float32), grid and block in threads, template arguments.
 struct Launch<'a> {
     outputs: &'a [&'a [i32]],
     grid: [i32; 3],
@@ -365,64 +424,44 @@ struct Launch<'a> {
     bools: &'a [(&'a str, bool)],
 }
 
-/// Compiles (once, cached by MLX) and applies a custom CUDA kernel lazily on the library's stream.
-fn apply(name: &str, inputs: &[(&str, &Array)], output_names: &[&str], source: &str, shared: usize, launch: Launch) -> Result<Vec<Array>> {
-    let cstr = |s: &str| CString::new(s).expect("kernel names and sources hold no NUL");
-    let (name, source, header) = (cstr(name), cstr(source), cstr(HEADER));
-    let mut h = Handles { names: Vec::new(), kernel: None, config: None, vectors: Vec::new() };
-    // SAFETY: every handle is owned by `h` and freed when it drops; arrays are borrowed for the
+/// Applies a kernel lazily on the library's stream (MLX compiles it at its first evaluation).
+fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array>> {
+    // SAFETY: every handle is owned by `l` and freed when it drops; arrays are borrowed for the
     // call (mlx-c copies them into its vector) and the outputs are copied into owned Arrays.
     unsafe {
-        for list in [inputs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), output_names.to_vec()] {
-            let v = mlx_sys::mlx_vector_string_new();
-            h.names.push(v);
-            for n in list {
-                mlx_sys::mlx_vector_string_append_value(v, cstr(n).as_ptr());
-            }
-        }
-        let kernel = mlx_sys::mlx_fast_cuda_kernel_new(
-            name.as_ptr(),
-            h.names[0],
-            h.names[1],
-            source.as_ptr(),
-            header.as_ptr(),
-            false,
-            shared as i32,
-        );
-        h.kernel = Some(kernel);
-        let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
-        h.config = Some(config);
+        let l = Launched {
+            config: mlx_sys::mlx_fast_cuda_kernel_config_new(),
+            inputs: mlx_sys::mlx_vector_array_new(),
+            outputs: mlx_sys::mlx_vector_array_new(),
+        };
         let mut rc = 0;
         for shape in launch.outputs {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(config, shape.as_ptr(), shape.len(), Dtype::Float32 as u32);
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(l.config, shape.as_ptr(), shape.len(), Dtype::Float32 as u32);
         }
         let [gx, gy, gz] = launch.grid;
         let [tx, ty, tz] = launch.block;
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, gx, gy, gz);
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, tx, ty, tz);
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(l.config, gx, gy, gz);
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(l.config, tx, ty, tz);
         for (n, v) in launch.ints {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, cstr(n).as_ptr(), *v);
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(l.config, cstr(n).as_ptr(), *v);
         }
         for (n, v) in launch.bools {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(config, cstr(n).as_ptr(), *v);
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(l.config, cstr(n).as_ptr(), *v);
         }
-        let ins = mlx_sys::mlx_vector_array_new();
-        h.vectors.push(ins);
-        for (_, a) in inputs {
-            rc |= mlx_sys::mlx_vector_array_append_value(ins, a.as_ptr());
+        for a in inputs {
+            rc |= mlx_sys::mlx_vector_array_append_value(l.inputs, a.as_ptr());
         }
-        let mut outs = mlx_sys::mlx_vector_array_new();
-        h.vectors.push(outs);
-        if rc != 0 || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outs, kernel, ins, config, mlx_ops::library_stream()) != 0 {
-            return fail!(Backend, "MLX custom kernel {:?} could not be applied", name);
+        let mut outputs = l.outputs;
+        if rc != 0 || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel.0, l.inputs, l.config, mlx_ops::library_stream()) != 0
+        {
+            return fail!(Backend, "MLX could not apply the attention kernel");
         }
-        h.vectors[1] = outs;
         let mut arrays = Vec::new();
-        for i in 0..mlx_sys::mlx_vector_array_size(outs) {
+        for i in 0..mlx_sys::mlx_vector_array_size(outputs) {
             let mut a = mlx_sys::mlx_array_new();
-            if mlx_sys::mlx_vector_array_get(&mut a, outs, i) != 0 {
+            if mlx_sys::mlx_vector_array_get(&mut a, outputs, i) != 0 {
                 mlx_sys::mlx_array_free(a);
-                return fail!(Backend, "MLX custom kernel {:?} returned no output {i}", name);
+                return fail!(Backend, "the attention kernel returned no output {i}");
             }
             arrays.push(Array::from_ptr(a));
         }
@@ -453,27 +492,29 @@ pub(crate) fn attend(q_latent: &Array, q_rope: &Array, latent: &Array, rope: &Ar
     let bf16 = q_latent.dtype() == Dtype::Bfloat16;
     let ints = [("R", rank as i32), ("P", rope_dim as i32), ("H", heads as i32)];
     let (b, s, h, r) = (batch as i32, splits as i32, heads as i32, rank as i32);
-    let partial = apply(
+    let partial = kernel(
         "latent_cache_mla_decode_partial",
-        &[("q_latent", q_latent), ("q_rope", q_rope), ("latent", latent), ("rope", rope), ("params", &params), ("scale", &scale)],
+        &["q_latent", "q_rope", "latent", "rope", "params", "scale"],
         &["o_part", "ml"],
         PARTIAL,
         shared_bytes(rank + rope_dim),
+    );
+    let partial = apply(
+        partial,
+        &[q_latent, q_rope, latent, rope, &params, &scale],
         Launch {
             outputs: &[&[b, s, h, r], &[b, s, h, 2]],
-            grid: [s * 256, b, groups as i32],
-            block: [256, 1, 1],
+            grid: [s * 512, b, groups as i32],
+            block: [512, 1, 1],
             ints: &ints,
             bools: &[("BF16", bf16)],
         },
     )?;
     let threads = rank.min(256) as i32;
+    let combine = kernel("latent_cache_mla_decode_combine", &["o_part", "ml"], &["out"], COMBINE, 0);
     let out = apply(
-        "latent_cache_mla_decode_combine",
-        &[("o_part", &partial[0]), ("ml", &partial[1])],
-        &["out"],
-        COMBINE,
-        0,
+        combine,
+        &[&partial[0], &partial[1]],
         Launch { outputs: &[&[b, h, 1, r]], grid: [r, h, b], block: [threads, 1, 1], ints: &[ints[0], ints[2]], bools: &[] },
     )?;
     LAUNCHES.fetch_add(1, Ordering::SeqCst);
