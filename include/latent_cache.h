@@ -1075,10 +1075,15 @@ latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
 // Float storage is read as stored. The products run in the queries' dtype where the family is
 // stored in it (bfloat16 queries over bfloat16 storage: bfloat16 products, as an engine computing
 // in bfloat16 would, reading nothing converted); float32 queries are computed in float32
-// (exact; a narrower family is converted for the call). `Q8` / `Q4` families are read by MLX's quantized matmul from
-// their packed codes, never expanded (it computes in the scales' dtype, bfloat16), except on
+// (exact; a narrower family is converted for the call). `Q8` / `Q4` families are read by MLX's
+// quantized matmul from their packed codes, never expanded (computing in float32), except on
 // MLX's CUDA backend, which has no kernel for these batched shapes: there they are decoded for
 // the call, like `FP8` families everywhere (O(stored) each time).
+//
+// On MLX's CUDA backend, one query per row (`Lq == 1`, mode `NONE` or `CAUSAL`) over latent and
+// rope stored in the queries' dtype (bfloat16 or float16) runs the library's own split-K
+// decoding kernel: the same formula, its probabilities rounded to that dtype for the product
+// with the latent as MLX's fused attention does, sums in float32. Elsewhere, MLX's ops.
 //
 // Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE` (a query's batch or width), `INVALID_ARGUMENT`
 // (unknown mode, a mask with another mode or none with `ARRAY`), `INVALID_STATE` (a row with no
