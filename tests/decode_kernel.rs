@@ -70,14 +70,16 @@ fn run(case: &Case, rng: &mut Rng) {
     // Queries large enough that the softmax is far from uniform.
     let q_latent = narrowed(&uniform(rng, batch * h * case.rank, 0.4), dtype);
     let q_rope = narrowed(&uniform(rng, batch * h * case.rope, 0.4), dtype);
-    let arr = |v: &[f32], w: usize| mlx_ops::astype(&Array::from_slice(v, &[batch as i32, h as i32, 1, w as i32]), dtype).unwrap();
+    let arr =
+        |v: &[f32], w: usize| mlx_ops::astype(&Array::from_slice(v, &[batch as i32, h as i32, 1, w as i32]), dtype).unwrap();
     let scale = 1.0 / ((case.rank + case.rope) as f32).sqrt();
     let on_cuda = decode_kernel::applies(dtype, dtype, case.rank, case.rope, 1);
     for mode in [MaskMode::None, MaskMode::Causal] {
         let before = decode_kernel::launches();
         let out = donor.attend(&arr(&q_latent, case.rank), &arr(&q_rope, case.rope), scale, mode, None).unwrap();
         let got = mlx_ops::to_host(&out).unwrap();
-        let what = format!("{:?} {}+{} {} heads {:?} pads {:?} {mode:?}", case.mode, case.rank, case.rope, h, case.layout, case.pads);
+        let what =
+            format!("{:?} {}+{} {} heads {:?} pads {:?} {mode:?}", case.mode, case.rank, case.rope, h, case.layout, case.pads);
         assert_eq!(decode_kernel::launches() - before, on_cuda as usize, "{what}: where the kernel applies it runs");
         assert_eq!(out.shape(), &[batch as i32, h as i32, 1, case.rank as i32]);
         for b in 0..batch {
@@ -99,7 +101,10 @@ fn run(case: &Case, rng: &mut Rng) {
                 for c in 0..case.rank {
                     let want: f64 = (0..len).map(|t| weights[t] / total * row.families[0][t * case.rank + c] as f64).sum();
                     let got = got[at * case.rank + c] as f64;
-                    assert!((got - want).abs() <= 1e-2 * (1.0 + want.abs()), "{what}: row {b} head {head} channel {c}: {got} vs {want}");
+                    assert!(
+                        (got - want).abs() <= 1e-2 * (1.0 + want.abs()),
+                        "{what}: row {b} head {head} channel {c}: {got} vs {want}"
+                    );
                 }
             }
         }

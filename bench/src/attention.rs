@@ -186,7 +186,7 @@ pub fn run(quick: bool, gpu: bool, points: Option<&[(usize, usize)]>, only: Opti
     // The modes attend reads: f32, bf16, q8 and fp8 (rope bf16); not q4.
     let sets: Vec<&ModeSet> = MODE_SETS
         .iter()
-        .filter(|s| s.storage[0] != StorageMode::Q4 && s.hot_window == 0 && only.map_or(true, |o| s.name.contains(o)))
+        .filter(|s| s.storage[0] != StorageMode::Q4 && s.hot_window == 0 && only.is_none_or(|o| s.name.contains(o)))
         .collect();
     eprintln!("attention: MLX device {:?}", mlx_rs::Device::default());
     let mut out = Vec::new();

@@ -357,7 +357,10 @@ struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
 unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
-static KERNELS: Lazy<Mutex<Vec<(&'static str, usize, &'static Kernel)>>> = Lazy::new(|| Mutex::new(Vec::new()));
+/// Kernels made so far: name, shared memory, the kernel.
+type Made = Vec<(&'static str, usize, &'static Kernel)>;
+
+static KERNELS: Lazy<Mutex<Made>> = Lazy::new(|| Mutex::new(Vec::new()));
 
 fn cstr(s: &str) -> CString {
     CString::new(s).expect("kernel names and sources hold no NUL")
@@ -436,7 +439,8 @@ fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array
         };
         let mut rc = 0;
         for shape in launch.outputs {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(l.config, shape.as_ptr(), shape.len(), Dtype::Float32 as u32);
+            rc |=
+                mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(l.config, shape.as_ptr(), shape.len(), Dtype::Float32 as u32);
         }
         let [gx, gy, gz] = launch.grid;
         let [tx, ty, tz] = launch.block;
@@ -452,7 +456,8 @@ fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array
             rc |= mlx_sys::mlx_vector_array_append_value(l.inputs, a.as_ptr());
         }
         let mut outputs = l.outputs;
-        if rc != 0 || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel.0, l.inputs, l.config, mlx_ops::library_stream()) != 0
+        if rc != 0
+            || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel.0, l.inputs, l.config, mlx_ops::library_stream()) != 0
         {
             return fail!(Backend, "MLX could not apply the attention kernel");
         }
@@ -472,7 +477,14 @@ fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array
 /// Absorbed MLA attention for one query per row, `[B, H, 1, R]` float32, lazily: `latent [B, T,
 /// R]` and `rope [B, T, P]` in the queries' dtype, `ranges` each row's valid window positions.
 /// Callers check `applies` first.
-pub(crate) fn attend(q_latent: &Array, q_rope: &Array, latent: &Array, rope: &Array, ranges: &[(usize, usize)], scale: f32) -> Result<Array> {
+pub(crate) fn attend(
+    q_latent: &Array,
+    q_rope: &Array,
+    latent: &Array,
+    rope: &Array,
+    ranges: &[(usize, usize)],
+    scale: f32,
+) -> Result<Array> {
     let qs = q_latent.shape();
     let (batch, heads, rank) = (qs[0] as usize, qs[1] as usize, qs[3] as usize);
     let rope_dim = q_rope.shape()[3] as usize;

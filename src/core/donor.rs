@@ -485,7 +485,14 @@ impl Donor {
     /// One query per row over 16-bit float storage on CUDA: the split-K kernel of
     /// `decode_kernel`, which reads each stored position once for 64 heads. With one query, the
     /// causal mask sees the whole row, as no mask does. `None` where it does not apply.
-    fn kernel_decode(&self, q_latent: &Array, q_rope: &Array, scale: f32, extra: Option<&Array>, queries: usize) -> Result<Option<Array>> {
+    fn kernel_decode(
+        &self,
+        q_latent: &Array,
+        q_rope: &Array,
+        scale: f32,
+        extra: Option<&Array>,
+        queries: usize,
+    ) -> Result<Option<Array>> {
         let g = &self.geometry;
         let storage = match (g.latent_storage, g.rope_storage) {
             (StorageMode::Bf16, StorageMode::Bf16) => Dtype::Bfloat16,
