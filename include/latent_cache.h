@@ -1080,10 +1080,10 @@ latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
 // MLX's CUDA backend, which has no kernel for these batched shapes: there they are decoded for
 // the call, like `FP8` families everywhere (O(stored) each time).
 //
-// On MLX's CUDA backend, one query per row (`Lq == 1`, mode `NONE` or `CAUSAL`) over latent and
-// rope stored in the queries' dtype (bfloat16 or float16) runs the library's own split-K
-// decoding kernel: the same formula, its probabilities rounded to that dtype for the product
-// with the latent as MLX's fused attention does, sums in float32. Elsewhere, MLX's ops.
+// On MLX's CUDA backend, mode `NONE` or `CAUSAL` over latent and rope stored in the queries'
+// dtype (bfloat16 or float16) runs the library's own split-K decoding kernel: the same formula,
+// its probabilities rounded to that dtype for the product with the latent as MLX's fused
+// attention does, sums in float32. Elsewhere, MLX's ops.
 //
 // Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE` (a query's batch or width), `INVALID_ARGUMENT`
 // (unknown mode, a mask with another mode or none with `ARRAY`), `INVALID_STATE` (a row with no

@@ -1,7 +1,8 @@
-//! One-query attention over 16-bit float storage, the decode step's shape: against an
-//! independent float64 computation over the values the reference model says each row holds,
-//! at GLM-5.2's widths and head count, with padded and ragged rows, lengths that do not fill a
-//! tile, and head counts past one 64-head block. On MLX's CUDA backend this is the split-K
+//! Attention over 16-bit float storage in the decode step's shape (one query per row) and a
+//! speculative verify's (a few queries per row, causal or not): against an independent float64
+//! computation over the values the reference model says each row holds, at GLM-5.2's widths and
+//! head count, with padded and ragged rows, lengths that do not fill a tile, and head-query
+//! pairs past one 64-row block. On MLX's CUDA backend this is the split-K
 //! kernel's test (each case checks that the kernel ran); elsewhere the same cases check the
 //! MLX-ops path, which the kernel falls back to.
 mod common;
@@ -13,13 +14,14 @@ use latent_cache::core::mlx_ops;
 use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::{Array, Dtype};
 
-/// A case: storage mode (both families), widths, heads, layout, each row's padding in the first
-/// append, and how many positions the appends hold in all.
+/// A case: storage mode (both families), widths, heads, queries per row, layout, each row's
+/// padding in the first append, and how many positions the two appends hold.
 struct Case {
     mode: StorageMode,
     rank: usize,
     rope: usize,
     heads: usize,
+    queries: usize,
     layout: LayoutKind,
     pads: Vec<usize>,
     first: usize,
@@ -66,45 +68,52 @@ fn run(case: &Case, rng: &mut Rng) {
     }
 
     let donor = cache.capture_donor_rows().unwrap();
-    let h = case.heads;
+    let (h, lq) = (case.heads, case.queries);
     // Queries large enough that the softmax is far from uniform.
-    let q_latent = narrowed(&uniform(rng, batch * h * case.rank, 0.4), dtype);
-    let q_rope = narrowed(&uniform(rng, batch * h * case.rope, 0.4), dtype);
-    let arr =
-        |v: &[f32], w: usize| mlx_ops::astype(&Array::from_slice(v, &[batch as i32, h as i32, 1, w as i32]), dtype).unwrap();
+    let q_latent = narrowed(&uniform(rng, batch * h * lq * case.rank, 0.4), dtype);
+    let q_rope = narrowed(&uniform(rng, batch * h * lq * case.rope, 0.4), dtype);
+    let shape = |w: usize| [batch as i32, h as i32, lq as i32, w as i32];
+    let arr = |v: &[f32], w: usize| mlx_ops::astype(&Array::from_slice(v, &shape(w)), dtype).unwrap();
     let scale = 1.0 / ((case.rank + case.rope) as f32).sqrt();
-    let on_cuda = decode_kernel::applies(dtype, dtype, case.rank, case.rope, 1);
+    let on_cuda = decode_kernel::applies(dtype, dtype, case.rank, case.rope, lq);
     for mode in [MaskMode::None, MaskMode::Causal] {
         let before = decode_kernel::launches();
         let out = donor.attend(&arr(&q_latent, case.rank), &arr(&q_rope, case.rope), scale, mode, None).unwrap();
         let got = mlx_ops::to_host(&out).unwrap();
-        let what =
-            format!("{:?} {}+{} {} heads {:?} pads {:?} {mode:?}", case.mode, case.rank, case.rope, h, case.layout, case.pads);
+        let what = format!(
+            "{:?} {}+{} {h} heads x {lq} queries {:?} pads {:?} {mode:?}",
+            case.mode, case.rank, case.rope, case.layout, case.pads
+        );
         assert_eq!(decode_kernel::launches() - before, on_cuda as usize, "{what}: where the kernel applies it runs");
-        assert_eq!(out.shape(), &[batch as i32, h as i32, 1, case.rank as i32]);
+        assert_eq!(out.shape(), &shape(case.rank));
         for b in 0..batch {
             let row = &model.rows[b];
             let len = model.len(b);
             for head in 0..h {
-                let at = b * h + head;
-                let ql = &q_latent[at * case.rank..(at + 1) * case.rank];
-                let qr = &q_rope[at * case.rope..(at + 1) * case.rope];
-                let scores: Vec<f64> = (0..len)
-                    .map(|t| {
-                        let dot = |q: &[f32], v: &[f32], w: usize| (0..w).map(|c| q[c] as f64 * v[t * w + c] as f64).sum::<f64>();
-                        scale as f64 * (dot(ql, &row.families[0], case.rank) + dot(qr, &row.families[1], case.rope))
-                    })
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
-                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = weights.iter().sum();
-                for c in 0..case.rank {
-                    let want: f64 = (0..len).map(|t| weights[t] / total * row.families[0][t * case.rank + c] as f64).sum();
-                    let got = got[at * case.rank + c] as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-2 * (1.0 + want.abs()),
-                        "{what}: row {b} head {head} channel {c}: {got} vs {want}"
-                    );
+                for i in 0..lq {
+                    // Causal: query i of lq is the row's position len - lq + i.
+                    let seen = if mode == MaskMode::Causal { len - lq + i + 1 } else { len };
+                    let at = (b * h + head) * lq + i;
+                    let ql = &q_latent[at * case.rank..(at + 1) * case.rank];
+                    let qr = &q_rope[at * case.rope..(at + 1) * case.rope];
+                    let dot =
+                        |q: &[f32], v: &[f32], t: usize, w: usize| (0..w).map(|c| q[c] as f64 * v[t * w + c] as f64).sum::<f64>();
+                    let scores: Vec<f64> = (0..seen)
+                        .map(|t| {
+                            scale as f64 * (dot(ql, &row.families[0], t, case.rank) + dot(qr, &row.families[1], t, case.rope))
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    for c in 0..case.rank {
+                        let want: f64 = (0..seen).map(|t| weights[t] / total * row.families[0][t * case.rank + c] as f64).sum();
+                        let got = got[at * case.rank + c] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-2 * (1.0 + want.abs()),
+                            "{what}: row {b} head {head} query {i} channel {c}: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }
@@ -112,15 +121,16 @@ fn run(case: &Case, rng: &mut Rng) {
 }
 
 #[test]
-fn one_query_per_row_over_16_bit_storage_matches_a_float64_reference() {
+fn decode_and_verify_queries_over_16_bit_storage_match_a_float64_reference() {
     use LayoutKind::*;
     use StorageMode::*;
     let mut rng = Rng::new(91);
-    let case = |mode, rank, rope, heads, layout, pads: &[usize], first, more| Case {
+    let case = |mode, rank, rope, (heads, queries), layout, pads: &[usize], first, more| Case {
         mode,
         rank,
         rope,
         heads,
+        queries,
         layout,
         pads: pads.to_vec(),
         first,
@@ -128,16 +138,20 @@ fn one_query_per_row_over_16_bit_storage_matches_a_float64_reference() {
     };
     for c in [
         // GLM-5.2's layer: a length past many tiles that does not fill the last one.
-        case(Bf16, 512, 64, 64, RightJustified, &[0], 2900, 3),
-        case(F16, 512, 64, 64, RightJustified, &[0], 700, 1),
+        case(Bf16, 512, 64, (64, 1), RightJustified, &[0], 2900, 3),
+        case(F16, 512, 64, (64, 1), RightJustified, &[0], 700, 1),
         // Padded rows of different lengths, in both layouts.
-        case(Bf16, 512, 64, 64, RightJustified, &[0, 37, 200], 1100, 2),
-        case(Bf16, 512, 64, 64, Ragged, &[5, 0], 300, 9),
+        case(Bf16, 512, 64, (64, 1), RightJustified, &[0, 37, 200], 1100, 2),
+        case(Bf16, 512, 64, (64, 1), Ragged, &[5, 0], 300, 9),
         // Heads past one block (the second one partly filled), narrower widths.
-        case(Bf16, 128, 64, 96, RightJustified, &[3, 0], 130, 1),
-        case(F16, 64, 16, 8, Ragged, &[0, 2], 40, 1),
+        case(Bf16, 128, 64, (96, 1), RightJustified, &[3, 0], 130, 1),
+        case(F16, 64, 16, (8, 1), Ragged, &[0, 2], 40, 1),
         // A few positions only.
-        case(Bf16, 512, 64, 64, RightJustified, &[0, 3], 5, 0),
+        case(Bf16, 512, 64, (64, 1), RightJustified, &[0, 3], 5, 0),
+        // Speculative verifies: a few queries per row, padded, rows past one block.
+        case(Bf16, 512, 64, (64, 3), RightJustified, &[0, 21], 600, 3),
+        case(F16, 128, 64, (40, 2), Ragged, &[2, 0, 9], 90, 2),
+        case(Bf16, 64, 16, (4, 4), RightJustified, &[0], 4, 0),
     ] {
         run(&c, &mut rng);
     }

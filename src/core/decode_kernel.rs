@@ -1,12 +1,12 @@
-//! Split-K flash decoding for absorbed MLA on MLX's CUDA backend: one query per row over the
-//! stored latent and rope (bfloat16 or float16), every head of a row sharing each position as
-//! it is read. MLX's own fused attention treats the one latent "key head" as broadcast to every
+//! Split-K flash decoding for absorbed MLA on MLX's CUDA backend: a decode step's query (or a
+//! speculative verify's few, causally masked) per row over the stored latent and rope (bfloat16
+//! or float16), every head of a row sharing each position as it is read. MLX's own fused attention treats the one latent "key head" as broadcast to every
 //! query head and runs far below the GPU's memory bandwidth; this kernel reads each stored
 //! position once per 64 heads, in tensor-core products, with the positions split over the GPU's
 //! multiprocessors and the splits combined by their log-sum-exp (the FlashDecoding scheme).
 //!
 //! Two kernels, compiled by MLX at first use (NVRTC) through its custom-kernel API:
-//! - `partial`: block (split, row, head group) walks its positions in tiles of 32, each copied
+//! - `partial`: block (split, row, group of 64 head-query pairs) walks its positions in tiles of 32, each copied
 //!   in (cp.async) while the previous one is computed on: scores for 64 heads by 32 positions
 //!   (`mma.sync` m16n8k16, float32 accumulators), an online softmax, and the probabilities times
 //!   the tile's latent into float32 accumulators that stay in registers; it writes its
@@ -66,13 +66,13 @@ fn shared_bytes(d: usize) -> usize {
     (m + 2 * n) * (d + 8) * 2 + 4 * m * (n + 1) * 4 + m * (n + 8) * 2 + 3 * m * 4
 }
 
-/// Whether the kernel computes this attention: CUDA, one query per row, latent and rope stored
-/// in the queries' 16-bit float dtype, a latent width that tiles by 64 and a rope width by 16,
+/// Whether the kernel computes this attention: CUDA, latent and rope stored in the queries'
+/// 16-bit float dtype, a latent width that tiles by 64 and a rope width by 16,
 /// both fitting shared memory.
 pub fn applies(storage: Dtype, q_dtype: Dtype, rank: usize, rope: usize, queries: usize) -> bool {
     ENABLED.load(Ordering::Relaxed)
         && *ON_CUDA
-        && queries == 1
+        && queries >= 1
         && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
         && q_dtype == storage
         && rank % 64 == 0
@@ -137,8 +137,8 @@ const PARTIAL: &str = r#"
 
   const uint16_t* qlat = reinterpret_cast<const uint16_t*>(q_latent);
   const uint16_t* qrop = reinterpret_cast<const uint16_t*>(q_rope);
-  const int64_t q0 = q_latent_strides[0], q1 = q_latent_strides[1], q3 = q_latent_strides[3];
-  const int64_t p0 = q_rope_strides[0], p1 = q_rope_strides[1], p3 = q_rope_strides[3];
+  const int64_t q0 = q_latent_strides[0], q1 = q_latent_strides[1], q2 = q_latent_strides[2], q3 = q_latent_strides[3];
+  const int64_t p0 = q_rope_strides[0], p1 = q_rope_strides[1], p2 = q_rope_strides[2], p3 = q_rope_strides[3];
   const uint16_t* lat = reinterpret_cast<const uint16_t*>(latent);
   const uint16_t* rop = reinterpret_cast<const uint16_t*>(rope);
   const int64_t l0 = latent_strides[0], l1 = latent_strides[1], l2 = latent_strides[2];
@@ -146,14 +146,17 @@ const PARTIAL: &str = r#"
   // 16-byte copies where rows are contiguous and aligned (the stored buffers and engines' queries
   // are); element copies otherwise.
   auto aligned = [](const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15) == 0; };
-  const bool qvec = q3 == 1 && p3 == 1 && q0 % 8 == 0 && q1 % 8 == 0 && p0 % 8 == 0 && p1 % 8 == 0 && aligned(qlat) && aligned(qrop);
+  const bool qvec = q3 == 1 && p3 == 1 && q0 % 8 == 0 && q1 % 8 == 0 && q2 % 8 == 0 && p0 % 8 == 0 &&
+                    p1 % 8 == 0 && p2 % 8 == 0 && aligned(qlat) && aligned(qrop);
   const bool vec = l2 == 1 && r2 == 1 && l0 % 8 == 0 && l1 % 8 == 0 && r0 % 8 == 0 && r1 % 8 == 0 && aligned(lat) && aligned(rop);
 
-  // Queries of heads h0.. (rows past H are zero).
+  // Query rows h0.. (row h is head h / LQ's query h % LQ; rows past H are zero).
   if (qvec) {
     for (int i = tid; i < M * (D / 8); i += THREADS) {
       int r = i / (D / 8), c = (i % (D / 8)) * 8, h = h0 + r;
-      const uint16_t* src = h >= H ? qlat : c < R ? qlat + b * q0 + h * q1 + c : qrop + b * p0 + h * p1 + (c - R);
+      const uint16_t* src = h >= H ? qlat
+                            : c < R ? qlat + b * q0 + (h / LQ) * q1 + (h % LQ) * q2 + c
+                                    : qrop + b * p0 + (h / LQ) * p1 + (h % LQ) * p2 + (c - R);
       lc_cp_async16(sq + r * LD + c, src, h < H);
     }
     asm volatile("cp.async.commit_group;\n" ::);
@@ -161,7 +164,10 @@ const PARTIAL: &str = r#"
     for (int i = tid; i < M * D; i += THREADS) {
       int r = i / D, c = i % D, h = h0 + r;
       uint16_t v = 0;
-      if (h < H) v = c < R ? qlat[b * q0 + h * q1 + c * q3] : qrop[b * p0 + h * p1 + (c - R) * p3];
+      if (h < H) {
+        v = c < R ? qlat[b * q0 + (h / LQ) * q1 + (h % LQ) * q2 + c * q3]
+                  : qrop[b * p0 + (h / LQ) * p1 + (h % LQ) * p2 + (c - R) * p3];
+      }
       sq[r * LD + c] = v;
     }
   }
@@ -244,13 +250,15 @@ const PARTIAL: &str = r#"
     {
       constexpr int C = N / 8;
       const int r = tid >> 3, q = tid & 7;
+      // Causal: query i of LQ sees the row's positions up to hi - LQ + i (bottom-right aligned).
+      const int lim = CAUSAL ? min(end, hi - LQ + 1 + (h0 + r) % LQ) : end;
       float sv[C];
       float mx = LC_NEG_INF;
       #pragma unroll
       for (int c = 0; c < C; c++) {
         const int at = r * LDS + q * C + c;
         const float v = (ss[at] + ss[M * LDS + at] + ss[2 * M * LDS + at] + ss[3 * M * LDS + at]) * sc;
-        sv[c] = tile + q * C + c < end ? v : LC_NEG_INF;
+        sv[c] = tile + q * C + c < lim ? v : LC_NEG_INF;
         mx = fmaxf(mx, sv[c]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
@@ -474,9 +482,10 @@ fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array
     }
 }
 
-/// Absorbed MLA attention for one query per row, `[B, H, 1, R]` float32, lazily: `latent [B, T,
-/// R]` and `rope [B, T, P]` in the queries' dtype, `ranges` each row's valid window positions.
-/// Callers check `applies` first.
+/// Absorbed MLA attention, `[B, H, Lq, R]` float32, lazily: `latent [B, T, R]` and `rope [B, T,
+/// P]` in the queries' dtype, `ranges` each row's valid window positions, `causal` the
+/// bottom-right aligned causal mask over them (else every query sees the whole row). Callers
+/// check `applies` first.
 pub(crate) fn attend(
     q_latent: &Array,
     q_rope: &Array,
@@ -484,12 +493,15 @@ pub(crate) fn attend(
     rope: &Array,
     ranges: &[(usize, usize)],
     scale: f32,
+    causal: bool,
 ) -> Result<Array> {
     let qs = q_latent.shape();
-    let (batch, heads, rank) = (qs[0] as usize, qs[1] as usize, qs[3] as usize);
+    let (batch, heads, queries, rank) = (qs[0] as usize, qs[1] as usize, qs[2] as usize, qs[3] as usize);
     let rope_dim = q_rope.shape()[3] as usize;
     let positions = latent.shape()[1] as usize;
-    let groups = heads.div_ceil(HEADS_PER_BLOCK);
+    // Every (head, query) pair is a row of the products; blocks take 64 rows each.
+    let rows = heads * queries;
+    let groups = rows.div_ceil(HEADS_PER_BLOCK);
     // Splits: about one block per multiprocessor, at least a tile of positions each.
     let tiles = positions.div_ceil(POSITIONS_PER_TILE).max(1);
     let splits = (TARGET_BLOCKS / (batch * groups)).clamp(1, tiles);
@@ -502,8 +514,8 @@ pub(crate) fn attend(
     let params = mlx_ops::indices(&params, &[params.len()]);
     let scale = Array::from_slice(&[scale], &[1]);
     let bf16 = q_latent.dtype() == Dtype::Bfloat16;
-    let ints = [("R", rank as i32), ("P", rope_dim as i32), ("H", heads as i32)];
-    let (b, s, h, r) = (batch as i32, splits as i32, heads as i32, rank as i32);
+    let ints = [("R", rank as i32), ("P", rope_dim as i32), ("H", rows as i32), ("LQ", queries as i32)];
+    let (b, s, h, r) = (batch as i32, splits as i32, rows as i32, rank as i32);
     let partial = kernel(
         "latent_cache_mla_decode_partial",
         &["q_latent", "q_rope", "latent", "rope", "params", "scale"],
@@ -519,7 +531,8 @@ pub(crate) fn attend(
             grid: [s * 512, b, groups as i32],
             block: [512, 1, 1],
             ints: &ints,
-            bools: &[("BF16", bf16)],
+            // With one query, causal sees the whole row: one compiled kernel serves both.
+            bools: &[("BF16", bf16), ("CAUSAL", causal && queries > 1)],
         },
     )?;
     let threads = rank.min(256) as i32;
@@ -527,7 +540,13 @@ pub(crate) fn attend(
     let out = apply(
         combine,
         &[&partial[0], &partial[1]],
-        Launch { outputs: &[&[b, h, 1, r]], grid: [r, h, b], block: [threads, 1, 1], ints: &[ints[0], ints[2]], bools: &[] },
+        Launch {
+            outputs: &[&[b, heads as i32, queries as i32, r]],
+            grid: [r, h, b],
+            block: [threads, 1, 1],
+            ints: &[ints[0], ints[2]],
+            bools: &[],
+        },
     )?;
     LAUNCHES.fetch_add(1, Ordering::SeqCst);
     Ok(out.into_iter().next().expect("one output"))

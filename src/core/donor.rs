@@ -482,14 +482,15 @@ impl Donor {
         Ok(Some(mlx_ops::astype(&out, Dtype::Float32)?))
     }
 
-    /// One query per row over 16-bit float storage on CUDA: the split-K kernel of
-    /// `decode_kernel`, which reads each stored position once for 64 heads. With one query, the
-    /// causal mask sees the whole row, as no mask does. `None` where it does not apply.
+    /// Attention over 16-bit float storage on CUDA without a mask array: the split-K kernel of
+    /// `decode_kernel`, which reads each stored position once for 64 head-query pairs. `None`
+    /// where it does not apply.
     fn kernel_decode(
         &self,
         q_latent: &Array,
         q_rope: &Array,
         scale: f32,
+        mode: MaskMode,
         extra: Option<&Array>,
         queries: usize,
     ) -> Result<Option<Array>> {
@@ -501,6 +502,7 @@ impl Donor {
         };
         let composed = self.hot_values(Family::Latent).is_some() || self.hot_values(Family::Rope).is_some();
         if extra.is_some()
+            || mode == MaskMode::Array
             || composed
             || q_rope.dtype() != q_latent.dtype()
             || !decode_kernel::applies(storage, q_latent.dtype(), g.kv_lora_rank, g.rope_head_dim, queries)
@@ -509,7 +511,7 @@ impl Donor {
         }
         let ranges: Vec<(usize, usize)> = self.left_pad.iter().copied().zip(self.row_ends.iter().copied()).collect();
         let (latent, rope) = (&self.parts(Family::Latent)[0], &self.parts(Family::Rope)[0]);
-        decode_kernel::attend(q_latent, q_rope, latent, rope, &ranges, scale).map(Some)
+        decode_kernel::attend(q_latent, q_rope, latent, rope, &ranges, scale, mode == MaskMode::Causal).map(Some)
     }
 
     /// GLM-5's absorbed MLA attention over the donor's rows (see the module doc), `[B, H, Lq,
@@ -528,7 +530,7 @@ impl Donor {
             (_, Some(_)) => return fail!(InvalidArgument, "a mask array is taken only with the ARRAY mask mode"),
             (_, None) => None,
         };
-        if let Some(out) = self.kernel_decode(q_latent, q_rope, scale, extra, queries)? {
+        if let Some(out) = self.kernel_decode(q_latent, q_rope, scale, mode, extra, queries)? {
             return Ok(out);
         }
         if let Some(out) = self.fused_decode(q_latent, q_rope, scale, mode, extra, queries)? {
