@@ -247,6 +247,23 @@ def persist_section(by, persisted):
     return md
 
 
+def ops_section(ops):
+    """MLX operations per 78-layer decode step per mode (modes.rs `op_counts`)."""
+    if not ops:
+        return []
+    base = next((r["ops"] for r in ops if r["system"] == MODE_F32), None)
+    kinds = sorted({k for r in ops for k in r["by_primitive"]})
+    md = ["", "## MLX operations per decode step", "",
+          "Counted from MLX's own printout of one step's graph (batch 1, 78 layers, the parts the step keeps): "
+          "the step on these machines is bound by the host's cost per operation, so the count explains most "
+          "of each mode's time against f32.", "",
+          "| mode | operations | vs f32 | " + " | ".join(kinds) + " |", "|---|---|---|" + "---|" * len(kinds)]
+    for r in ops:
+        ratio = f"{r['ops'] / base:.2f}x" if base else "-"
+        md.append(f"| {r['system']} | {r['ops']} | {ratio} | " + " | ".join(str(r["by_primitive"].get(k, 0)) for k in kinds) + " |")
+    return md + [""]
+
+
 def modes_section(by, records, accuracy):
     modes = mode_systems(records)
     if not modes:
@@ -452,15 +469,16 @@ def main():
     out_dir, paths = args[0], args[1:]
     records = load(paths)
     accuracy = [r for r in records if r["scenario"] == "accuracy"]
+    ops = [r for r in records if r["scenario"] == "ops_per_step"]
     persisted = [r for r in records if r["scenario"] == "persist"]
-    records = [r for r in records if r["scenario"] not in ("accuracy", "persist")]
+    records = [r for r in records if r["scenario"] not in ("accuracy", "persist", "ops_per_step")]
     by = index(records)
     attention_only = bool(records) and all(r["scenario"].startswith("attention") for r in records)
     checked = attention_goals(by, records)
     if not attention_only:
         checked = goals(by, records) + mode_goals(by, records) + rounds_goals(by, records) + persist_goals(persisted) + checked
     with open(f"{out_dir}/report.json", "w") as f:
-        json.dump({"title": title, "records": records + accuracy, "goals": checked}, f, indent=1)
+        json.dump({"title": title, "records": records + accuracy + ops, "goals": checked}, f, indent=1)
 
     md = [f"# Benchmark: {title}", "",
           "GLM-5.2 shape: 78 layers, kv_lora_rank 512, rope 64, index keys 128 on 21 layers, float32. "
@@ -512,6 +530,7 @@ def main():
         if r["scenario"] == "decode" and r["bytes_held_per_token"] is not None:
             md.append(f"| {r['system']} | {r['batch']} | {r['context']} | {r['bytes_held_per_token']:.0f} | {r['bytes_per_token']} |")
     md += modes_section(by, records, accuracy)
+    md += ops_section(ops)
     md += rounds_section(by, records)
     md += persist_section(by, persisted)
     md += attention_section(by, records)

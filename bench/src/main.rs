@@ -363,6 +363,7 @@ fn main() {
     }
     if cfg.modes {
         out.extend(modes::accuracy());
+        out.extend(modes::op_counts());
     }
     for maker in &makers {
         if (maker.runs_alone && cfg.concat_limit == 0) || cfg.modes || cfg.rounds {

@@ -85,7 +85,7 @@ impl OursMode {
         };
         let key = given.arrays[0].as_ptr().ctx as usize;
         if converted.as_ref().map(|(k, _)| *k) != Some(key) {
-            let arrays = given.arrays.each_ref().map(|a| a.as_dtype(*dtype).unwrap());
+            let arrays = given.arrays.each_ref().map(|a| latent_cache::core::mlx_ops::astype(a, *dtype).unwrap());
             eval(arrays.iter()).unwrap();
             *converted = Some((key, arrays));
         }
@@ -99,20 +99,7 @@ impl System for OursMode {
     }
 
     fn forward(&mut self, given: &Inputs, step: Step) {
-        let inputs = self.inputs(given).clone();
-        let mut outputs = Vec::with_capacity(LAYERS * 8);
-        for (l, cache) in self.layers.iter_mut().enumerate() {
-            if step != Step::Fill && is_dsa(l) {
-                outputs.extend(cache.packed(Family::IndexKeys).unwrap());
-            }
-            let keys = is_dsa(l).then_some(&inputs[2]);
-            cache.append(&inputs[0], &inputs[1], keys).unwrap();
-            outputs.extend(cache.packed(Family::Latent).unwrap());
-            outputs.extend(cache.packed(Family::Rope).unwrap());
-            if step == Step::Fill && is_dsa(l) {
-                outputs.extend(cache.packed(Family::IndexKeys).unwrap());
-            }
-        }
+        let outputs = self.step_outputs(given, step);
         eval(outputs.iter()).unwrap();
     }
 
@@ -131,6 +118,83 @@ impl System for OursMode {
     fn bytes_per_token(&self) -> usize {
         self.layers.iter().map(LatentCache::bytes_per_token).sum()
     }
+}
+
+impl OursMode {
+    /// One forward's appends and the parts it keeps, unevaluated.
+    fn step_outputs(&mut self, given: &Inputs, step: Step) -> Vec<Array> {
+        let inputs = self.inputs(given).clone();
+        let mut outputs = Vec::with_capacity(LAYERS * 8);
+        for (l, cache) in self.layers.iter_mut().enumerate() {
+            if step != Step::Fill && is_dsa(l) {
+                outputs.extend(cache.packed(Family::IndexKeys).unwrap());
+            }
+            let keys = is_dsa(l).then_some(&inputs[2]);
+            cache.append(&inputs[0], &inputs[1], keys).unwrap();
+            outputs.extend(cache.packed(Family::Latent).unwrap());
+            outputs.extend(cache.packed(Family::Rope).unwrap());
+            if step == Step::Fill && is_dsa(l) {
+                outputs.extend(cache.packed(Family::IndexKeys).unwrap());
+            }
+        }
+        outputs
+    }
+}
+
+/// The MLX operations one decode step evaluates (batch 1, after 64 positions reserved to 1K),
+/// counted from MLX's own printed graph of the step's outputs: one JSON record per mode set and
+/// the bfloat16-inputs variant, with the count per primitive.
+pub fn op_counts() -> Vec<String> {
+    let mut sets: Vec<OursMode> = MODE_SETS.iter().map(OursMode::new).collect();
+    sets.push(OursMode::bf16_inputs());
+    let fill = Inputs::new(1, 64, 0.5);
+    let one = Inputs::new(1, 1, 0.25);
+    let mut out = Vec::new();
+    for mut mode in sets {
+        mode.reserve(1024);
+        mode.forward(&fill, Step::Fill);
+        mode.forward(&one, Step::Decode);
+        let outputs = mode.step_outputs(&one, Step::Decode);
+        let mut counts = std::collections::BTreeMap::<String, usize>::new();
+        for line in printed_graph(&outputs).lines().skip(2).collect::<std::collections::BTreeSet<_>>() {
+            *counts.entry(line.split(' ').next().unwrap_or("").to_string()).or_default() += 1;
+        }
+        eval(outputs.iter()).unwrap();
+        let total: usize = counts.values().sum();
+        let by: Vec<String> = counts.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+        out.push(format!(
+            "{{\"system\": \"{}\", \"scenario\": \"ops_per_step\", \"batch\": 1, \"context\": 66, \"ops\": {total}, \"by_primitive\": {{{}}}}}",
+            mode.name,
+            by.join(", ")
+        ));
+    }
+    out
+}
+
+/// MLX's printout of the graph behind `outputs` (one line per operation after two header lines;
+/// an operation with several outputs prints one identical line per output).
+fn printed_graph(outputs: &[Array]) -> String {
+    let path = std::env::temp_dir().join(format!("latent-cache-graph-{}.txt", std::process::id()));
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a file opened and closed here; the vector and namer are freed after the call, and
+    // the arrays are borrowed for it.
+    unsafe {
+        let file = libc::fopen(c_path.as_ptr(), c"w".as_ptr());
+        assert!(!file.is_null(), "opening {path:?}");
+        let vector = mlx_sys::mlx_vector_array_new();
+        for a in outputs {
+            mlx_sys::mlx_vector_array_append_value(vector, a.as_ptr());
+        }
+        let namer = mlx_sys::mlx_node_namer_new();
+        let rc = mlx_sys::mlx_print_graph(file.cast(), namer, vector);
+        mlx_sys::mlx_node_namer_free(namer);
+        mlx_sys::mlx_vector_array_free(vector);
+        libc::fclose(file);
+        assert_eq!(rc, 0, "MLX printed no graph");
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    text
 }
 
 /// Standard normal samples (Box-Muller over a fixed xorshift stream), and heavy-tailed ones
