@@ -5,6 +5,7 @@
 //! parts are the plain views, so the f32 row is the library's usual decode step. Plus each
 //! mode's accuracy on Gaussian and heavy-tailed values.
 use latent_cache::core::eval::eval;
+use latent_cache::core::fp8_kernel;
 use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 use mlx_rs::Array;
 
@@ -60,17 +61,29 @@ pub struct OursMode {
     /// A labelled variant's input dtype: the step's inputs converted once (as an engine whose
     /// activations are already in that dtype passes them), keyed by the inputs they came from.
     inputs: Option<(mlx_rs::Dtype, Option<Converted>)>,
+    /// A labelled variant: FP8 encoded with MLX's ops even where the library's kernel applies.
+    fp8_ops: bool,
 }
 
 /// Inputs converted to a variant's dtype, keyed by the inputs they came from.
 type Converted = (usize, [Array; 3]);
+
+/// The variant: FP8 storage encoded by MLX's ops instead of the library's CUDA kernel.
+pub const FP8_OPS: &str = "latent-cache fp8 (rope bf16), MLX-ops encoding (variant)";
 
 /// The variant: bfloat16 storage fed bfloat16 inputs (GLM-5.2 computes its state in bfloat16).
 pub const BF16_INPUTS: &str = "latent-cache bf16, bf16 inputs (variant)";
 
 impl OursMode {
     pub fn new(set: &ModeSet) -> Self {
-        OursMode { name: set.name, layers: (0..LAYERS).map(|l| LatentCache::new(layer(l, set)).unwrap()).collect(), inputs: None }
+        let layers = (0..LAYERS).map(|l| LatentCache::new(layer(l, set)).unwrap()).collect();
+        OursMode { name: set.name, layers, inputs: None, fp8_ops: false }
+    }
+
+    /// `MODE_SETS[3]` (FP8) encoded by MLX's ops where the library's kernel would apply:
+    /// `FP8_OPS`, measured only where it differs (MLX's CUDA backend).
+    pub fn fp8_ops() -> Self {
+        OursMode { name: FP8_OPS, fp8_ops: true, ..OursMode::new(&MODE_SETS[3]) }
     }
 
     /// `MODE_SETS[1]` (bfloat16) fed bfloat16 inputs: `BF16_INPUTS`.
@@ -123,6 +136,13 @@ impl System for OursMode {
 impl OursMode {
     /// One forward's appends and the parts it keeps, unevaluated.
     fn step_outputs(&mut self, given: &Inputs, step: Step) -> Vec<Array> {
+        fp8_kernel::set_enabled(!self.fp8_ops);
+        let outputs = self.appended(given, step);
+        fp8_kernel::set_enabled(true);
+        outputs
+    }
+
+    fn appended(&mut self, given: &Inputs, step: Step) -> Vec<Array> {
         let inputs = self.inputs(given).clone();
         let mut outputs = Vec::with_capacity(LAYERS * 8);
         for (l, cache) in self.layers.iter_mut().enumerate() {
@@ -147,6 +167,9 @@ impl OursMode {
 pub fn op_counts() -> Vec<String> {
     let mut sets: Vec<OursMode> = MODE_SETS.iter().map(OursMode::new).collect();
     sets.push(OursMode::bf16_inputs());
+    if fp8_kernel::applies(1) {
+        sets.push(OursMode::fp8_ops());
+    }
     let fill = Inputs::new(1, 64, 0.5);
     let one = Inputs::new(1, 1, 0.25);
     let mut out = Vec::new();

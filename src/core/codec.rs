@@ -6,6 +6,7 @@
 use mlx_rs::{Array, Dtype};
 
 use super::error::{fail, Result};
+use super::fp8_kernel;
 use super::mlx_ops;
 
 /// Values per group of the affine modes (MLX's quantization along the width, as mlx-lm's
@@ -146,6 +147,9 @@ impl StorageMode {
             StorageMode::Fp8 => {
                 let (rows, tokens) = leading(x);
                 let blocks = width / FP8_BLOCK;
+                if fp8_kernel::applies(rows * tokens * blocks) {
+                    return fp8_kernel::encode(x, rows, tokens, width);
+                }
                 let x = mlx_ops::reshape(&mlx_ops::astype(x, Dtype::Float32)?, &[rows, tokens, blocks, FP8_BLOCK])?;
                 let amax = mlx_ops::maximum(&mlx_ops::abs_max_last(&x)?, &mlx_ops::scalar(FP8_MIN_AMAX))?;
                 let scale = mlx_ops::divide(&amax, &mlx_ops::scalar(FP8_MAX))?;

@@ -16,14 +16,12 @@
 //! Taken by `Donor::attend` where it applies (see `applies`); the MLX-ops path is the fallback
 //! and the reference it is tested against (`tests/decode_kernel.rs`, run on an H200). Metal has
 //! no counterpart yet.
-use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use mlx_rs::{Array, Dtype};
-use once_cell::sync::Lazy;
 
-use super::error::{fail, Result};
+use super::cuda_kernel::{self, apply, kernel, Launch, Source};
+use super::error::Result;
 use super::mlx_ops;
 
 /// Heads per block and positions per tile (the kernel's fixed tile sizes).
@@ -33,14 +31,6 @@ const POSITIONS_PER_TILE: usize = 32;
 const SHARED_LIMIT: usize = 227 * 1024;
 /// Blocks to aim for: about one per multiprocessor of an H100/H200 (132), so one wave runs.
 const TARGET_BLOCKS: usize = 132;
-
-/// Whether the default device is a GPU driven by MLX's CUDA backend.
-static ON_CUDA: Lazy<bool> = Lazy::new(|| {
-    let mut cuda = false;
-    // SAFETY: a plain query writing one bool.
-    unsafe { mlx_sys::mlx_cuda_is_available(&mut cuda) };
-    cuda && matches!(mlx_rs::Device::default().get_type(), Ok(mlx_rs::DeviceType::Gpu))
-});
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
 static LAUNCHES: AtomicUsize = AtomicUsize::new(0);
@@ -71,7 +61,7 @@ fn shared_bytes(d: usize) -> usize {
 /// both fitting shared memory.
 pub fn applies(storage: Dtype, q_dtype: Dtype, rank: usize, rope: usize, queries: usize) -> bool {
     ENABLED.load(Ordering::Relaxed)
-        && *ON_CUDA
+        && cuda_kernel::on_cuda()
         && queries >= 1
         && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
         && q_dtype == storage
@@ -333,6 +323,24 @@ const PARTIAL: &str = r#"
   }
 "#;
 
+static PARTIAL_KERNEL: Source = Source {
+    name: "latent_cache_mla_decode_partial",
+    inputs: &["q_latent", "q_rope", "latent", "rope", "params", "scale"],
+    outputs: &["o_part", "ml"],
+    header: HEADER,
+    body: PARTIAL,
+    contiguous: false,
+};
+
+static COMBINE_KERNEL: Source = Source {
+    name: "latent_cache_mla_decode_combine",
+    inputs: &["o_part", "ml"],
+    outputs: &["out"],
+    header: HEADER,
+    body: COMBINE,
+    contiguous: false,
+};
+
 /// The combine kernel's body: `out [B, H, 1, R]` float32 from `o_part` and `ml`.
 const COMBINE: &str = r#"
   const int c = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -354,133 +362,6 @@ const COMBINE: &str = r#"
   }
   out[(static_cast<int64_t>(b) * H + h) * R + c] = num / den;
 "#;
-
-/// A compiled-on-first-use kernel object (mlx-c's handle), made once per kernel and shared
-/// memory size and kept for the process: making one copies its source, and MLX compiles each
-/// source once however many objects name it.
-struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
-
-// SAFETY: the handle is immutable once made; applying it only reads it (MLX's kernel function is
-// a const closure), and the library applies kernels from one thread at a time or under its lock.
-unsafe impl Send for Kernel {}
-unsafe impl Sync for Kernel {}
-
-/// Kernels made so far: name, shared memory, the kernel.
-type Made = Vec<(&'static str, usize, &'static Kernel)>;
-
-static KERNELS: Lazy<Mutex<Made>> = Lazy::new(|| Mutex::new(Vec::new()));
-
-fn cstr(s: &str) -> CString {
-    CString::new(s).expect("kernel names and sources hold no NUL")
-}
-
-/// The kernel `name` (with its input and output names and body), made on first use.
-fn kernel(name: &'static str, inputs: &[&str], outputs: &[&str], source: &str, shared: usize) -> &'static Kernel {
-    let mut kernels = KERNELS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((_, _, k)) = kernels.iter().find(|(n, s, _)| *n == name && *s == shared) {
-        return k;
-    }
-    // SAFETY: plain mlx-c constructors; the name vectors are freed once the kernel holds copies.
-    let made = unsafe {
-        let names = [inputs, outputs].map(|list| {
-            let v = mlx_sys::mlx_vector_string_new();
-            for n in list {
-                mlx_sys::mlx_vector_string_append_value(v, cstr(n).as_ptr());
-            }
-            v
-        });
-        let k = mlx_sys::mlx_fast_cuda_kernel_new(
-            cstr(name).as_ptr(),
-            names[0],
-            names[1],
-            cstr(source).as_ptr(),
-            cstr(HEADER).as_ptr(),
-            false,
-            shared as i32,
-        );
-        for v in names {
-            mlx_sys::mlx_vector_string_free(v);
-        }
-        k
-    };
-    let k: &'static Kernel = Box::leak(Box::new(Kernel(made)));
-    kernels.push((name, shared, k));
-    k
-}
-
-/// The mlx-c handles of one launch, freed on every path.
-struct Launched {
-    config: mlx_sys::mlx_fast_cuda_kernel_config,
-    inputs: mlx_sys::mlx_vector_array,
-    outputs: mlx_sys::mlx_vector_array,
-}
-
-impl Drop for Launched {
-    fn drop(&mut self) {
-        // SAFETY: each handle was made by its mlx-c constructor and is freed once, here.
-        unsafe {
-            mlx_sys::mlx_fast_cuda_kernel_config_free(self.config);
-            mlx_sys::mlx_vector_array_free(self.inputs);
-            mlx_sys::mlx_vector_array_free(self.outputs);
-        }
-    }
-}
-
-/// One launch: output shapes (float32), grid and block in threads, template arguments.
-struct Launch<'a> {
-    outputs: &'a [&'a [i32]],
-    grid: [i32; 3],
-    block: [i32; 3],
-    ints: &'a [(&'a str, i32)],
-    bools: &'a [(&'a str, bool)],
-}
-
-/// Applies a kernel lazily on the library's stream (MLX compiles it at its first evaluation).
-fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array>> {
-    // SAFETY: every handle is owned by `l` and freed when it drops; arrays are borrowed for the
-    // call (mlx-c copies them into its vector) and the outputs are copied into owned Arrays.
-    unsafe {
-        let l = Launched {
-            config: mlx_sys::mlx_fast_cuda_kernel_config_new(),
-            inputs: mlx_sys::mlx_vector_array_new(),
-            outputs: mlx_sys::mlx_vector_array_new(),
-        };
-        let mut rc = 0;
-        for shape in launch.outputs {
-            rc |=
-                mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(l.config, shape.as_ptr(), shape.len(), Dtype::Float32 as u32);
-        }
-        let [gx, gy, gz] = launch.grid;
-        let [tx, ty, tz] = launch.block;
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(l.config, gx, gy, gz);
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(l.config, tx, ty, tz);
-        for (n, v) in launch.ints {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(l.config, cstr(n).as_ptr(), *v);
-        }
-        for (n, v) in launch.bools {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(l.config, cstr(n).as_ptr(), *v);
-        }
-        for a in inputs {
-            rc |= mlx_sys::mlx_vector_array_append_value(l.inputs, a.as_ptr());
-        }
-        let mut outputs = l.outputs;
-        if rc != 0
-            || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel.0, l.inputs, l.config, mlx_ops::library_stream()) != 0
-        {
-            return fail!(Backend, "MLX could not apply the attention kernel");
-        }
-        let mut arrays = Vec::new();
-        for i in 0..mlx_sys::mlx_vector_array_size(outputs) {
-            let mut a = mlx_sys::mlx_array_new();
-            if mlx_sys::mlx_vector_array_get(&mut a, outputs, i) != 0 {
-                mlx_sys::mlx_array_free(a);
-                return fail!(Backend, "the attention kernel returned no output {i}");
-            }
-            arrays.push(Array::from_ptr(a));
-        }
-        Ok(arrays)
-    }
-}
 
 /// Absorbed MLA attention, `[B, H, Lq, R]` float32, lazily: `latent [B, T, R]` and `rope [B, T,
 /// P]` in the queries' dtype, `ranges` each row's valid window positions, `causal` the
@@ -516,18 +397,12 @@ pub(crate) fn attend(
     let bf16 = q_latent.dtype() == Dtype::Bfloat16;
     let ints = [("R", rank as i32), ("P", rope_dim as i32), ("H", rows as i32), ("LQ", queries as i32)];
     let (b, s, h, r) = (batch as i32, splits as i32, rows as i32, rank as i32);
-    let partial = kernel(
-        "latent_cache_mla_decode_partial",
-        &["q_latent", "q_rope", "latent", "rope", "params", "scale"],
-        &["o_part", "ml"],
-        PARTIAL,
-        shared_bytes(rank + rope_dim),
-    );
+    let partial = kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim));
     let partial = apply(
         partial,
         &[q_latent, q_rope, latent, rope, &params, &scale],
         Launch {
-            outputs: &[&[b, s, h, r], &[b, s, h, 2]],
+            outputs: &[(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)],
             grid: [s * 512, b, groups as i32],
             block: [512, 1, 1],
             ints: &ints,
@@ -536,12 +411,12 @@ pub(crate) fn attend(
         },
     )?;
     let threads = rank.min(256) as i32;
-    let combine = kernel("latent_cache_mla_decode_combine", &["o_part", "ml"], &["out"], COMBINE, 0);
+    let combine = kernel(&COMBINE_KERNEL, 0);
     let out = apply(
         combine,
         &[&partial[0], &partial[1]],
         Launch {
-            outputs: &[&[b, heads as i32, queries as i32, r]],
+            outputs: &[(&[b, heads as i32, queries as i32, r], Dtype::Float32)],
             grid: [r, h, b],
             block: [threads, 1, 1],
             ints: &[ints[0], ints[2]],

@@ -1,0 +1,165 @@
+//! The library's own GPU kernels on MLX's CUDA backend: made through MLX's custom-kernel API
+//! (mlx-c's `mlx_fast_cuda_kernel_*`; MLX compiles each source with NVRTC at its first
+//! evaluation and caches it), applied lazily on the library's stream like any MLX operation.
+//! The kernels themselves live with what they compute (`decode_kernel`, `codec`'s FP8 encoding).
+use std::ffi::CString;
+use std::sync::Mutex;
+
+use mlx_rs::{Array, Dtype};
+use once_cell::sync::Lazy;
+
+use super::error::{fail, Result};
+use super::mlx_ops;
+
+/// Whether the default device is a GPU driven by MLX's CUDA backend.
+static ON_CUDA: Lazy<bool> = Lazy::new(|| {
+    let mut cuda = false;
+    // SAFETY: a plain query writing one bool.
+    unsafe { mlx_sys::mlx_cuda_is_available(&mut cuda) };
+    cuda && matches!(mlx_rs::Device::default().get_type(), Ok(mlx_rs::DeviceType::Gpu))
+});
+
+/// A compiled-on-first-use kernel object (mlx-c's handle), made once per kernel and shared
+/// memory size and kept for the process: making one copies its source, and MLX compiles each
+/// source once however many objects name it.
+pub(crate) struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
+
+// SAFETY: the handle is immutable once made; applying it only reads it (MLX's kernel function is
+// a const closure), and the library applies kernels from one thread at a time or under its lock.
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
+
+/// Kernels made so far: name, shared memory, the kernel.
+type Made = Vec<(&'static str, usize, &'static Kernel)>;
+
+static KERNELS: Lazy<Mutex<Made>> = Lazy::new(|| Mutex::new(Vec::new()));
+
+fn cstr(s: &str) -> CString {
+    CString::new(s).expect("kernel names and sources hold no NUL")
+}
+
+/// A kernel's source: its name, the names its body gives its inputs and outputs, a header (before
+/// MLX's signature) and the body.
+pub(crate) struct Source {
+    pub name: &'static str,
+    pub inputs: &'static [&'static str],
+    pub outputs: &'static [&'static str],
+    pub header: &'static str,
+    pub body: &'static str,
+    /// MLX copies inputs that are not row-contiguous first, and the body indexes them as such;
+    /// otherwise the body reads `<input>_strides` (MLX passes them where the body names them).
+    pub contiguous: bool,
+}
+
+/// The kernel of `source` with `shared` bytes of dynamic shared memory, made on first use.
+pub(crate) fn kernel(source: &'static Source, shared: usize) -> &'static Kernel {
+    let Source { name, inputs, outputs, header, body, contiguous } = *source;
+    let mut kernels = KERNELS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, _, k)) = kernels.iter().find(|(n, s, _)| *n == name && *s == shared) {
+        return k;
+    }
+    // SAFETY: plain mlx-c constructors; the name vectors are freed once the kernel holds copies.
+    let made = unsafe {
+        let names = [inputs, outputs].map(|list| {
+            let v = mlx_sys::mlx_vector_string_new();
+            for n in list {
+                mlx_sys::mlx_vector_string_append_value(v, cstr(n).as_ptr());
+            }
+            v
+        });
+        let k = mlx_sys::mlx_fast_cuda_kernel_new(
+            cstr(name).as_ptr(),
+            names[0],
+            names[1],
+            cstr(body).as_ptr(),
+            cstr(header).as_ptr(),
+            contiguous,
+            shared as i32,
+        );
+        for v in names {
+            mlx_sys::mlx_vector_string_free(v);
+        }
+        k
+    };
+    let k: &'static Kernel = Box::leak(Box::new(Kernel(made)));
+    kernels.push((name, shared, k));
+    k
+}
+
+/// The mlx-c handles of one launch, freed on every path.
+struct Launched {
+    config: mlx_sys::mlx_fast_cuda_kernel_config,
+    inputs: mlx_sys::mlx_vector_array,
+    outputs: mlx_sys::mlx_vector_array,
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        // SAFETY: each handle was made by its mlx-c constructor and is freed once, here.
+        unsafe {
+            mlx_sys::mlx_fast_cuda_kernel_config_free(self.config);
+            mlx_sys::mlx_vector_array_free(self.inputs);
+            mlx_sys::mlx_vector_array_free(self.outputs);
+        }
+    }
+}
+
+/// One launch: output shapes and dtypes, grid and block in threads, template arguments.
+pub(crate) struct Launch<'a> {
+    pub outputs: &'a [(&'a [i32], Dtype)],
+    pub grid: [i32; 3],
+    pub block: [i32; 3],
+    pub ints: &'a [(&'a str, i32)],
+    pub bools: &'a [(&'a str, bool)],
+}
+
+/// Applies a kernel lazily on the library's stream (MLX compiles it at its first evaluation).
+pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array>> {
+    // SAFETY: every handle is owned by `l` and freed when it drops; arrays are borrowed for the
+    // call (mlx-c copies them into its vector) and the outputs are copied into owned Arrays.
+    unsafe {
+        let l = Launched {
+            config: mlx_sys::mlx_fast_cuda_kernel_config_new(),
+            inputs: mlx_sys::mlx_vector_array_new(),
+            outputs: mlx_sys::mlx_vector_array_new(),
+        };
+        let mut rc = 0;
+        for (shape, dtype) in launch.outputs {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(l.config, shape.as_ptr(), shape.len(), *dtype as u32);
+        }
+        let [gx, gy, gz] = launch.grid;
+        let [tx, ty, tz] = launch.block;
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(l.config, gx, gy, gz);
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(l.config, tx, ty, tz);
+        for (n, v) in launch.ints {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(l.config, cstr(n).as_ptr(), *v);
+        }
+        for (n, v) in launch.bools {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(l.config, cstr(n).as_ptr(), *v);
+        }
+        for a in inputs {
+            rc |= mlx_sys::mlx_vector_array_append_value(l.inputs, a.as_ptr());
+        }
+        let mut outputs = l.outputs;
+        if rc != 0
+            || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel.0, l.inputs, l.config, mlx_ops::library_stream()) != 0
+        {
+            return fail!(Backend, "MLX could not apply a kernel of the library");
+        }
+        let mut arrays = Vec::new();
+        for i in 0..mlx_sys::mlx_vector_array_size(outputs) {
+            let mut a = mlx_sys::mlx_array_new();
+            if mlx_sys::mlx_vector_array_get(&mut a, outputs, i) != 0 {
+                mlx_sys::mlx_array_free(a);
+                return fail!(Backend, "a kernel of the library returned no output {i}");
+            }
+            arrays.push(Array::from_ptr(a));
+        }
+        Ok(arrays)
+    }
+}
+
+/// Whether the default device is a GPU driven by MLX's CUDA backend (where these kernels run).
+pub fn on_cuda() -> bool {
+    *ON_CUDA
+}
