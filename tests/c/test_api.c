@@ -10,36 +10,7 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                          \
-    }                                                                      \
-  } while (0)
-
-#define OK(call)                                                                   \
-  do {                                                                             \
-    latent_cache_status s_ = (call);                                               \
-    if (s_ != LATENT_CACHE_STATUS_OK) {                                            \
-      char m_[512];                                                                \
-      latent_cache_last_error(m_, sizeof m_);                                      \
-      fprintf(stderr, "%s:%d: %s returned %d: %s\n", __FILE__, __LINE__, #call, (int)s_, m_); \
-      failures++;                                                                  \
-    }                                                                              \
-  } while (0)
-
-/* A failing call: the expected status, and a non-empty message. */
-#define FAILS(expected, call)                                                      \
-  do {                                                                             \
-    latent_cache_last_error(NULL, 0);                                              \
-    latent_cache_status s_ = (call);                                               \
-    if (s_ != (expected)) {                                                        \
-      fprintf(stderr, "%s:%d: %s returned %d, expected %d\n", __FILE__, __LINE__, #call, (int)s_, (int)(expected)); \
-      failures++;                                                                  \
-    }                                                                              \
-    CHECK(latent_cache_last_error(NULL, 0) > 0);                                   \
-  } while (0)
+#include "check.h"
 
 enum { RANK = 8, ROPE = 4, INDEX = 6 };
 

@@ -16,14 +16,8 @@ using latent_cache_cpp::Packed;
 using latent_cache_cpp::State;
 
 static int failures = 0;
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                                   \
-    }                                                                               \
-  } while (0)
 
+#include "check.h"
 int main() {
   latent_cache_config config = latent_cache_config_default();
   config.kv_lora_rank = 4;

@@ -9,24 +9,8 @@
 #include "latent_cache.h"
 
 static int failures = 0;
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                              \
-    }                                                                          \
-  } while (0)
-#define OK(call)                                                                           \
-  do {                                                                                     \
-    latent_cache_status s_ = (call);                                                       \
-    if (s_ != LATENT_CACHE_STATUS_OK) {                                                    \
-      char m_[512];                                                                        \
-      latent_cache_last_error(m_, sizeof m_);                                              \
-      fprintf(stderr, "%s:%d: %s returned %d: %s\n", __FILE__, __LINE__, #call, (int)s_, m_); \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
 
+#include "check.h"
 enum { LAYERS = 3, B = 2, T = 6, R = 128, P = 64, K = 128 };
 
 static float value_at(size_t layer, size_t row, size_t pos, size_t family, size_t ch) {
@@ -51,27 +35,27 @@ static void save(const char *path) {
   latent_cache_config cfg[LAYERS];
   configs(cfg);
   latent_cache_set *set = NULL;
-  OK(latent_cache_set_new(cfg, LAYERS, &set));
+  MUST(latent_cache_set_new(cfg, LAYERS, &set));
   size_t pad[B] = {0, 2};
   static float buf[3][B * T * K];
   for (size_t l = 0; l < LAYERS; l++) {
     latent_cache *layer = NULL;
-    OK(latent_cache_set_layer(set, l, &layer));
+    MUST(latent_cache_set_layer(set, l, &layer));
     for (size_t f = 0; f < 3; f++)
       for (size_t b = 0; b < B; b++)
         for (size_t t = 0; t < T; t++)
           for (size_t c = 0; c < width(f); c++)
             buf[f][(b * T + t) * width(f) + c] = t < pad[b] ? 0.0f : value_at(l, b, t - pad[b], f, c);
-    OK(latent_cache_append_host_padded(layer, B, T, pad, B, buf[0], B * T * R, buf[1], B * T * P, l == 0 ? buf[2] : NULL,
+    MUST(latent_cache_append_host_padded(layer, B, T, pad, B, buf[0], B * T * R, buf[1], B * T * P, l == 0 ? buf[2] : NULL,
                                        l == 0 ? B * T * K : 0));
   }
-  OK(latent_cache_set_save(set, path));
+  MUST(latent_cache_set_save(set, path));
   uint8_t *bytes = NULL;
   size_t len = 0;
-  OK(latent_cache_set_save_to_buffer(set, &bytes, &len));
+  MUST(latent_cache_set_save_to_buffer(set, &bytes, &len));
   CHECK(len > 0 && bytes != NULL);
   latent_cache_set *again = NULL;
-  OK(latent_cache_set_load_from_buffer(bytes, len, &again));
+  MUST(latent_cache_set_load_from_buffer(bytes, len, &again));
   latent_cache_bytes_free(bytes, len);
   latent_cache_set_free(again);
   latent_cache_set_free(set);
@@ -79,20 +63,20 @@ static void save(const char *path) {
 
 static void load(const char *path) {
   latent_cache_set *set = NULL;
-  OK(latent_cache_set_load(path, &set));
+  MUST(latent_cache_set_load(path, &set));
   size_t n = 0;
-  OK(latent_cache_set_layer_count(set, &n));
+  MUST(latent_cache_set_layer_count(set, &n));
   CHECK(n == LAYERS);
   static float out[T * K];
   for (size_t l = 0; l < LAYERS; l++) {
     latent_cache *layer = NULL;
-    OK(latent_cache_set_layer(set, l, &layer));
+    MUST(latent_cache_set_layer(set, l, &layer));
     size_t rows[B], written = 0;
-    OK(latent_cache_row_offsets(layer, rows, B, &written));
+    MUST(latent_cache_row_offsets(layer, rows, B, &written));
     CHECK(written == B && rows[0] == T && rows[1] == T - 2);
     for (size_t f = 0; f < (l == 0 ? 3u : 2u); f++)
       for (size_t b = 0; b < B; b++) {
-        OK(latent_cache_read_row_host(layer, (uint32_t)f, b, out, T * K, &written));
+        MUST(latent_cache_read_row_host(layer, (uint32_t)f, b, out, T * K, &written));
         CHECK(written == rows[b] * width(f));
         for (size_t t = 0; t < rows[b]; t++)
           for (size_t c = 0; c < width(f); c++) CHECK(out[t * width(f) + c] == value_at(l, b, t, f, c));

@@ -15,28 +15,7 @@
 /* Counted from several threads at once. */
 static _Atomic int failures = 0;
 
-#define CHECK(cond)                                                                \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);     \
-      failures++;                                                                  \
-    }                                                                              \
-  } while (0)
-
-/* A call that must return `expected`; otherwise the status and this thread's message. */
-#define EXPECT(expected, call)                                                     \
-  do {                                                                             \
-    latent_cache_status s_ = (call);                                               \
-    if (s_ != (expected)) {                                                        \
-      char m_[512];                                                                \
-      latent_cache_last_error(m_, sizeof m_);                                      \
-      fprintf(stderr, "%s:%d: %s returned %d, expected %d: %s\n", __FILE__, __LINE__, #call, (int)s_, \
-              (int)(expected), m_);                                                \
-      failures++;                                                                  \
-    }                                                                              \
-  } while (0)
-
-#define OK(call) EXPECT(LATENT_CACHE_STATUS_OK, call)
+#include "check.h"
 
 enum { RANK = 8, ROPE = 4, INDEX = 3, BATCH = 2, LIVE = 1000 };
 static const size_t WIDTH[3] = {RANK, ROPE, INDEX};
