@@ -77,14 +77,14 @@ fn run(case: &Case, rng: &mut Rng) {
     let scale = 1.0 / ((case.rank + case.rope) as f32).sqrt();
     let on_cuda = decode_kernel::applies(dtype, dtype, case.rank, case.rope, lq);
     for mode in [MaskMode::None, MaskMode::Causal] {
-        let before = decode_kernel::launches();
+        let before = decode_kernel::KERNEL.launches();
         let out = donor.attend(&arr(&q_latent, case.rank), &arr(&q_rope, case.rope), scale, mode, None).unwrap();
         let got = mlx_ops::to_host(&out).unwrap();
         let what = format!(
             "{:?} {}+{} {h} heads x {lq} queries {:?} pads {:?} {mode:?}",
             case.mode, case.rank, case.rope, case.layout, case.pads
         );
-        assert_eq!(decode_kernel::launches() - before, on_cuda as usize, "{what}: where the kernel applies it runs");
+        assert_eq!(decode_kernel::KERNEL.launches() - before, on_cuda as usize, "{what}: where the kernel applies it runs");
         assert_eq!(out.shape(), &shape(case.rank));
         for b in 0..batch {
             let row = &model.rows[b];

@@ -61,10 +61,10 @@ fn fp8_appends_read_back_the_documented_encoding_bit_for_bit() {
             let arr = |v: &[f32], w: usize| {
                 mlx_ops::astype(&Array::from_slice(v, &[batch as i32, tokens as i32, w as i32]), input).unwrap()
             };
-            let before = fp8_kernel::launches();
+            let before = fp8_kernel::KERNEL.launches();
             cache.append(&arr(&latent, R), &arr(&rope, P), Some(&arr(&keys, K))).unwrap();
             let expected = fp8_kernel::applies(1) as usize * 2;
-            assert_eq!(fp8_kernel::launches() - before, expected, "where the kernel applies, both FP8 families use it");
+            assert_eq!(fp8_kernel::KERNEL.launches() - before, expected, "where the kernel applies, both FP8 families use it");
             for b in 0..batch {
                 written[0][b].extend_from_slice(&latent[b * tokens * R..(b + 1) * tokens * R]);
                 written[1][b].extend_from_slice(&keys[b * tokens * K..(b + 1) * tokens * K]);

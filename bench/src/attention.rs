@@ -126,7 +126,7 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
     out.push(record(set.name, "attention", batch, context, dense, runs.1, batch * context * attended));
     if decode_kernel::applies(dtype, dtype, RANK, ROPE, 1) && g.storage(Family::Rope) == g.storage(Family::Latent) {
         // Labelled variant: the same call with the split-K kernel off (MLX's ops, the fallback).
-        decode_kernel::set_enabled(false);
+        decode_kernel::KERNEL.set_enabled(false);
         let t = time(runs.0, runs.1, || {
             let o = donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap();
             eval([&o]).unwrap();
@@ -136,7 +136,7 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
         // The GPU's own time per attention, the host's share amortized: `REPEAT` attentions (as
         // many layers) built and evaluated together, per attention; kernel off, then on.
         for (enabled, name) in [(false, name.as_str()), (true, set.name)] {
-            decode_kernel::set_enabled(enabled);
+            decode_kernel::KERNEL.set_enabled(enabled);
             let t = time(runs.0, runs.1 / 5, || {
                 let o: Vec<Array> =
                     (0..REPEAT).map(|_| donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap()).collect();
@@ -145,7 +145,7 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
             let t = t.map(|v| v / REPEAT as f64);
             out.push(record(name, "attention_amortized", batch, context, t, runs.1 / 5, batch * context * attended));
         }
-        decode_kernel::set_enabled(true);
+        decode_kernel::KERNEL.set_enabled(true);
     }
     if sparse {
         let step = || {

@@ -136,9 +136,9 @@ impl System for OursMode {
 impl OursMode {
     /// One forward's appends and the parts it keeps, unevaluated.
     fn step_outputs(&mut self, given: &Inputs, step: Step) -> Vec<Array> {
-        fp8_kernel::set_enabled(!self.fp8_ops);
+        fp8_kernel::KERNEL.set_enabled(!self.fp8_ops);
         let outputs = self.appended(given, step);
-        fp8_kernel::set_enabled(true);
+        fp8_kernel::KERNEL.set_enabled(true);
         outputs
     }
 

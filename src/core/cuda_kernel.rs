@@ -3,6 +3,7 @@
 //! evaluation and caches it), applied lazily on the library's stream like any MLX operation.
 //! The kernels themselves live with what they compute (`decode_kernel`, `codec`'s FP8 encoding).
 use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use mlx_rs::{Array, Dtype};
@@ -162,4 +163,35 @@ pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Resul
 /// Whether the default device is a GPU driven by MLX's CUDA backend (where these kernels run).
 pub fn on_cuda() -> bool {
     *ON_CUDA
+}
+
+/// A kernel's process-wide switch (on by default; benchmarks turn it off to compare with MLX's
+/// ops side by side) and how many times it has been chosen (tests check that it ran).
+pub struct Switch {
+    enabled: AtomicBool,
+    launches: AtomicUsize,
+}
+
+impl Switch {
+    pub(crate) const fn new() -> Self {
+        Switch { enabled: AtomicBool::new(true), launches: AtomicUsize::new(0) }
+    }
+
+    #[doc(hidden)]
+    pub fn set_enabled(&self, enabled: bool) {
+        self.enabled.store(enabled, Ordering::SeqCst);
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    #[doc(hidden)]
+    pub fn launches(&self) -> usize {
+        self.launches.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn launched(&self) {
+        self.launches.fetch_add(1, Ordering::SeqCst);
+    }
 }

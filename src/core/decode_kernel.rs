@@ -16,11 +16,9 @@
 //! Taken by `Donor::attend` where it applies (see `applies`); the MLX-ops path is the fallback
 //! and the reference it is tested against (`tests/decode_kernel.rs`, run on an H200). Metal has
 //! no counterpart yet.
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
 use mlx_rs::{Array, Dtype};
 
-use super::cuda_kernel::{self, apply, kernel, Launch, Source};
+use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
 use super::error::Result;
 use super::mlx_ops;
 
@@ -32,21 +30,8 @@ const SHARED_LIMIT: usize = 227 * 1024;
 /// Blocks to aim for: about one per multiprocessor of an H100/H200 (132), so one wave runs.
 const TARGET_BLOCKS: usize = 132;
 
-static ENABLED: AtomicBool = AtomicBool::new(true);
-static LAUNCHES: AtomicUsize = AtomicUsize::new(0);
-
-/// Turns the kernel off (`false`) or back on, process-wide: for benchmarks that compare it with
-/// the MLX-ops path side by side.
-#[doc(hidden)]
-pub fn set_enabled(enabled: bool) {
-    ENABLED.store(enabled, Ordering::SeqCst);
-}
-
-/// How many attentions the kernel has been chosen for in this process (tests check that it ran).
-#[doc(hidden)]
-pub fn launches() -> usize {
-    LAUNCHES.load(Ordering::SeqCst)
-}
+/// This kernel's switch and launch count (see `cuda_kernel::Switch`).
+pub static KERNEL: Switch = Switch::new();
 
 /// Shared memory of the partial kernel for widths `d = r + p`: the queries and two key tiles
 /// (rows padded by 8 halves against bank conflicts), four partial scores, the probabilities and
@@ -60,7 +45,7 @@ fn shared_bytes(d: usize) -> usize {
 /// 16-bit float dtype, a latent width that tiles by 64 and a rope width by 16,
 /// both fitting shared memory.
 pub fn applies(storage: Dtype, q_dtype: Dtype, rank: usize, rope: usize, queries: usize) -> bool {
-    ENABLED.load(Ordering::Relaxed)
+    KERNEL.enabled()
         && cuda_kernel::on_cuda()
         && queries >= 1
         && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
@@ -423,6 +408,6 @@ pub(crate) fn attend(
             bools: &[],
         },
     )?;
-    LAUNCHES.fetch_add(1, Ordering::SeqCst);
+    KERNEL.launched();
     Ok(out.into_iter().next().expect("one output"))
 }

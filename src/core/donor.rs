@@ -449,15 +449,8 @@ impl Donor {
     /// product over the latent as both keys and values. Taken for one row with the latent stored
     /// in the queries' float dtype; `None` elsewhere (MLX's fused kernel is slow for several rows
     /// sharing one key head, where the folded products above are faster).
-    fn fused_decode(
-        &self,
-        q_latent: &Array,
-        q_rope: &Array,
-        scale: f32,
-        mode: MaskMode,
-        extra: Option<&Array>,
-        queries: usize,
-    ) -> Result<Option<Array>> {
+    fn fused_decode(&self, q: &Query) -> Result<Option<Array>> {
+        let Query { q_latent, q_rope, scale, mode, extra, queries } = *q;
         let latent = self.values(Family::Latent)?;
         let float = matches!(self.geometry.latent_storage, StorageMode::F32 | StorageMode::Bf16 | StorageMode::F16);
         if self.batch_size() != 1 || !float || latent.dtype() != q_latent.dtype() {
@@ -485,15 +478,8 @@ impl Donor {
     /// Attention over 16-bit float storage on CUDA without a mask array: the split-K kernel of
     /// `decode_kernel`, which reads each stored position once for 64 head-query pairs. `None`
     /// where it does not apply.
-    fn kernel_decode(
-        &self,
-        q_latent: &Array,
-        q_rope: &Array,
-        scale: f32,
-        mode: MaskMode,
-        extra: Option<&Array>,
-        queries: usize,
-    ) -> Result<Option<Array>> {
+    fn kernel_decode(&self, q: &Query) -> Result<Option<Array>> {
+        let Query { q_latent, q_rope, scale, mode, extra, queries } = *q;
         let g = &self.geometry;
         let storage = match (g.latent_storage, g.rope_storage) {
             (StorageMode::Bf16, StorageMode::Bf16) => Dtype::Bfloat16,
@@ -530,10 +516,11 @@ impl Donor {
             (_, Some(_)) => return fail!(InvalidArgument, "a mask array is taken only with the ARRAY mask mode"),
             (_, None) => None,
         };
-        if let Some(out) = self.kernel_decode(q_latent, q_rope, scale, mode, extra, queries)? {
+        let query = Query { q_latent, q_rope, scale, mode, extra, queries };
+        if let Some(out) = self.kernel_decode(&query)? {
             return Ok(out);
         }
-        if let Some(out) = self.fused_decode(q_latent, q_rope, scale, mode, extra, queries)? {
+        if let Some(out) = self.fused_decode(&query)? {
             return Ok(out);
         }
         let scores = mlx_math::add(&self.scores(Family::Latent, q_latent)?, &self.scores(Family::Rope, q_rope)?)?;
@@ -544,6 +531,17 @@ impl Donor {
         }
         self.weighted_latent(&mlx_math::softmax(&scores, -1)?, q_latent.dtype())
     }
+}
+
+/// One attention's queries and mask, as `attend` checked them.
+#[derive(Clone, Copy)]
+struct Query<'a> {
+    q_latent: &'a Array,
+    q_rope: &'a Array,
+    scale: f32,
+    mode: MaskMode,
+    extra: Option<&'a Array>,
+    queries: usize,
 }
 
 /// `a` and `b` in one dtype: float32 where they differ (a hot float32 value over bfloat16

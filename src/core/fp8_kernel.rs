@@ -5,32 +5,18 @@
 //! and append (reshapes, broadcasts, two divides, a reduction, the conversion:
 //! `bench/results/ops-per-step.md`); here it is one. The MLX-ops encoding in `codec` is the
 //! fallback elsewhere and computes the same bits.
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
 use mlx_rs::{Array, Dtype};
 
-use super::cuda_kernel::{self, apply, kernel, Launch, Source};
+use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
 use super::error::Result;
 
-static ENABLED: AtomicBool = AtomicBool::new(true);
-static LAUNCHES: AtomicUsize = AtomicUsize::new(0);
-
-/// Turns the kernel off (`false`) or back on, process-wide (benchmarks compare both).
-#[doc(hidden)]
-pub fn set_enabled(enabled: bool) {
-    ENABLED.store(enabled, Ordering::SeqCst);
-}
-
-/// How many encodings the kernel has been chosen for in this process (tests check that it ran).
-#[doc(hidden)]
-pub fn launches() -> usize {
-    LAUNCHES.load(Ordering::SeqCst)
-}
+/// This kernel's switch and launch count (see `cuda_kernel::Switch`).
+pub static KERNEL: Switch = Switch::new();
 
 /// Whether the kernel encodes `blocks` blocks of 128: on CUDA, when there is at least one and
 /// one thread per value fits a launch.
 pub fn applies(blocks: usize) -> bool {
-    ENABLED.load(Ordering::Relaxed) && cuda_kernel::on_cuda() && blocks > 0 && blocks <= (i32::MAX as usize) / 32
+    KERNEL.enabled() && cuda_kernel::on_cuda() && blocks > 0 && blocks <= (i32::MAX as usize) / 32
 }
 
 const HEADER: &str = r#"
@@ -85,6 +71,6 @@ pub(crate) fn encode(x: &Array, rows: usize, tokens: usize, width: usize) -> Res
             bools: &[],
         },
     )?;
-    LAUNCHES.fetch_add(1, Ordering::SeqCst);
+    KERNEL.launched();
     Ok(parts)
 }
