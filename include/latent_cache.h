@@ -1161,10 +1161,12 @@ latent_cache_status latent_cache_set_eval_lock(latent_cache_lock_fn lock,
 
 // Chooses where the library's evaluations run. `true` (the default): on one thread the library
 // owns, which the calling thread waits for; caller threads then never hold MLX state, and may
-// end at any time. `false`: on the calling thread, without the hand-off. On MLX's CUDA backend
-// the hand-off made a GLM-5.2 decode step 1.3-1.9x slower on an H200 (the calling thread:
-// 1.0-1.6x; bench/results/eval-thread.md); on the CPU it made no difference to the decode
-// step. Turn it off only if no thread that calls the library ends while another thread
+// end at any time. `false`: on the calling thread, without the hand-off. With the process's
+// threads pinned to a few cores, the hand-off costs nothing measurable (a GLM-5.2 decode step
+// on the CPU and on an H200: 0.96-1.08x the calling thread's time); unpinned on a many-core
+// host, where the scheduler puts the two threads decides (0.87-1.55x on the H200's 16 cores;
+// bench/results/eval-thread.md). The evaluation thread inherits the CPU affinity of the thread
+// whose call first evaluates. Turn it off only if no thread that calls the library ends while another thread
 // evaluates: on CUDA that broke the other thread's evaluation and MLX aborted the process.
 // With it off, an array an engine built on its own thread's stream can be evaluated by calls
 // on that thread. Set it before other threads use the library, or while none is evaluating.
