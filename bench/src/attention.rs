@@ -124,7 +124,8 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
         eval([&o]).unwrap();
     });
     out.push(record(set.name, "attention", batch, context, dense, runs.1, batch * context * attended));
-    if decode_kernel::applies(dtype, dtype, RANK, ROPE, 1) && g.storage(Family::Rope) == g.storage(Family::Latent) {
+    let shape = decode_kernel::Shape { batch, heads: HEADS, queries: 1, positions: context, rank: RANK, rope: ROPE };
+    if decode_kernel::applies(dtype, dtype, &shape) && g.storage(Family::Rope) == g.storage(Family::Latent) {
         // Labelled variant: the same call with the split-K kernel off (MLX's ops, the fallback).
         decode_kernel::KERNEL.set_enabled(false);
         let t = time(runs.0, runs.1, || {

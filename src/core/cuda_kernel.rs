@@ -12,13 +12,51 @@ use once_cell::sync::Lazy;
 use super::error::{fail, Result};
 use super::mlx_ops;
 
-/// Whether the default device is a GPU driven by MLX's CUDA backend.
-static ON_CUDA: Lazy<bool> = Lazy::new(|| {
+/// The default device's compute capability when it is a GPU driven by MLX's CUDA backend.
+static CUDA_CAPABILITY: Lazy<Option<(usize, usize)>> = Lazy::new(|| {
     let mut cuda = false;
     // SAFETY: a plain query writing one bool.
     unsafe { mlx_sys::mlx_cuda_is_available(&mut cuda) };
-    cuda && matches!(mlx_rs::Device::default().get_type(), Ok(mlx_rs::DeviceType::Gpu))
+    if !cuda || !matches!(mlx_rs::Device::default().get_type(), Ok(mlx_rs::DeviceType::Gpu)) {
+        return None;
+    }
+    // SAFETY: the device and info objects are made and freed here; the keys are C strings.
+    unsafe {
+        let mut device = mlx_sys::mlx_device_new();
+        mlx_sys::mlx_get_default_device(&mut device);
+        let mut info = mlx_sys::mlx_device_info_new();
+        let (mut major, mut minor) = (0usize, 0usize);
+        let ok = mlx_sys::mlx_device_info_get(&mut info, device) == 0
+            && mlx_sys::mlx_device_info_get_size(&mut major, info, c"compute_capability_major".as_ptr()) == 0
+            && mlx_sys::mlx_device_info_get_size(&mut minor, info, c"compute_capability_minor".as_ptr()) == 0;
+        mlx_sys::mlx_device_info_free(info);
+        mlx_sys::mlx_device_free(device);
+        Some(if ok { (major, minor) } else { (0, 0) })
+    }
 });
+
+/// Whether the default device is a GPU driven by MLX's CUDA backend, whatever its generation.
+pub fn cuda_device() -> bool {
+    CUDA_CAPABILITY.is_some()
+}
+
+/// Whether the library's kernels run here: a CUDA GPU of compute capability 8.0 or later (they
+/// use bfloat16 tensor-core `mma.sync`, `cp.async` and `ldmatrix`).
+pub fn on_cuda() -> bool {
+    matches!(*CUDA_CAPABILITY, Some((major, _)) if major >= 8)
+}
+
+/// The dynamic shared memory one block may opt into on this GPU (the CUDA programming guide's
+/// figures by compute capability): 227 KiB on 9.0 and 10.x, 163 KiB on 8.0 and 8.7, 99 KiB on
+/// the others from 8.6 on; none where the kernels do not run.
+pub fn shared_memory_limit() -> usize {
+    match *CUDA_CAPABILITY {
+        Some((9, 0)) | Some((10, _)) => 227 * 1024,
+        Some((8, 0)) | Some((8, 7)) => 163 * 1024,
+        Some((major, _)) if major >= 8 => 99 * 1024,
+        _ => 0,
+    }
+}
 
 /// A compiled-on-first-use kernel object (mlx-c's handle), made once per kernel and shared
 /// memory size and kept for the process: making one copies its source, and MLX compiles each
@@ -53,11 +91,11 @@ pub(crate) struct Source {
 }
 
 /// The kernel of `source` with `shared` bytes of dynamic shared memory, made on first use.
-pub(crate) fn kernel(source: &'static Source, shared: usize) -> &'static Kernel {
+pub(crate) fn kernel(source: &'static Source, shared: usize) -> Result<&'static Kernel> {
     let Source { name, inputs, outputs, header, body, contiguous } = *source;
     let mut kernels = KERNELS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some((_, _, k)) = kernels.iter().find(|(n, s, _)| *n == name && *s == shared) {
-        return k;
+        return Ok(k);
     }
     // SAFETY: plain mlx-c constructors; the name vectors are freed once the kernel holds copies.
     let made = unsafe {
@@ -82,9 +120,12 @@ pub(crate) fn kernel(source: &'static Source, shared: usize) -> &'static Kernel 
         }
         k
     };
+    if made.ctx.is_null() {
+        return fail!(Backend, "MLX could not make the kernel {name}");
+    }
     let k: &'static Kernel = Box::leak(Box::new(Kernel(made)));
     kernels.push((name, shared, k));
-    k
+    Ok(k)
 }
 
 /// The mlx-c handles of one launch, freed on every path.
@@ -158,11 +199,6 @@ pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Resul
         }
         Ok(arrays)
     }
-}
-
-/// Whether the default device is a GPU driven by MLX's CUDA backend (where these kernels run).
-pub fn on_cuda() -> bool {
-    *ON_CUDA
 }
 
 /// A kernel's process-wide switch (on by default; benchmarks turn it off to compare with MLX's

@@ -25,8 +25,6 @@ use super::mlx_ops;
 /// Heads per block and positions per tile (the kernel's fixed tile sizes).
 const HEADS_PER_BLOCK: usize = 64;
 const POSITIONS_PER_TILE: usize = 32;
-/// Shared memory the partial kernel may use (an H100/H200 block: 227 KiB).
-const SHARED_LIMIT: usize = 227 * 1024;
 /// Blocks to aim for: about one per multiprocessor of an H100/H200 (132), so one wave runs.
 const TARGET_BLOCKS: usize = 132;
 
@@ -41,18 +39,38 @@ fn shared_bytes(d: usize) -> usize {
     (m + 2 * n) * (d + 8) * 2 + 4 * m * (n + 1) * 4 + m * (n + 8) * 2 + 3 * m * 4
 }
 
-/// Whether the kernel computes this attention: CUDA, latent and rope stored in the queries'
-/// 16-bit float dtype, a latent width that tiles by 64 and a rope width by 16,
-/// both fitting shared memory.
-pub fn applies(storage: Dtype, q_dtype: Dtype, rank: usize, rope: usize, queries: usize) -> bool {
+/// An attention's sizes, as `applies` judges them.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub batch: usize,
+    pub heads: usize,
+    pub queries: usize,
+    /// Window positions (the stored offset).
+    pub positions: usize,
+    pub rank: usize,
+    pub rope: usize,
+}
+
+/// CUDA's limit on a launch's second and third grid dimensions (rows of (head, query) pairs and
+/// the batch land there).
+const GRID_YZ_LIMIT: usize = 65535;
+
+/// Whether the kernel computes this attention: a CUDA GPU the kernels run on, latent and rope
+/// stored in the queries' 16-bit float dtype, a latent width that tiles by 64 and a rope width
+/// by 16, the tiles fitting the GPU's shared memory, and sizes within CUDA's grid limits.
+pub fn applies(storage: Dtype, q_dtype: Dtype, s: &Shape) -> bool {
+    let rows = s.heads * s.queries;
     KERNEL.enabled()
         && cuda_kernel::on_cuda()
-        && queries >= 1
         && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
         && q_dtype == storage
-        && rank % 64 == 0
-        && rope % 16 == 0
-        && shared_bytes(rank + rope) <= SHARED_LIMIT
+        && s.rank % 64 == 0
+        && s.rope % 16 == 0
+        && shared_bytes(s.rank + s.rope) <= cuda_kernel::shared_memory_limit()
+        && (1..=GRID_YZ_LIMIT).contains(&rows)
+        && (1..=GRID_YZ_LIMIT).contains(&s.batch)
+        && s.positions >= 1
+        && s.positions <= i32::MAX as usize
 }
 
 const HEADER: &str = r#"
@@ -146,6 +164,8 @@ const PARTIAL: &str = r#"
       sq[r * LD + c] = v;
     }
   }
+  // With element copies for the tiles no later wait covers the queries' cp.async group.
+  if (qvec && !vec) asm volatile("cp.async.wait_group 0;\n" ::);
   if (tid < M) { sm[tid] = LC_NEG_INF; sl[tid] = 0.f; }
 
   // Starts copying the tile at `tile` (positions, latent then rope, as rows of D halves; zeros
@@ -382,7 +402,7 @@ pub(crate) fn attend(
     let bf16 = q_latent.dtype() == Dtype::Bfloat16;
     let ints = [("R", rank as i32), ("P", rope_dim as i32), ("H", rows as i32), ("LQ", queries as i32)];
     let (b, s, h, r) = (batch as i32, splits as i32, rows as i32, rank as i32);
-    let partial = kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim));
+    let partial = kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim))?;
     let partial = apply(
         partial,
         &[q_latent, q_rope, latent, rope, &params, &scale],
@@ -396,7 +416,7 @@ pub(crate) fn attend(
         },
     )?;
     let threads = rank.min(256) as i32;
-    let combine = kernel(&COMBINE_KERNEL, 0);
+    let combine = kernel(&COMBINE_KERNEL, 0)?;
     let out = apply(
         combine,
         &[&partial[0], &partial[1]],

@@ -487,11 +487,19 @@ impl Donor {
             _ => return Ok(None),
         };
         let composed = self.hot_values(Family::Latent).is_some() || self.hot_values(Family::Rope).is_some();
+        let shape = decode_kernel::Shape {
+            batch: self.batch_size(),
+            heads: q_latent.shape()[1] as usize,
+            queries,
+            positions: self.offset,
+            rank: g.kv_lora_rank,
+            rope: g.rope_head_dim,
+        };
         if extra.is_some()
             || mode == MaskMode::Array
             || composed
             || q_rope.dtype() != q_latent.dtype()
-            || !decode_kernel::applies(storage, q_latent.dtype(), g.kv_lora_rank, g.rope_head_dim, queries)
+            || !decode_kernel::applies(storage, q_latent.dtype(), &shape)
         {
             return Ok(None);
         }

@@ -16,7 +16,8 @@ pub static KERNEL: Switch = Switch::new();
 /// Whether the kernel encodes `blocks` blocks of 128: on CUDA, when there is at least one and
 /// one thread per value fits a launch.
 pub fn applies(blocks: usize) -> bool {
-    KERNEL.enabled() && cuda_kernel::on_cuda() && blocks > 0 && blocks <= (i32::MAX as usize) / 32
+    // MLX counts the launch's threads, and rounds them up to whole blocks of 256, in `int`.
+    KERNEL.enabled() && cuda_kernel::on_cuda() && blocks > 0 && blocks <= (i32::MAX as usize - 255) / 32
 }
 
 const HEADER: &str = r#"
@@ -58,7 +59,7 @@ static ENCODE_KERNEL: Source = Source {
 /// lazily. Callers check `applies` first.
 pub(crate) fn encode(x: &Array, rows: usize, tokens: usize, width: usize) -> Result<Vec<Array>> {
     let blocks = rows * tokens * (width / 128);
-    let k = kernel(&ENCODE_KERNEL, 0);
+    let k = kernel(&ENCODE_KERNEL, 0)?;
     let (r, t, w) = (rows as i32, tokens as i32, width as i32);
     let parts = apply(
         k,
