@@ -119,6 +119,9 @@ fn run(case: &Case, rng: &mut Rng) {
     let sizes =
         decode_kernel::Shape { batch, heads: h, queries: lq, positions: donor.offset(), rank: case.rank, rope: case.rope };
     let on_cuda = decode_kernel::applies(dtype, dtype, &sizes);
+    if let Some(capability) = cuda_kernel::compute_capability() {
+        assert_ne!(capability, (0, 0), "MLX's device info gives the GPU's compute capability");
+    }
     if cuda_kernel::cuda_device() && cuda_kernel::shared_memory_limit() >= 227 * 1024 {
         // Every case here fits a Hopper-class GPU: there the kernel must be the one tested.
         assert!(on_cuda, "the kernel applies to {sizes:?} on this GPU");

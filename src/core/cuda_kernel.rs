@@ -35,6 +35,11 @@ static CUDA_CAPABILITY: Lazy<Option<(usize, usize)>> = Lazy::new(|| {
     }
 });
 
+/// The CUDA GPU's compute capability ((0, 0) where MLX's device info lacks it); `None` off CUDA.
+pub fn compute_capability() -> Option<(usize, usize)> {
+    *CUDA_CAPABILITY
+}
+
 /// Whether the default device is a GPU driven by MLX's CUDA backend, whatever its generation.
 pub fn cuda_device() -> bool {
     CUDA_CAPABILITY.is_some()
