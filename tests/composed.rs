@@ -10,101 +10,17 @@
 //! nothing changed, the hot side staying the size of the window, and saves refused.
 mod common;
 
+use common::composed_ref::Reference;
+
 use common::composed_rule::{boundary, composed_layer, BLOCK};
 
 use common::core_check::widths;
 use common::model::{Model, Rng};
-use latent_cache::core::{mlx_ops, persist};
+use latent_cache::core::persist;
 use latent_cache::{ErrorKind, Family, Geometry, LatentCache, LayoutKind, StorageMode};
-use mlx_rs::Dtype;
 
 fn geometry(hot_window: usize, hot: StorageMode, modes: [StorageMode; 3], layout: LayoutKind) -> Geometry {
     composed_layer(64, hot_window, hot, modes, layout)
-}
-
-/// The reference: what every row reads, from two plain models and the boundaries.
-#[derive(Clone)]
-struct Reference {
-    g: Geometry,
-    compact: Model,
-    hot: Model,
-    converted: Vec<usize>,
-    maintaining: bool,
-    /// An open padded prefill's right padding per row (prefill_prepare until prefill_finalize).
-    right_padding: Option<Vec<usize>>,
-}
-
-impl Reference {
-    fn new(g: Geometry) -> Self {
-        let modes = [g.latent_storage, g.rope_storage, g.index_storage];
-        let mut compact = Model::with_modes(widths(&g), modes);
-        let mut hot = Model::with_modes(widths(&g), [g.hot_storage; 3]);
-        compact.ragged = g.layout == LayoutKind::Ragged;
-        hot.ragged = compact.ragged;
-        Reference { g, compact, hot, converted: Vec::new(), maintaining: false, right_padding: None }
-    }
-
-    fn both(&mut self, f: impl Fn(&mut Model)) {
-        f(&mut self.compact);
-        f(&mut self.hot);
-    }
-
-    /// Each row's settled length: what it held when an open round began, less the right
-    /// padding an open padded prefill will drop.
-    fn settled(&self) -> Vec<usize> {
-        let lengths = self.compact.row_offsets();
-        (0..lengths.len())
-            .map(|b| {
-                let right = self.right_padding.as_ref().map_or(0, |r| r[b]);
-                let valid = lengths[b].saturating_sub(right);
-                match &self.compact.round {
-                    Some(start) => valid.min(start.get(b).copied().unwrap_or(0)),
-                    None => valid,
-                }
-            })
-            .collect()
-    }
-
-    /// The documented rule after every step.
-    fn settle(&mut self) {
-        let (lengths, settled) = (self.compact.row_offsets(), self.settled());
-        self.converted.resize(lengths.len(), 0);
-        for ((c, len), settled) in self.converted.iter_mut().zip(lengths).zip(settled) {
-            *c = (*c).min(len).max(boundary(settled, self.g.hot_window));
-        }
-    }
-
-    /// Whether a trim of `n` without bypass keeps every row what a fresh prefill holds.
-    fn reusable_trim(&self, n: usize) -> bool {
-        let lengths = self.compact.row_offsets();
-        n == 0 || self.converted.iter().zip(lengths).all(|(&c, len)| c == 0 || boundary(len - n, self.g.hot_window) >= c)
-    }
-
-    fn check(&self, cache: &LatentCache, step: &str) {
-        assert_eq!(cache.row_offsets(), self.compact.row_offsets(), "row_offsets after {step}");
-        assert_eq!(cache.left_pad(), self.compact.left_pad().as_slice(), "left_pad after {step}");
-        assert_eq!(cache.converted_positions(), self.converted, "boundaries after {step}");
-        // The whole window as `state` returns it, each row's valid positions read from it.
-        let state = cache.state().unwrap();
-        let (offset, ends) = (cache.offset(), cache.row_ends().to_vec());
-        for (f, family) in Family::ALL.into_iter().enumerate() {
-            let w = self.compact.widths[f];
-            let composed = self.g.is_composed(family);
-            let view = state.get(family).unwrap();
-            let window = mlx_ops::to_host(&mlx_ops::astype(view, Dtype::Float32).unwrap()).unwrap();
-            for row in 0..self.compact.rows.len() {
-                let got: Vec<u32> = cache.read_row(family, row).unwrap().iter().map(|v| v.to_bits()).collect();
-                let lo = (row * offset + cache.left_pad()[row]) * w;
-                let from_state: Vec<u32> = window[lo..(row * offset + ends[row]) * w].iter().map(|v| v.to_bits()).collect();
-                assert_eq!(from_state, got, "{} row {row} of state after {step}", family.name());
-                let split = if composed { self.converted[row] * w } else { usize::MAX };
-                let cold = &self.compact.rows[row].families[f];
-                let warm = &self.hot.rows[row].families[f];
-                let want: Vec<u32> = (0..cold.len()).map(|i| if i < split { cold[i] } else { warm[i] }.to_bits()).collect();
-                assert_eq!(got, want, "{} row {row} after {step}", family.name());
-            }
-        }
-    }
 }
 
 fn append(rng: &mut Rng, cache: &mut LatentCache, r: &mut Reference, batch: usize, tokens: usize) -> String {
@@ -319,7 +235,7 @@ fn padded_prefill_with_right_padding_converts_at_finalize() {
         let (left, right) = ([0usize, 100, 30], [0usize, 40, 150]);
         let (mut cache, mut r) = (LatentCache::new(g).unwrap(), Reference::new(g));
         cache.prefill_prepare(None, Some(&left), Some(&right)).unwrap();
-        r.right_padding = Some(right.to_vec());
+        r.right = Some(right.to_vec());
         let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(3 * 200 * r.compact.widths[f]));
         cache.append_host_padded(3, 200, &left, &data[0], &data[1], Some(&data[2])).unwrap();
         r.both(|m| m.append_padded(3, 200, &left, &data));
@@ -332,7 +248,7 @@ fn padded_prefill_with_right_padding_converts_at_finalize() {
             r.check(&cache, &format!("{layout:?} mid-prefill"));
         }
         cache.prefill_finalize().unwrap();
-        r.right_padding = None;
+        r.right = None;
         for (b, &drop) in right.iter().enumerate() {
             let len = r.compact.len(b);
             r.both(|m| m.truncate_row(b, len - drop));

@@ -2,6 +2,7 @@
 pub mod api_driver;
 pub mod check;
 pub mod codec_ref;
+pub mod composed_ref;
 pub mod composed_rule;
 pub mod core_check;
 pub mod model;
