@@ -349,7 +349,9 @@ impl System for Concat {
             }
         }
         self.offset += inputs.arrays[0].shape()[1] as usize;
-        eval(outputs.iter()).unwrap();
+        // The seed's strategy is MLX's ops on the caller's own stream: evaluated there, as an
+        // engine running it would (the library's evaluation thread cannot evaluate that stream).
+        mlx_rs::transforms::eval(outputs.iter()).unwrap();
     }
 
     fn spec_begin(&mut self) {
@@ -372,7 +374,7 @@ impl System for Concat {
             }
         }
         self.offset = new_offset;
-        eval(outputs.iter()).unwrap();
+        mlx_rs::transforms::eval(outputs.iter()).unwrap();
     }
 }
 
