@@ -119,30 +119,21 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
     let g = donor.geometry();
     let per_position = |f: Family| g.storage(f).bytes_per_position(g.width(f).unwrap());
     let attended = per_position(Family::Latent) + per_position(Family::Rope);
-    let dense = time(runs.0, runs.1, || {
-        let o = donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap();
-        eval([&o]).unwrap();
-    });
+    let attend = || donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap();
+    let dense = time(runs.0, runs.1, || eval([&attend()]).unwrap());
     out.push(record(set.name, "attention", batch, context, dense, runs.1, batch * context * attended));
     let shape = decode_kernel::Shape { batch, heads: HEADS, queries: 1, positions: context, rank: RANK, rope: ROPE };
     if decode_kernel::applies(dtype, dtype, &shape) && g.storage(Family::Rope) == g.storage(Family::Latent) {
         // Labelled variant: the same call with the split-K kernel off (MLX's ops, the fallback).
         decode_kernel::KERNEL.set_enabled(false);
-        let t = time(runs.0, runs.1, || {
-            let o = donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap();
-            eval([&o]).unwrap();
-        });
+        let t = time(runs.0, runs.1, || eval([&attend()]).unwrap());
         let name = format!("{} (MLX ops, kernel off)", set.name);
         out.push(record(&name, "attention", batch, context, t, runs.1, batch * context * attended));
         // The GPU's own time per attention, the host's share amortized: `REPEAT` attentions (as
         // many layers) built and evaluated together, per attention; kernel off, then on.
         for (enabled, name) in [(false, name.as_str()), (true, set.name)] {
             decode_kernel::KERNEL.set_enabled(enabled);
-            let t = time(runs.0, runs.1 / 5, || {
-                let o: Vec<Array> =
-                    (0..REPEAT).map(|_| donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap()).collect();
-                eval(o.iter()).unwrap();
-            });
+            let t = time(runs.0, runs.1 / 5, || eval((0..REPEAT).map(|_| attend()).collect::<Vec<_>>().iter()).unwrap());
             let t = t.map(|v| v / REPEAT as f64);
             out.push(record(name, "attention_amortized", batch, context, t, runs.1 / 5, batch * context * attended));
         }

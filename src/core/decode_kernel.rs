@@ -1,16 +1,17 @@
 //! Split-K flash decoding for absorbed MLA on MLX's CUDA backend: a decode step's query (or a
 //! speculative verify's few, causally masked) per row over the stored latent and rope (bfloat16
-//! or float16), every head of a row sharing each position as it is read. MLX's own fused attention treats the one latent "key head" as broadcast to every
-//! query head and runs far below the GPU's memory bandwidth; this kernel reads each stored
-//! position once per 64 heads, in tensor-core products, with the positions split over the GPU's
+//! or float16), every head of a row sharing each position as it is read. MLX's own fused
+//! attention treats the one latent "key head" as broadcast to every query head and runs far
+//! below the GPU's memory bandwidth; this kernel reads each stored position once per 64
+//! (head, query) rows, in tensor-core products, with the positions split over the GPU's
 //! multiprocessors and the splits combined by their log-sum-exp (the FlashDecoding scheme).
 //!
 //! Two kernels, compiled by MLX at first use (NVRTC) through its custom-kernel API:
-//! - `partial`: block (split, row, group of 64 head-query pairs) walks its positions in tiles of 32, each copied
-//!   in (cp.async) while the previous one is computed on: scores for 64 heads by 32 positions
-//!   (`mma.sync` m16n8k16, float32 accumulators), an online softmax, and the probabilities times
-//!   the tile's latent into float32 accumulators that stay in registers; it writes its
-//!   unnormalized output and each head's running max and sum.
+//! - `partial`: block (split, row, group of 64 head-query pairs) walks its positions in tiles
+//!   of 32, each copied in (cp.async) while the previous one is computed on: scores for 64 rows
+//!   by 32 positions (`mma.sync` m16n8k16, float32 accumulators), an online softmax, and the
+//!   probabilities times the tile's latent into float32 accumulators that stay in registers; it
+//!   writes its unnormalized output and each row's running max and sum.
 //! - `combine`: each output channel sums the splits, weighted by `exp(max_s - max)`.
 //!
 //! Taken by `Donor::attend` where it applies (see `applies`); the MLX-ops path is the fallback
@@ -102,8 +103,9 @@ __device__ __forceinline__ void lc_ldmatrix_x4_trans(uint32_t* r, const void* p)
 }
 "#;
 
-/// The partial kernel's body. Inputs: `q_latent [B, H, 1, R]`, `q_rope [B, H, 1, P]`, `latent [B,
-/// T, R]`, `rope [B, T, P]` (views, any strides), `params` int32 `[chunk, lo_0, hi_0, lo_1, ...]`
+/// The partial kernel's body (template `H` = heads x queries, the rows of the products; `LQ` =
+/// queries). Inputs: `q_latent [B, heads, LQ, R]`, `q_rope [B, heads, LQ, P]`, `latent [B, T,
+/// R]`, `rope [B, T, P]` (views, any strides), `params` int32 `[chunk, lo_0, hi_0, lo_1, ...]`
 /// (each row's valid window range), `scale` float32 `[1]`. Outputs: `o_part [B, S, H, R]`
 /// float32 (unnormalized) and `ml [B, S, H, 2]` (running max in log2 units, running sum).
 const PARTIAL: &str = r#"
@@ -346,7 +348,8 @@ static COMBINE_KERNEL: Source = Source {
     contiguous: false,
 };
 
-/// The combine kernel's body: `out [B, H, 1, R]` float32 from `o_part` and `ml`.
+/// The combine kernel's body: `out [B, H, R]` float32 (`[B, heads, LQ, R]`) from `o_part` and
+/// `ml`.
 const COMBINE: &str = r#"
   const int c = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
   if (c >= R) return;

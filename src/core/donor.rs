@@ -10,6 +10,7 @@ use mlx_rs::{Array, Dtype};
 use super::cache::LatentCache;
 use super::codec::{StorageMode, AFFINE_GROUP};
 use super::composed::{align_hot, hot_alignment};
+use super::cuda_kernel;
 use super::decode_kernel;
 use super::error::{fail, Result};
 use super::families::Families;
@@ -20,13 +21,9 @@ use super::mlx_ops;
 /// Whether MLX's quantized matmul takes the batched shapes attention needs on the default
 /// device. MLX 0.32's CUDA backend has no kernel for them (it fails at evaluation, too late to
 /// fall back), so there the quantized families are decoded for the call instead.
-static BATCHED_QUANTIZED_MATMUL: once_cell::sync::Lazy<bool> = once_cell::sync::Lazy::new(|| {
-    let mut cuda = false;
-    // SAFETY: a plain query writing one bool.
-    unsafe { mlx_sys::mlx_cuda_is_available(&mut cuda) };
-    let gpu = matches!(mlx_rs::Device::default().get_type(), Ok(mlx_rs::DeviceType::Gpu));
-    !(cuda && gpu)
-});
+fn batched_quantized_matmul() -> bool {
+    !cuda_kernel::cuda_device()
+}
 
 /// Which positions a query sees besides its row's valid range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,7 +115,7 @@ impl Donor {
     /// shapes): the caller then decodes.
     fn quantized_product(&self, family: Family, x: &Array, transpose: bool) -> Result<Option<Array>> {
         let (mode, parts) = (self.geometry.storage(family), self.parts(family));
-        if !matches!(mode, StorageMode::Q8 | StorageMode::Q4) || !*BATCHED_QUANTIZED_MATMUL {
+        if !matches!(mode, StorageMode::Q8 | StorageMode::Q4) || !batched_quantized_matmul() {
             return Ok(None);
         }
         let [codes, scales, biases] = [&parts[0], &parts[1], &parts[2]].map(Self::per_head);

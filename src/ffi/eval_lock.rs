@@ -40,7 +40,8 @@ impl EvalLock for EngineLock {
 ///
 /// The callbacks are called on the thread that evaluates (the library's evaluation thread, see
 /// latent_cache_set_evaluation_thread; lock and unlock always on the same thread), must be safe
-/// to call from any thread, must not call back into this library, and must stay valid (with `ctx`) until replaced.
+/// to call from any thread, must not call back into this library, and must stay valid (with
+/// `ctx`) until replaced.
 /// Install the lock before other threads use the library, or while none of them is evaluating.
 ///
 /// Returns `OK`, or `INVALID_ARGUMENT` when exactly one of the two is NULL (nothing changes).
@@ -72,8 +73,9 @@ pub unsafe extern "C" fn latent_cache_set_eval_lock(
 /// on the CPU and on an H200: 0.96-1.08x the calling thread's time); unpinned on a many-core
 /// host, where the scheduler puts the two threads decides (0.87-1.55x on the H200's 16 cores;
 /// bench/results/eval-thread.md). The evaluation thread inherits the CPU affinity of the thread
-/// whose call first evaluates. Turn it off only if no thread that calls the library ends while another thread
-/// evaluates: on CUDA that broke the other thread's evaluation and MLX aborted the process.
+/// whose call first evaluates. Turn it off only if no thread that calls the library ends while
+/// another thread evaluates: on CUDA that broke the other thread's evaluation and MLX aborted
+/// the process.
 /// With it off, an array an engine built on its own thread's stream can be evaluated by calls
 /// on that thread. Set it before other threads use the library, or while none is evaluating.
 /// Never fails.
