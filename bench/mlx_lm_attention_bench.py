@@ -115,6 +115,7 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--out", required=True)
+    p.add_argument("--points", help="batch x context points instead of the defaults, as BxT,BxT (as latent-cache-bench)")
     a = p.parse_args()
     # The points and runs of bench/src/attention.rs (`points`, `run`).
     if a.quick:
@@ -123,6 +124,11 @@ def main():
         points = {1: [4096, 16384, 65536, 131072], 8: [4096, 16384, 65536, 131072]}
     else:
         points = {1: [4096, 16384], 8: [4096]}
+    if a.points:
+        points = {}
+        for point in a.points.split(","):
+            batch, context = (int(x) for x in point.split("x"))
+            points.setdefault(batch, []).append(context)
     runs = (5, 50) if a.gpu and not a.quick else (1, 5)
     print(f"mlx-lm attention: MLX {mx.__version__}, device {mx.default_device()}", file=sys.stderr)
     records = [r for batch, contexts in points.items() for c in contexts for r in measure(batch, c, runs)]

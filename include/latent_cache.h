@@ -1083,7 +1083,9 @@ latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
 // On MLX's CUDA backend, mode `NONE` or `CAUSAL` over latent and rope stored in the queries'
 // dtype (bfloat16 or float16) runs the library's own split-K decoding kernel: the same formula,
 // its probabilities rounded to that dtype for the product with the latent as MLX's fused
-// attention does, sums in float32. Elsewhere, MLX's ops.
+// attention does, sums in float32. It is compiled at the first call with each scale (a model
+// has one); past eight scales in a process, further scales run MLX's ops. Elsewhere, MLX's
+// ops.
 //
 // Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE` (a query's batch or width), `INVALID_ARGUMENT`
 // (unknown mode, a mask with another mode or none with `ARRAY`), `INVALID_STATE` (a row with no

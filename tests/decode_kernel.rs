@@ -33,6 +33,8 @@ struct Case {
     pads: Vec<usize>,
     first: usize,
     more: usize,
+    /// The attention's scale, as a multiple of 1 / sqrt(rank + rope).
+    scale_by: f32,
 }
 
 fn uniform(rng: &mut Rng, n: usize, amplitude: f32) -> Vec<f32> {
@@ -45,7 +47,8 @@ fn narrowed(v: &[f32], dtype: Dtype) -> Vec<f32> {
     mlx_ops::to_host(&mlx_ops::astype(&a, Dtype::Float32).unwrap()).unwrap()
 }
 
-fn run(case: &Case, rng: &mut Rng) {
+/// Runs `case` and says whether the kernel computed it.
+fn run(case: &Case, rng: &mut Rng) -> bool {
     let dtype = match case.mode {
         StorageMode::Bf16 => Dtype::Bfloat16,
         _ => Dtype::Float16,
@@ -115,14 +118,14 @@ fn run(case: &Case, rng: &mut Rng) {
         };
         mlx_ops::astype(&a, dtype).unwrap()
     };
-    let scale = 1.0 / ((case.rank + case.rope) as f32).sqrt();
+    let scale = case.scale_by / ((case.rank + case.rope) as f32).sqrt();
     let sizes =
-        decode_kernel::Shape { batch, heads: h, queries: lq, positions: donor.offset(), rank: case.rank, rope: case.rope };
+        decode_kernel::Shape { batch, heads: h, queries: lq, positions: donor.offset(), rank: case.rank, rope: case.rope, scale };
     let on_cuda = decode_kernel::applies(dtype, dtype, &sizes);
     if let Some(capability) = cuda_kernel::compute_capability() {
         assert_ne!(capability, (0, 0), "MLX's device info gives the GPU's compute capability");
     }
-    if cuda_kernel::cuda_device() && cuda_kernel::shared_memory_limit() >= 227 * 1024 {
+    if hopper() && case.scale_by == 1.0 {
         // Every case here fits a Hopper-class GPU: there the kernel must be the one tested.
         assert!(on_cuda, "the kernel applies to {sizes:?} on this GPU");
     }
@@ -169,6 +172,7 @@ fn run(case: &Case, rng: &mut Rng) {
             }
         }
     }
+    on_cuda
 }
 
 #[test]
@@ -186,8 +190,9 @@ fn decode_and_verify_queries_over_16_bit_storage_match_a_float64_reference() {
         pads: pads.to_vec(),
         first,
         more,
+        scale_by: 1.0,
     };
-    for c in [
+    let cases = [
         // GLM-5.2's layer: a length past many tiles that does not fill the last one.
         case(Bf16, 512, 64, (64, 1), RightJustified, &[0], 2900, 3),
         case(F16, 512, 64, (64, 1), RightJustified, &[0], 700, 1),
@@ -203,7 +208,26 @@ fn decode_and_verify_queries_over_16_bit_storage_match_a_float64_reference() {
         case(Bf16, 512, 64, (64, 3), RightJustified, &[0, 21], 600, 3),
         case(F16, 128, 64, (40, 2), Ragged, &[2, 0, 9], 90, 2),
         case(Bf16, 64, 16, (4, 4), RightJustified, &[0], 4, 0),
-    ] {
-        run(&c, &mut rng);
+        // Whole rows (no range array) at batch 3, with verify queries.
+        case(Bf16, 512, 64, (64, 2), RightJustified, &[0, 0, 0], 333, 0),
+    ];
+    for c in &cases {
+        run(c, &mut rng);
     }
+    // The scale is compiled into the kernel, for a few scales per process: attentions with
+    // further scales run MLX's ops, as exactly as the fallback does.
+    let mut scales: Vec<usize> = cases.iter().map(|c| c.rank + c.rope).collect();
+    scales.sort();
+    scales.dedup();
+    let mut ran = 0;
+    for k in 1..=10 {
+        let c = Case { scale_by: 1.0 + k as f32 / 16.0, ..case(Bf16, 64, 16, (8, 1), RightJustified, &[0, 1], 50, 1) };
+        ran += run(&c, &mut rng) as usize;
+    }
+    assert_eq!(ran, if hopper() { decode_kernel::scale_limit() - scales.len() } else { 0 }, "kernels past the set of scales");
+}
+
+/// Whether this is a Hopper-class GPU, where every case here fits the kernel's tiles.
+fn hopper() -> bool {
+    cuda_kernel::cuda_device() && cuda_kernel::shared_memory_limit() >= 227 * 1024
 }

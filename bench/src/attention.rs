@@ -122,7 +122,7 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
     let attend = || donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap();
     let dense = time(runs.0, runs.1, || eval([&attend()]).unwrap());
     out.push(record(set.name, "attention", batch, context, dense, runs.1, batch * context * attended));
-    let shape = decode_kernel::Shape { batch, heads: HEADS, queries: 1, positions: context, rank: RANK, rope: ROPE };
+    let shape = decode_kernel::Shape { batch, heads: HEADS, queries: 1, positions: context, rank: RANK, rope: ROPE, scale };
     if decode_kernel::applies(dtype, dtype, &shape) && g.storage(Family::Rope) == g.storage(Family::Latent) {
         // Labelled variant: the same call with the split-K kernel off (MLX's ops, the fallback).
         decode_kernel::KERNEL.set_enabled(false);

@@ -17,7 +17,10 @@
 //! Taken by `Donor::attend` where it applies (see `applies`); the MLX-ops path is the fallback
 //! and the reference it is tested against (`tests/decode_kernel.rs`, run on an H200). Metal has
 //! no counterpart yet.
+use std::sync::Mutex;
+
 use mlx_rs::{Array, Dtype};
+use once_cell::sync::Lazy;
 
 use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
 use super::error::Result;
@@ -26,8 +29,17 @@ use super::mlx_ops;
 /// Heads per block and positions per tile (the kernel's fixed tile sizes).
 const HEADS_PER_BLOCK: usize = 64;
 const POSITIONS_PER_TILE: usize = 32;
+/// The fewest tiles a split walks where there are few positions: each split writes 64 rows of
+/// float32 partial outputs for the combine to read back, which at one tile per split costs more
+/// than the tile (H200, batch 1, 4K positions, GPU time: 60 us at one tile per split, 27 at
+/// four, 25 at sixteen, whose single steps were slower).
+const MIN_TILES_PER_SPLIT: usize = 4;
 /// Blocks to aim for: about one per multiprocessor of an H100/H200 (132), so one wave runs.
 const TARGET_BLOCKS: usize = 132;
+
+/// The most splits a row's positions are divided into (the combine kernel keeps a weight per
+/// split in shared memory); `TARGET_BLOCKS` keeps them far below.
+const MAX_SPLITS: usize = 256;
 
 /// This kernel's switch and launch count (see `cuda_kernel::Switch`).
 pub static KERNEL: Switch = Switch::new();
@@ -40,7 +52,7 @@ fn shared_bytes(d: usize) -> usize {
     (m + 2 * n) * (d + 8) * 2 + 4 * m * (n + 1) * 4 + m * (n + 8) * 2 + 3 * m * 4
 }
 
-/// An attention's sizes, as `applies` judges them.
+/// An attention's sizes and scale, as `applies` judges them.
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
     pub batch: usize,
@@ -50,6 +62,39 @@ pub struct Shape {
     pub positions: usize,
     pub rank: usize,
     pub rope: usize,
+    /// The scores' scale: compiled into the kernel (see `SCALES`).
+    pub scale: f32,
+}
+
+/// How many distinct scales the kernel is compiled for (the scale is a template argument, so
+/// that no array made on the host feeds the kernel): a model uses one; attentions with further
+/// scales run MLX's ops rather than compile a kernel each (NVRTC takes about a second).
+const SCALES: usize = 8;
+
+/// `SCALES`, for tests.
+#[doc(hidden)]
+pub fn scale_limit() -> usize {
+    SCALES
+}
+
+/// The scales the kernel has been applied with, in order.
+static SCALES_SEEN: Lazy<Mutex<Vec<u32>>> = Lazy::new(|| Mutex::new(Vec::new()));
+
+fn scales_seen() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    SCALES_SEEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Whether the kernel takes `scale`: one it was applied with, or a place left for a new one.
+fn scale_fits(scale: f32) -> bool {
+    let seen = scales_seen();
+    seen.contains(&scale.to_bits()) || seen.len() < SCALES
+}
+
+fn remember_scale(scale: f32) {
+    let mut seen = scales_seen();
+    if !seen.contains(&scale.to_bits()) {
+        seen.push(scale.to_bits());
+    }
 }
 
 /// CUDA's limit on a launch's second and third grid dimensions (rows of (head, query) pairs and
@@ -58,7 +103,8 @@ const GRID_YZ_LIMIT: usize = 65535;
 
 /// Whether the kernel computes this attention: a CUDA GPU the kernels run on, latent and rope
 /// stored in the queries' 16-bit float dtype, a latent width that tiles by 64 and a rope width
-/// by 16, the tiles fitting the GPU's shared memory, and sizes within CUDA's grid limits.
+/// by 16, the tiles fitting the GPU's shared memory, sizes within CUDA's grid limits, and a
+/// scale it is (or may be) compiled for.
 pub fn applies(storage: Dtype, q_dtype: Dtype, s: &Shape) -> bool {
     let rows = s.heads * s.queries;
     KERNEL.enabled()
@@ -72,6 +118,7 @@ pub fn applies(storage: Dtype, q_dtype: Dtype, s: &Shape) -> bool {
         && (1..=GRID_YZ_LIMIT).contains(&s.batch)
         && s.positions >= 1
         && s.positions <= i32::MAX as usize
+        && scale_fits(s.scale)
 }
 
 const HEADER: &str = r#"
@@ -104,10 +151,15 @@ __device__ __forceinline__ void lc_ldmatrix_x4_trans(uint32_t* r, const void* p)
 "#;
 
 /// The partial kernel's body (template `H` = heads x queries, the rows of the products; `LQ` =
-/// queries). Inputs: `q_latent [B, heads, LQ, R]`, `q_rope [B, heads, LQ, P]`, `latent [B, T,
-/// R]`, `rope [B, T, P]` (views, any strides), `params` int32 `[chunk, lo_0, hi_0, lo_1, ...]`
-/// (each row's valid window range), `scale` float32 `[1]`. Outputs: `o_part [B, S, H, R]`
-/// float32 (unnormalized) and `ml [B, S, H, 2]` (running max in log2 units, running sum).
+/// queries; `SCALE` = the scale's float32 bits; `RANGES`: whether `ranges` holds the rows'
+/// ranges, else every row spans the whole window). Inputs: `q_latent [B, heads, LQ, R]`,
+/// `q_rope [B, heads, LQ, P]`, `latent [B, T, R]`, `rope [B, T, P]` (views, any strides),
+/// `ranges` int32 `[lo_0, hi_0, lo_1, ...]` (each row's valid window range; any array, unread,
+/// without `RANGES`). Outputs: `o_part [B, S, H, R]` float32 (unnormalized) and `ml [B, S, H, 2]`
+/// (running max in log2 units, running sum). Every value comes by argument (shapes, template
+/// arguments) but the ranges: on MLX's CUDA backend an array made on the host costs an
+/// evaluation that reads it in a kernel about 30 us (measured on an H200), more than the
+/// kernel itself at short contexts.
 const PARTIAL: &str = r#"
   constexpr int M = 64, N = 32, D = R + P, LD = D + 8, LDS = N + 1, LDP = N + 8;
   // Sixteen warps: warp w holds heads (w % 4) * 16.. and group w / 4 of four (a quarter of the
@@ -126,9 +178,12 @@ const PARTIAL: &str = r#"
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x, S = gridDim.x, b = blockIdx.y, h0 = blockIdx.z * M;
-  const int chunk = params[0], lo = params[1 + 2 * b], hi = params[2 + 2 * b];
+  // Split s takes positions [s * chunk, (s + 1) * chunk): whole tiles, S of them covering T.
+  const int T = latent_shape[1], chunk = ((T + S - 1) / S + N - 1) / N * N;
+  const int* rp = reinterpret_cast<const int*>(ranges);
+  const int lo = RANGES ? rp[2 * b] : 0, hi = RANGES ? rp[2 * b + 1] : T;
   const int begin = max(lo, split * chunk), end = min(hi, (split + 1) * chunk);
-  const float sc = scale[0] * 1.4426950408889634f;
+  const float sc = __int_as_float(SCALE) * 1.4426950408889634f;
 
   const uint16_t* qlat = reinterpret_cast<const uint16_t*>(q_latent);
   const uint16_t* qrop = reinterpret_cast<const uint16_t*>(q_rope);
@@ -202,10 +257,12 @@ const PARTIAL: &str = r#"
   load(begin, 0);
   int buf = 0;
   for (int tile = begin; tile < end; tile += N, buf ^= 1) {
-    // The next tile streams in while this one is computed on.
-    load(tile + N, buf ^ 1);
-    if (vec) asm volatile("cp.async.wait_group 1;\n" ::);
+    // This tile has landed, and every warp is done with the previous one, whose buffer the
+    // next tile now streams into while this one is computed on. (A third buffer, streaming two
+    // tiles ahead, measured no faster on an H200: the copies are not what waits.)
+    if (vec) asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();
+    load(tile + N, buf ^ 1);
     const uint16_t* sk = sk0 + buf * N * LD;
 
     // Scores: warp (mt, kq) computes heads mt*16.. by all N positions over every fourth
@@ -309,8 +366,6 @@ const PARTIAL: &str = r#"
         }
       }
     }
-    // Every warp is done with this buffer before the next iteration's copy overwrites it.
-    __syncthreads();
   }
   if (vec) asm volatile("cp.async.wait_group 0;\n" ::);
   __syncthreads();
@@ -332,7 +387,7 @@ const PARTIAL: &str = r#"
 
 static PARTIAL_KERNEL: Source = Source {
     name: "latent_cache_mla_decode_partial",
-    inputs: &["q_latent", "q_rope", "latent", "rope", "params", "scale"],
+    inputs: &["q_latent", "q_rope", "latent", "rope", "ranges"],
     outputs: &["o_part", "ml"],
     header: HEADER,
     body: PARTIAL,
@@ -349,26 +404,67 @@ static COMBINE_KERNEL: Source = Source {
 };
 
 /// The combine kernel's body: `out [B, H, R]` float32 (`[B, heads, LQ, R]`) from `o_part` and
-/// `ml`.
+/// `ml`, one block of 512 threads per row: the splits' weights `exp2(max_s - max)` once, in
+/// shared memory, then groups of threads sum a share of the splits for every channel (four at a
+/// time) and add their sums, so no thread walks all the splits alone.
 const COMBINE: &str = r#"
-  const int c = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
-  if (c >= R) return;
+  constexpr int THREADS = 512, C4 = R / 4, CW = C4 < THREADS ? C4 : THREADS, G = THREADS / CW;
+  __shared__ float w[MAX_SPLITS];
+  __shared__ float red[THREADS / 32];
+  __shared__ float4 part[THREADS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, h = blockIdx.y, b = blockIdx.z;
   const int S = ml_shape[1];
   const int64_t base = static_cast<int64_t>(b) * S * H + h;
-  float m = LC_NEG_INF;
-  #pragma unroll 8
-  for (int s = 0; s < S; s++) m = fmaxf(m, ml[(base + static_cast<int64_t>(s) * H) * 2]);
-  float num = 0.f, den = 0.f;
-  #pragma unroll 8
-  for (int s = 0; s < S; s++) {
-    int64_t at = base + static_cast<int64_t>(s) * H;
-    float ms = ml[at * 2];
-    if (ms == LC_NEG_INF) continue;
-    float w = exp2f(ms - m);
-    num += w * o_part[at * R + c];
-    den += w * ml[at * 2 + 1];
+  const float ms = tid < S ? ml[(base + static_cast<int64_t>(tid) * H) * 2] : LC_NEG_INF;
+  // The largest running max over the splits.
+  float m = ms;
+  #pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, off));
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  m = red[0];
+  #pragma unroll
+  for (int i = 1; i < THREADS / 32; i++) m = fmaxf(m, red[i]);
+  __syncthreads();
+  // Each split's weight, and the weighted sum of the running sums (the denominator).
+  const float ws = ms == LC_NEG_INF ? 0.f : exp2f(ms - m);
+  if (tid < S) w[tid] = ws;
+  float den = tid < S ? ws * ml[(base + static_cast<int64_t>(tid) * H) * 2 + 1] : 0.f;
+  #pragma unroll
+  for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffff, den, off);
+  if (lane == 0) red[warp] = den;
+  __syncthreads();
+  den = 0.f;
+  #pragma unroll
+  for (int i = 0; i < THREADS / 32; i++) den += red[i];
+  const float inv = 1.f / den;
+  // Channels four at a time: group tid / CW sums splits tid / CW, + G, ...
+  const float4* op = reinterpret_cast<const float4*>(o_part);
+  const int grp = tid / CW, col = tid % CW;
+  for (int c0 = 0; c0 < C4; c0 += CW) {
+    const int c4 = c0 + col;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c4 < C4) {
+      #pragma unroll 4
+      for (int s = grp; s < S; s += G) {
+        const float ww = w[s];
+        const float4 v = op[(base + static_cast<int64_t>(s) * H) * C4 + c4];
+        acc.x += ww * v.x; acc.y += ww * v.y; acc.z += ww * v.z; acc.w += ww * v.w;
+      }
+    }
+    part[tid] = acc;
+    __syncthreads();
+    if (grp == 0 && c4 < C4) {
+      float4 sum = part[col];
+      for (int gi = 1; gi < G; gi++) {
+        const float4 v = part[gi * CW + col];
+        sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+      }
+      float* o = out + (static_cast<int64_t>(b) * H + h) * R + 4 * c4;
+      o[0] = sum.x * inv; o[1] = sum.y * inv; o[2] = sum.z * inv; o[3] = sum.w * inv;
+    }
+    __syncthreads();
   }
-  out[(static_cast<int64_t>(b) * H + h) * R + c] = num / den;
 "#;
 
 /// Absorbed MLA attention, `[B, H, Lq, R]` float32, lazily: `latent [B, T, R]` and `rope [B, T,
@@ -391,43 +487,50 @@ pub(crate) fn attend(
     // Every (head, query) pair is a row of the products; blocks take 64 rows each.
     let rows = heads * queries;
     let groups = rows.div_ceil(HEADS_PER_BLOCK);
-    // Splits: about one block per multiprocessor, at least a tile of positions each.
+    // Splits: about one block per multiprocessor, at least `MIN_TILES_PER_SPLIT` tiles of
+    // positions each (the kernel derives each split's share from their count and the window).
     let tiles = positions.div_ceil(POSITIONS_PER_TILE).max(1);
-    let splits = (TARGET_BLOCKS / (batch * groups)).clamp(1, tiles);
+    let splits = (TARGET_BLOCKS / (batch * groups)).clamp(1, (tiles / MIN_TILES_PER_SPLIT).max(1));
     let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
     let splits = positions.div_ceil(chunk).max(1);
-    let mut params = vec![chunk as i32];
-    for &(lo, hi) in ranges {
-        params.extend([lo as i32, hi as i32]);
-    }
-    let params = mlx_ops::indices(&params, &[params.len()]);
-    let scale = Array::from_slice(&[scale], &[1]);
+    debug_assert!(splits <= MAX_SPLITS);
+    // Rows that span the whole window (no padding, every row at the offset: the usual decode
+    // step) need no ranges array; the queries stand in for the unread input.
+    let whole = ranges.iter().all(|&(lo, hi)| lo == 0 && hi == positions);
+    let bounds: Vec<i32> = ranges.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
+    let bounds = if whole { q_latent.clone() } else { mlx_ops::indices(&bounds, &[bounds.len()]) };
+    remember_scale(scale);
     let bf16 = q_latent.dtype() == Dtype::Bfloat16;
-    let ints = [("R", rank as i32), ("P", rope_dim as i32), ("H", rows as i32), ("LQ", queries as i32)];
+    let ints = [
+        ("R", rank as i32),
+        ("P", rope_dim as i32),
+        ("H", rows as i32),
+        ("LQ", queries as i32),
+        ("SCALE", scale.to_bits() as i32),
+    ];
     let (b, s, h, r) = (batch as i32, splits as i32, rows as i32, rank as i32);
     let partial = kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim))?;
     let partial = apply(
         partial,
-        &[q_latent, q_rope, latent, rope, &params, &scale],
+        &[q_latent, q_rope, latent, rope, &bounds],
         Launch {
             outputs: &[(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)],
             grid: [s * 512, b, groups as i32],
             block: [512, 1, 1],
             ints: &ints,
             // With one query, causal sees the whole row: one compiled kernel serves both.
-            bools: &[("BF16", bf16), ("CAUSAL", causal && queries > 1)],
+            bools: &[("BF16", bf16), ("CAUSAL", causal && queries > 1), ("RANGES", !whole)],
         },
     )?;
-    let threads = rank.min(256) as i32;
     let combine = kernel(&COMBINE_KERNEL, 0)?;
     let out = apply(
         combine,
         &[&partial[0], &partial[1]],
         Launch {
             outputs: &[(&[b, heads as i32, queries as i32, r], Dtype::Float32)],
-            grid: [r, h, b],
-            block: [threads, 1, 1],
-            ints: &[ints[0], ints[2]],
+            grid: [512, h, b],
+            block: [512, 1, 1],
+            ints: &[ints[0], ints[2], ("MAX_SPLITS", MAX_SPLITS as i32)],
             bools: &[],
         },
     )?;

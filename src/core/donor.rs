@@ -491,6 +491,7 @@ impl Donor {
             positions: self.offset,
             rank: g.kv_lora_rank,
             rope: g.rope_head_dim,
+            scale,
         };
         if extra.is_some()
             || mode == MaskMode::Array
