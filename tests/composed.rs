@@ -436,3 +436,27 @@ fn composed_files_are_format_3() {
         assert_eq!(version(&cache), want, "hot_window {hot_window}");
     }
 }
+
+/// The hot side holds only the composed families: rope stored in the hot mode itself is kept in
+/// the main storage alone (its values are there already), so with the same appends the hot side
+/// is the composed families' share of what it is when rope is composed too.
+#[test]
+fn the_hot_side_holds_only_the_composed_families() {
+    let hot_bytes = |modes: [StorageMode; 3]| {
+        let g = geometry(64, BF16, modes, LayoutKind::RightJustified);
+        let compact_only = Geometry { hot_window: 0, ..g };
+        let (mut composed, mut compact) = (LatentCache::new(g).unwrap(), LatentCache::new(compact_only).unwrap());
+        let mut rng = Rng::new(11);
+        for tokens in [300, 1, 1, 40, 1] {
+            let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(2 * tokens * widths(&g)[f]));
+            for cache in [&mut composed, &mut compact] {
+                cache.append_host(2, tokens, &data[0], &data[1], Some(&data[2])).unwrap();
+            }
+        }
+        (composed.bytes_in_use() - compact.bytes_in_use(), widths(&g))
+    };
+    let (rope_kept_out, w) = hot_bytes([Q8, BF16, Q8]);
+    let (rope_composed, _) = hot_bytes([Q8, Q8, Q8]);
+    assert!(rope_kept_out > 0);
+    assert_eq!(rope_kept_out * (w[0] + w[1] + w[2]), rope_composed * (w[0] + w[2]), "hot side bytes");
+}

@@ -4,17 +4,17 @@
 //!
 //! Every position is encoded in the compact mode when it is appended, in the main storage, as
 //! in a cache that is not composed. The hot side keeps the float values of the positions rows
-//! may still read hot, in a second storage where row `b` holds window positions from its own
-//! `bases[b]` on (its oldest hot position when last rebuilt), so its size is about `hot_window`
-//! plus a block per row, however far apart rows end, not the history. Converting a block is then only moving
-//! a row's boundary: nothing is copied or re-encoded, and the compact values are exactly what
-//! a cache of the compact mode alone holds.
+//! may still read hot, of the composed families only, in a second storage where row `b` holds
+//! window positions from its own `bases[b]` on (its oldest hot position when last rebuilt), so
+//! its size is about `hot_window` plus a block per row, however far apart rows end, not the
+//! history. Converting a block is then only moving a row's boundary: nothing is copied or
+//! re-encoded, and the compact values are exactly what a cache of the compact mode alone holds.
 use mlx_rs::{Array, Dtype};
 
 use super::boundary;
 use super::cache::{LatentCache, LatentState};
 use super::donor::HotCapture;
-use super::error::{fail, CacheError, Result};
+use super::error::{fail, Result};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
 use super::layout::RowLayout;
@@ -57,16 +57,22 @@ pub(crate) struct RowMove<'a> {
     pub dest_lo: usize,
 }
 
-/// The geometry of the hot storage: every family in the hot mode.
+/// The geometry of the hot storage: every family in the hot mode (it holds the composed ones).
 fn hot_geometry(g: &Geometry) -> Geometry {
     let mode = g.hot_storage;
     Geometry { latent_storage: mode, rope_storage: mode, index_storage: mode, max_tokens: 0, hot_window: 0, ..*g }
 }
 
+/// An empty hot storage: the composed families only (the others are never read hot, and
+/// their values are in the main storage already).
+fn hot_storage(g: &Geometry) -> Storage {
+    Storage::holding(&hot_geometry(g), |family| g.is_composed(family))
+}
+
 impl Hot {
     /// The hot side of a cache of geometry `g`, or `None` when it is not composed.
     pub(crate) fn new(g: &Geometry) -> Option<Hot> {
-        g.composed().then(|| Hot { storage: Storage::new(&hot_geometry(g)), bases: Vec::new(), converted: Vec::new() })
+        g.composed().then(|| Hot { storage: hot_storage(g), bases: Vec::new(), converted: Vec::new() })
     }
 
     pub(crate) fn apply(&mut self, change: HotChange) {
@@ -202,7 +208,7 @@ impl LatentCache {
         let outside = |b: usize| writes[b] < hot.bases[b] || writes[b] + written > hot.bases[b] + capacity;
         let (replace, bases) = if fresh {
             let bases = hot_after.iter().zip(&writes).map(|(&h, &w)| h.min(w)).collect();
-            (Some(Storage::new(&hot_geometry(&self.geometry))), bases)
+            (Some(hot_storage(&self.geometry)), bases)
         } else if (0..batch).any(outside) {
             let bases: Vec<usize> = hot_after.iter().zip(&writes).map(|(&h, &w)| h.min(w)).collect();
             let room = (0..batch).map(|b| writes[b] + written - bases[b]).max().unwrap_or(0);
@@ -221,7 +227,7 @@ impl LatentCache {
                     })
                 })
                 .collect();
-            let mut rebuilt = Storage::new(&hot_geometry(&self.geometry));
+            let mut rebuilt = hot_storage(&self.geometry);
             // Room for another window and block of appends before the next rebuild: a rebuild
             // copies about that many positions per row, so its cost per append stays constant.
             let slack = self.geometry.hot_window + boundary::CONVERSION_BLOCK;
@@ -292,12 +298,7 @@ impl LatentCache {
             .collect();
         let room = (0..layout.batch_size()).map(|b| layout.row_ends()[b] - bases[b]).max().unwrap_or(0);
         let pending = hot.storage.prepare_assemble(layout.batch_size(), room + MIN_CAPACITY, &pieces)?;
-        Ok(Some(HotChange {
-            replace: Some(Storage::new(&hot_geometry(&self.geometry))),
-            pending: Some(pending),
-            bases,
-            converted,
-        }))
+        Ok(Some(HotChange { replace: Some(hot_storage(&self.geometry)), pending: Some(pending), bases, converted }))
     }
 
     /// The dtype a composed family reads in: the hot mode's where its compact mode reads the
@@ -467,23 +468,16 @@ impl LatentCache {
     /// Takes a loaded hot side (`persist`, which checked it): the hot rows of the composed
     /// families (`[B, capacity, width]`), each row's base and boundary.
     pub(crate) fn adopt_hot(&mut self, bases: Vec<usize>, converted: Vec<usize>, values: Vec<(Family, Array)>) -> Result<()> {
-        let g = hot_geometry(&self.geometry);
         let rows = self.batch_size();
         let capacity = values.first().map_or(0, |(_, a)| a.shape()[1] as usize);
+        let storage = hot_storage(&self.geometry);
         let storage = match capacity {
-            0 => Storage::new(&g),
+            0 => storage,
             _ => {
-                // Families that are not composed are never read from the hot side.
-                let parts =
-                    Families::for_geometry(&g, |family, width| (family, width)).try_map(|_, (family, width)| {
-                        match values.iter().find(|(f, _)| *f == family) {
-                            Some((_, a)) => Ok(vec![a.clone()]),
-                            None => {
-                                Ok::<_, CacheError>(vec![mlx_ops::zeros(&[rows, capacity, width], g.hot_storage.read_dtype())?])
-                            }
-                        }
-                    })?;
-                Storage::from_parts(&g, rows, capacity, parts)
+                let parts = Families::for_geometry(&self.geometry, |family, _| {
+                    values.iter().find(|(f, _)| *f == family).map_or_else(Vec::new, |(_, a)| vec![a.clone()])
+                });
+                storage.adopt(rows, capacity, parts)
             }
         };
         self.hot = Some(Hot { storage, bases, converted });

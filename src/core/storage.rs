@@ -55,7 +55,8 @@ fn write_rows(dest: &[Array], update: &[Array], starts: &[usize]) -> Result<Part
     if starts.iter().all(|&s| s == starts[0]) {
         return write(dest, update, 0, starts[0]);
     }
-    let tokens = update[0].shape()[1] as usize;
+    let Some(first) = update.first() else { return Ok(Vec::new()) };
+    let tokens = first.shape()[1] as usize;
     // Position of row b's j-th new value; broadcast over each part's width.
     let at: Vec<i32> = starts.iter().flat_map(|&s| (s..s + tokens).map(|p| p as i32)).collect();
     let at = mlx_ops::indices(&at, &[starts.len(), tokens, 1]);
@@ -89,6 +90,14 @@ impl Buffer {
         match &self.data {
             Some(data) if !data.iter().all(is_evaluated) => self.lazy_writes,
             _ => 0,
+        }
+    }
+
+    /// Bytes one position of one row holds (none for a family the storage leaves out).
+    fn bytes_per_position(&self) -> usize {
+        match self.parts.is_empty() {
+            true => 0,
+            false => self.mode.bytes_per_position(self.width),
         }
     }
 
@@ -141,9 +150,17 @@ pub struct RowPiece<'a> {
 
 impl Storage {
     pub fn new(geometry: &Geometry) -> Self {
+        Self::holding(geometry, |_| true)
+    }
+
+    /// Storage of the families `kept` says, of `geometry`'s; the others are held as no parts:
+    /// every write and copy of them is empty, and they must not be read (composed storage's
+    /// hot side keeps only the composed families).
+    pub fn holding(geometry: &Geometry, kept: impl Fn(Family) -> bool) -> Self {
         let buffers = Families::for_geometry(geometry, |family, width| {
             let mode = geometry.storage(family);
-            Buffer { mode, width, parts: mode.parts(width), data: None, lazy_writes: 0 }
+            let parts = if kept(family) { mode.parts(width) } else { Vec::new() };
+            Buffer { mode, width, parts, data: None, lazy_writes: 0 }
         });
         Storage { rows: 0, capacity: 0, buffers }
     }
@@ -155,11 +172,15 @@ impl Storage {
     /// Storage holding `parts` (`[rows, positions, part_width]` per family, as `codec` lays
     /// them out) as its buffers: what a load adopts. The caller checked every shape and dtype.
     pub fn from_parts(geometry: &Geometry, rows: usize, positions: usize, parts: Families<Vec<Array>>) -> Self {
-        let mut storage = Storage::new(geometry);
-        storage.rows = rows;
-        storage.capacity = positions;
-        storage.buffers.as_mut().zip(parts).map(|_, (buffer, parts)| buffer.data = Some(parts));
-        storage
+        Storage::new(geometry).adopt(rows, positions, parts)
+    }
+
+    /// This (empty) storage holding `parts` as its buffers (none for a family it leaves out).
+    pub fn adopt(mut self, rows: usize, positions: usize, parts: Families<Vec<Array>>) -> Self {
+        self.rows = rows;
+        self.capacity = positions;
+        self.buffers.as_mut().zip(parts).map(|_, (buffer, parts)| buffer.data = Some(parts));
+        self
     }
 
     /// The parts one family is stored as (widths and dtypes).
@@ -170,14 +191,14 @@ impl Storage {
     /// Bytes the buffers hold (rows x capacity x bytes per position), 0 before the first write.
     pub fn held_bytes(&self) -> usize {
         match self.buffers.latent.data {
-            Some(_) => self.rows * self.capacity * self.buffers.iter().map(|b| b.mode.bytes_per_position(b.width)).sum::<usize>(),
+            Some(_) => self.rows * self.capacity * self.buffers.iter().map(Buffer::bytes_per_position).sum::<usize>(),
             None => 0,
         }
     }
 
     /// Checks that `rows x capacity` positions of every family fit in MLX's memory now.
     fn check_alloc(&self, rows: usize, capacity: usize, what: &str) -> Result<()> {
-        let per_position: usize = self.buffers.iter().map(|b| b.mode.bytes_per_position(b.width)).sum();
+        let per_position: usize = self.buffers.iter().map(Buffer::bytes_per_position).sum();
         check_alloc(rows.checked_mul(capacity).and_then(|n| n.checked_mul(per_position)), what)
     }
 
@@ -223,8 +244,10 @@ impl Storage {
     ) -> Result<Pending> {
         let (max_tokens, reserved) = limits;
         let end = offset + tokens;
-        let encoded =
-            self.buffers.as_ref().zip(updates).try_map(|_, (buffer, update)| buffer.mode.encode(update, buffer.width))?;
+        let encoded = self.buffers.as_ref().zip(updates).try_map(|_, (buffer, update)| match buffer.parts.is_empty() {
+            true => Ok(Vec::new()),
+            false => buffer.mode.encode(update, buffer.width),
+        })?;
         if self.capacity >= end && self.buffers.latent.data.is_some() {
             let data = self.buffers.as_ref().zip(encoded).try_map(|_, (buffer, update)| {
                 let data = buffer.data.as_ref().expect("written buffers have data");
@@ -289,7 +312,7 @@ impl Storage {
     /// buffers'. Every piece's source is this storage.
     pub fn prepare_move(&self, pieces: &[RowPiece<'_>]) -> Result<Pending> {
         let positions: usize = pieces.iter().map(|p| p.hi - p.lo).sum();
-        let per_position: usize = self.buffers.iter().map(|b| b.mode.bytes_per_position(b.width)).sum();
+        let per_position: usize = self.buffers.iter().map(Buffer::bytes_per_position).sum();
         check_alloc(positions.checked_mul(per_position), &format!("moving {positions} positions"))?;
         let copies = self.buffers.as_ref().try_map(|_, buffer| {
             let data = buffer.data.as_ref().expect("rows with positions have data");

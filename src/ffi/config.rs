@@ -111,7 +111,7 @@ const GLM_DSA_LAYER: latent_cache_config = latent_cache_config {
 /// `*config` (`batch * tokens * bytes_per_token`): admission control before a request is
 /// created. Buffers grow in steps, so a cache may hold up to one growth step more; with composed
 /// storage, plus its hot side (about twice `hot_window + 64` positions per row, plus the last
-/// append's length, in `hot_storage`, every family).
+/// append's length, in `hot_storage`, of the composed families).
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a config `latent_cache_new` refuses),
 /// `CAPACITY` (the product overflows `size_t`).
 #[no_mangle]
