@@ -13,7 +13,7 @@
 use mlx_rs::Array;
 
 use super::codec::{Part, StorageMode};
-use super::error::{CacheError, Result};
+use super::error::{fail, CacheError, Result};
 use super::eval::{eval, is_evaluated};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
@@ -48,19 +48,26 @@ fn window(data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: u
     data.iter().zip(parts).map(|(d, p)| mlx_ops::slice(d, &[rows.0, lo, 0], &[rows.1, hi, p.width])).collect()
 }
 
+/// Where each row's new positions go: `None` when every row starts at the same position (one
+/// slice update per part), else the positions `[rows, tokens, 1]` of a scatter (ragged rows),
+/// made once per append and shared by every family and part (an array made on the host costs
+/// each evaluation that reads it on MLX's CUDA backend).
+fn row_positions(starts: &[usize], tokens: usize) -> Option<Array> {
+    if starts.iter().all(|&s| s == starts[0]) {
+        return None;
+    }
+    let at: Vec<i32> = starts.iter().flat_map(|&s| (s..s + tokens).map(|p| p as i32)).collect();
+    Some(mlx_ops::indices(&at, &[starts.len(), tokens, 1]))
+}
+
 /// `dest` with `update` (parts of the same family, `[rows, tokens, part_width]`) written so
 /// that row `b`'s positions start at `starts[b]`, lazily: one slice update per part when every
-/// row starts at the same position, one scatter per part otherwise (ragged rows).
-fn write_rows(dest: &[Array], update: &[Array], starts: &[usize]) -> Result<Parts> {
-    if starts.iter().all(|&s| s == starts[0]) {
-        return write(dest, update, 0, starts[0]);
+/// row starts at the same position, one scatter per part at `positions` otherwise.
+fn write_rows(dest: &[Array], update: &[Array], starts: &[usize], positions: Option<&Array>) -> Result<Parts> {
+    match positions {
+        None => write(dest, update, 0, starts[0]),
+        Some(at) => dest.iter().zip(update).map(|(d, u)| mlx_ops::put_along_axis(d, at, u, 1)).collect(),
     }
-    let Some(first) = update.first() else { return Ok(Vec::new()) };
-    let tokens = first.shape()[1] as usize;
-    // Position of row b's j-th new value; broadcast over each part's width.
-    let at: Vec<i32> = starts.iter().flat_map(|&s| (s..s + tokens).map(|p| p as i32)).collect();
-    let at = mlx_ops::indices(&at, &[starts.len(), tokens, 1]);
-    dest.iter().zip(update).map(|(d, u)| mlx_ops::put_along_axis(d, &at, u, 1)).collect()
 }
 
 /// `dest` with `update` (parts of the same family) written at rows `[row, ..)`, positions
@@ -103,6 +110,9 @@ impl Buffer {
 
     /// Decoded values of stored parts (`read_dtype()` of the mode).
     fn decode(&self, parts: &[Array]) -> Result<Array> {
+        if parts.is_empty() {
+            return fail!(Backend, "a family this storage leaves out was read");
+        }
         self.mode.decode(parts, self.width)
     }
 }
@@ -248,6 +258,7 @@ impl Storage {
             true => Ok(Vec::new()),
             false => buffer.mode.encode(update, buffer.width),
         })?;
+        let positions = row_positions(starts, tokens);
         if self.capacity >= end && self.buffers.latent.data.is_some() {
             let data = self.buffers.as_ref().zip(encoded).try_map(|_, (buffer, update)| {
                 let data = buffer.data.as_ref().expect("written buffers have data");
@@ -256,7 +267,7 @@ impl Storage {
                     eval(data)?;
                     lazy = 0;
                 }
-                Ok::<_, CacheError>((write_rows(data, &update, starts)?, lazy + 1))
+                Ok::<_, CacheError>((write_rows(data, &update, starts, positions.as_ref())?, lazy + 1))
             })?;
             return Ok(Pending { rows, capacity: self.capacity, data });
         }
@@ -264,7 +275,7 @@ impl Storage {
         let fresh = self.allocate(rows, capacity, &format!("growing to {capacity} positions x {rows} rows"))?;
         let data = self.buffers.as_ref().zip(fresh).zip(encoded).try_map(|_, ((buffer, fresh), update)| {
             let base = buffer.copy_live(fresh, rows, offset)?;
-            Ok::<_, CacheError>((write_rows(&base, &update, starts)?, buffer.chained_writes() + 1))
+            Ok::<_, CacheError>((write_rows(&base, &update, starts, positions.as_ref())?, buffer.chained_writes() + 1))
         })?;
         Ok(Pending { rows, capacity, data })
     }
