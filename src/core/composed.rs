@@ -467,7 +467,7 @@ impl LatentCache {
 
     /// Takes a loaded hot side (`persist`, which checked it): the hot rows of the composed
     /// families (`[B, capacity, width]`), each row's base and boundary.
-    pub(crate) fn adopt_hot(&mut self, bases: Vec<usize>, converted: Vec<usize>, values: Vec<(Family, Array)>) -> Result<()> {
+    pub(crate) fn adopt_hot(&mut self, bases: Vec<usize>, converted: Vec<usize>, values: Vec<(Family, Array)>) {
         let rows = self.batch_size();
         let capacity = values.first().map_or(0, |(_, a)| a.shape()[1] as usize);
         let storage = hot_storage(&self.geometry);
@@ -481,7 +481,6 @@ impl LatentCache {
             }
         };
         self.hot = Some(Hot { storage, bases, converted });
-        Ok(())
     }
 
     /// The most positions the next append may take before some row's boundary moves: counted

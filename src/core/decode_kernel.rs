@@ -497,8 +497,13 @@ pub(crate) fn attend(
     // Rows that span the whole window (no padding, every row at the offset: the usual decode
     // step) need no ranges array; the queries stand in for the unread input.
     let whole = ranges.iter().all(|&(lo, hi)| lo == 0 && hi == positions);
-    let bounds: Vec<i32> = ranges.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
-    let bounds = if whole { q_latent.clone() } else { mlx_ops::indices(&bounds, &[bounds.len()]) };
+    let bounds = match whole {
+        true => q_latent.clone(),
+        false => {
+            let bounds: Vec<i32> = ranges.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
+            mlx_ops::indices(&bounds, &[bounds.len()])
+        }
+    };
     remember_scale(scale);
     let bf16 = q_latent.dtype() == Dtype::Bfloat16;
     let ints = [

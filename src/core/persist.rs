@@ -589,7 +589,7 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
         .map(|(g, layout, rows, positions, parts, hot)| {
             let mut cache = LatentCache::adopt(g, layout, Storage::from_parts(&g, rows, positions, parts));
             if let Some((bases, converted, values)) = hot {
-                cache.adopt_hot(bases, converted, values)?;
+                cache.adopt_hot(bases, converted, values);
             }
             Ok(cache)
         })
