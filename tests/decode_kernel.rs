@@ -3,13 +3,14 @@
 //! computation over the values the reference model says each row holds, at GLM-5.2's widths and
 //! head count, with padded and ragged rows, lengths that do not fill a tile, and head-query
 //! pairs past one 64-row block. On MLX's CUDA backend this is the split-K
-//! kernel's test (each case checks that the kernel ran); elsewhere the same cases check the
+//! kernel's test (each case checks that the kernel ran, and on a compute capability 9.0 GPU runs
+//! with its wgmma partial pass and with the mma.sync one); elsewhere the same cases check the
 //! MLX-ops path, which the kernel falls back to.
 mod common;
 
 use common::model::{Model, Rng};
 use latent_cache::core::donor::MaskMode;
-use latent_cache::core::{cuda_kernel, decode_kernel};
+use latent_cache::core::{cuda_kernel, decode_kernel, decode_wgmma};
 use latent_cache::core::{mlx_math, mlx_ops};
 use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::{Array, Dtype};
@@ -130,8 +131,15 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         assert!(on_cuda, "the kernel applies to {sizes:?} on this GPU");
     }
     let tolerance = if on_cuda { KERNEL_TOLERANCE } else { FALLBACK_TOLERANCE };
+    // On a compute capability 9.0 GPU the partial pass is the wgmma one where its widths fit.
+    let wgmma = on_cuda
+        && decode_wgmma::KERNEL.enabled()
+        && cuda_kernel::compute_capability() == Some((9, 0))
+        && case.rank % 128 == 0
+        && case.rope % 32 == 0;
     for mode in [MaskMode::None, MaskMode::Causal] {
         let before = decode_kernel::KERNEL.launches();
+        let before_wgmma = decode_wgmma::KERNEL.launches();
         let out = donor.attend(&arr(&q_latent, case.rank), &arr(&q_rope, case.rope), scale, mode, None).unwrap();
         let got = mlx_ops::to_host(&out).unwrap();
         let what = format!(
@@ -139,6 +147,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
             case.mode, case.rank, case.rope, case.layout, case.pads
         );
         assert_eq!(decode_kernel::KERNEL.launches() - before, on_cuda as usize, "{what}: where the kernel applies it runs");
+        assert_eq!(decode_wgmma::KERNEL.launches() - before_wgmma, wgmma as usize, "{what}: the wgmma pass where it applies");
         assert_eq!(out.shape(), &shape(case.rank));
         for b in 0..batch {
             let row = &model.rows[b];
@@ -211,9 +220,18 @@ fn decode_and_verify_queries_over_16_bit_storage_match_a_float64_reference() {
         // Whole rows (no range array) at batch 3, with verify queries.
         case(Bf16, 512, 64, (64, 2), RightJustified, &[0, 0, 0], 333, 0),
     ];
-    for c in &cases {
-        run(c, &mut rng);
+    // On a compute capability 9.0 GPU, every case with the same values twice: with the wgmma
+    // partial pass (where it applies), then with the mma.sync one. (This file's only test: the
+    // process-wide switch is not shared with another test.)
+    let passes: &[bool] = if cuda_kernel::compute_capability() == Some((9, 0)) { &[true, false] } else { &[true] };
+    for &wgmma in passes {
+        decode_wgmma::KERNEL.set_enabled(wgmma);
+        rng = Rng::new(91);
+        for c in &cases {
+            run(c, &mut rng);
+        }
     }
+    decode_wgmma::KERNEL.set_enabled(true);
     // The scale is compiled into the kernel, for a few scales per process: attentions with
     // further scales run MLX's ops, as exactly as the fallback does.
     let mut scales: Vec<usize> = cases.iter().map(|c| c.rank + c.rope).collect();

@@ -8,10 +8,10 @@
 //! the step reads (for bandwidth).
 use std::time::Instant;
 
-use latent_cache::core::decode_kernel;
 use latent_cache::core::donor::{Donor, MaskMode};
 use latent_cache::core::eval::eval;
 use latent_cache::core::mlx_ops;
+use latent_cache::core::{decode_kernel, decode_wgmma};
 use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
 
@@ -131,13 +131,25 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
         out.push(record(&name, "attention", batch, context, t, runs.1, batch * context * attended));
         // The GPU's own time per attention, the host's share amortized: `REPEAT` attentions (as
         // many layers) built and evaluated together, per attention; kernel off, then on.
+        let amortized = || {
+            let t = time(runs.0, runs.1 / 5, || eval((0..REPEAT).map(|_| attend()).collect::<Vec<_>>().iter()).unwrap());
+            t.map(|v| v / REPEAT as f64)
+        };
         for (enabled, name) in [(false, name.as_str()), (true, set.name)] {
             decode_kernel::KERNEL.set_enabled(enabled);
-            let t = time(runs.0, runs.1 / 5, || eval((0..REPEAT).map(|_| attend()).collect::<Vec<_>>().iter()).unwrap());
-            let t = t.map(|v| v / REPEAT as f64);
-            out.push(record(name, "attention_amortized", batch, context, t, runs.1 / 5, batch * context * attended));
+            out.push(record(name, "attention_amortized", batch, context, amortized(), runs.1 / 5, batch * context * attended));
         }
         decode_kernel::KERNEL.set_enabled(true);
+        if decode_wgmma::applies(RANK, ROPE) {
+            // Labelled variant on a Hopper GPU: the kernel with its mma.sync partial pass (the one
+            // other GPUs run) instead of the wgmma one.
+            decode_wgmma::KERNEL.set_enabled(false);
+            let name = format!("{} (mma.sync kernel, wgmma off)", set.name);
+            let t = time(runs.0, runs.1, || eval([&attend()]).unwrap());
+            out.push(record(&name, "attention", batch, context, t, runs.1, batch * context * attended));
+            out.push(record(&name, "attention_amortized", batch, context, amortized(), runs.1 / 5, batch * context * attended));
+            decode_wgmma::KERNEL.set_enabled(true);
+        }
     }
     if sparse {
         let step = || {

@@ -23,6 +23,7 @@ use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
 
 use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
+use super::decode_wgmma;
 use super::error::Result;
 use super::mlx_ops;
 
@@ -514,19 +515,18 @@ pub(crate) fn attend(
         ("SCALE", scale.to_bits() as i32),
     ];
     let (b, s, h, r) = (batch as i32, splits as i32, rows as i32, rank as i32);
-    let partial = kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim))?;
-    let partial = apply(
-        partial,
-        &[q_latent, q_rope, latent, rope, &bounds],
-        Launch {
-            outputs: &[(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)],
-            grid: [s * 512, b, groups as i32],
-            block: [512, 1, 1],
-            ints: &ints,
-            // With one query, causal sees the whole row: one compiled kernel serves both.
-            bools: &[("BF16", bf16), ("CAUSAL", causal && queries > 1), ("RANGES", !whole)],
-        },
-    )?;
+    let inputs = [q_latent, q_rope, latent, rope, &bounds];
+    let outputs: [(&[i32], Dtype); 2] = [(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)];
+    // With one query, causal sees the whole row: one compiled kernel serves both.
+    let bools = [("BF16", bf16), ("CAUSAL", causal && queries > 1), ("RANGES", !whole)];
+    let partial = match decode_wgmma::applies(rank, rope_dim) {
+        true => decode_wgmma::partial(&inputs, &outputs, [s, b, groups as i32], &ints, &bools, rank + rope_dim)?,
+        false => apply(
+            kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim))?,
+            &inputs,
+            Launch { outputs: &outputs, grid: [s * 512, b, groups as i32], block: [512, 1, 1], ints: &ints, bools: &bools },
+        )?,
+    };
     let combine = kernel(&COMBINE_KERNEL, 0)?;
     let out = apply(
         combine,

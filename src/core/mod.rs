@@ -6,6 +6,7 @@ pub mod codec;
 pub mod composed;
 pub mod cuda_kernel;
 pub mod decode_kernel;
+pub mod decode_wgmma;
 pub mod donor;
 pub mod error;
 pub mod eval;
