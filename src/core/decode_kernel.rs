@@ -488,10 +488,13 @@ pub(crate) fn attend(
     // Every (head, query) pair is a row of the products; blocks take 64 rows each.
     let rows = heads * queries;
     let groups = rows.div_ceil(HEADS_PER_BLOCK);
-    // Splits: about one block per multiprocessor, at least `MIN_TILES_PER_SPLIT` tiles of
+    // Splits: about one block per multiprocessor, at least `MIN_TILES_PER_SPLIT` tiles (the wgmma
+    // pass's own minimum where it runs) of
     // positions each (the kernel derives each split's share from their count and the window).
     let tiles = positions.div_ceil(POSITIONS_PER_TILE).max(1);
-    let splits = (TARGET_BLOCKS / (batch * groups)).clamp(1, (tiles / MIN_TILES_PER_SPLIT).max(1));
+    let wgmma = decode_wgmma::applies(rank, rope_dim);
+    let min_tiles = if wgmma { decode_wgmma::MIN_TILES_PER_SPLIT } else { MIN_TILES_PER_SPLIT };
+    let splits = (TARGET_BLOCKS / (batch * groups)).clamp(1, (tiles / min_tiles).max(1));
     let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
     let splits = positions.div_ceil(chunk).max(1);
     debug_assert!(splits <= MAX_SPLITS);
@@ -519,7 +522,7 @@ pub(crate) fn attend(
     let outputs: [(&[i32], Dtype); 2] = [(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)];
     // With one query, causal sees the whole row: one compiled kernel serves both.
     let bools = [("BF16", bf16), ("CAUSAL", causal && queries > 1), ("RANGES", !whole)];
-    let partial = match decode_wgmma::applies(rank, rope_dim) {
+    let partial = match wgmma {
         true => decode_wgmma::partial(&inputs, &outputs, [s, b, groups as i32], &ints, &bools, rank + rope_dim)?,
         false => apply(
             kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim))?,

@@ -24,6 +24,11 @@ use super::error::Result;
 const ROWS: usize = 64;
 const THREADS: i32 = 384;
 const POSITIONS_PER_TILE: usize = 32;
+/// The fewest tiles a split of this pass walks where there are few positions: its blocks cost
+/// more to start than the `mma.sync` pass's (three warpgroups, barriers, the register handover),
+/// so at batch 1 it takes fewer, longer splits (H200, 16K positions, the partial pass alone: 36
+/// us at 64 splits of 8 tiles, 47 at 128 of 4; the mma.sync pass 47 at 128 splits).
+pub(crate) const MIN_TILES_PER_SPLIT: usize = 8;
 /// Key buffers in shared memory: up to three tiles stream in while one is computed on (on an
 /// H200, three buffers and four measured alike).
 const STAGES: usize = 4;
