@@ -19,7 +19,7 @@ fn positive(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| 0.1 + (rng.next() >> 40) as f32 / (1u64 << 24) as f32).collect()
 }
 
-fn filled(rng: &mut Rng, layout: LayoutKind, index_storage: StorageMode) -> (LatentCache, Model) {
+fn filled(rng: &mut Rng, layout: LayoutKind, index_storage: StorageMode, pads: [usize; 3]) -> (LatentCache, Model) {
     let g = Geometry {
         kv_lora_rank: WIDTHS[0],
         rope_head_dim: WIDTHS[1],
@@ -31,7 +31,6 @@ fn filled(rng: &mut Rng, layout: LayoutKind, index_storage: StorageMode) -> (Lat
     let mut cache = LatentCache::new(g).unwrap();
     let mut model = Model::with_modes(WIDTHS, [StorageMode::F32, StorageMode::F32, index_storage]);
     model.ragged = layout == LayoutKind::Ragged;
-    let pads = [0, 7, 3];
     let data: [Vec<f32>; 3] = std::array::from_fn(|f| positive(rng, 3 * 16 * WIDTHS[f]));
     cache.append_host_padded(3, 16, &pads, &data[0], &data[1], Some(&data[2])).unwrap();
     model.append_padded(3, 16, &pads, &data);
@@ -41,111 +40,118 @@ fn filled(rng: &mut Rng, layout: LayoutKind, index_storage: StorageMode) -> (Lat
 #[test]
 fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
     let mut rng = Rng::new(91);
-    let (heads, queries, k) = (2usize, 2usize, 6usize);
+    let (heads, k) = (2usize, 6usize);
     // MLX's CUDA backend runs float32 matmuls at TF32 precision (10-bit mantissas).
     let tolerance = match mlx_rs::Device::default().get_type().unwrap() {
         mlx_rs::DeviceType::Gpu => 1e-2,
         _ => 1e-5,
     };
-    for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
-        for index_storage in [StorageMode::F32, StorageMode::Bf16] {
-            for mode in [MaskMode::None, MaskMode::Causal] {
-                let what = format!("{layout:?} {index_storage:?} {mode:?}");
-                let (cache, model) = filled(&mut rng, layout, index_storage);
-                let donor = cache.capture_donor_rows().unwrap();
-                let batch = 3usize;
-                let q_index = positive(&mut rng, batch * heads * queries * WIDTHS[2]);
-                let weights = positive(&mut rng, batch * queries * heads);
-                let arr = |v: &[f32], s: &[usize]| Array::from_slice(v, &s.iter().map(|&d| d as i32).collect::<Vec<_>>());
-                let scores = donor
-                    .index_scores(
-                        &arr(&q_index, &[batch, heads, queries, WIDTHS[2]]),
-                        &arr(&weights, &[batch, queries, heads]),
-                        mode,
-                    )
-                    .unwrap();
-                let got_scores = host(&scores);
-                let indices = donor.select(&scores, k).unwrap().expect("the window holds more than k positions");
-                let got_indices = host(&indices);
-                let q_latent = positive(&mut rng, batch * heads * queries * WIDTHS[0]);
-                let q_rope = positive(&mut rng, batch * heads * queries * WIDTHS[1]);
-                let out = donor
-                    .attend_selected(
-                        &arr(&q_latent, &[batch, heads, queries, WIDTHS[0]]),
-                        &arr(&q_rope, &[batch, heads, queries, WIDTHS[1]]),
-                        0.05,
-                        mode,
-                        &indices,
-                    )
-                    .unwrap();
-                let got_out = host(&out);
-                let pads = model.left_pad();
-                for b in 0..batch {
-                    let row = &model.rows[b];
-                    let len = model.len(b);
-                    for i in 0..queries {
-                        let seen = if mode == MaskMode::Causal { len - queries + i + 1 } else { len };
-                        // Scores: window position pads[b] + j holds row position j.
-                        let want: Vec<f64> = (0..seen)
-                            .map(|j| {
-                                (0..heads)
-                                    .map(|h| {
-                                        let q = &q_index[((b * heads + h) * queries + i) * WIDTHS[2]..][..WIDTHS[2]];
-                                        let key = &row.families[2][j * WIDTHS[2]..][..WIDTHS[2]];
-                                        let dot: f64 = q.iter().zip(key).map(|(a, c)| *a as f64 * *c as f64).sum();
-                                        weights[(b * queries + i) * heads + h] as f64 * dot.max(0.0)
-                                    })
-                                    .sum()
-                            })
-                            .collect();
-                        for t in 0..donor.offset() {
-                            let got = got_scores[(b * queries + i) * donor.offset() + t];
-                            match t.checked_sub(pads[b]).filter(|&j| j < seen) {
-                                Some(j) => {
-                                    assert!(
-                                        (got as f64 - want[j]).abs() <= 10.0 * tolerance * want[j].abs(),
-                                        "{what}: score {b},{i},{t}"
-                                    )
-                                }
-                                None => assert_eq!(got, f32::NEG_INFINITY, "{what}: unseen position {b},{i},{t}"),
-                            }
-                        }
-                        // Selection: the visible selected positions are the top min(k, seen).
-                        let selected: BTreeSet<usize> =
-                            got_indices[(b * queries + i) * k..][..k].iter().map(|&x| x as usize).collect();
-                        assert_eq!(selected.len(), k, "{what}: distinct indices");
-                        let mut order: Vec<usize> = (0..seen).collect();
-                        order.sort_by(|&x, &y| want[y].partial_cmp(&want[x]).unwrap());
-                        let top: BTreeSet<usize> = order.iter().take(k.min(seen)).map(|&j| pads[b] + j).collect();
-                        let visible: BTreeSet<usize> =
-                            selected.iter().copied().filter(|&p| p >= pads[b] && p - pads[b] < seen).collect();
-                        assert_eq!(visible, top, "{what}: top-{k} of row {b} query {i}");
-                        // Attention over the selected visible positions only.
-                        for h in 0..heads {
-                            let at = (b * heads + h) * queries + i;
-                            let ql = &q_latent[at * WIDTHS[0]..][..WIDTHS[0]];
-                            let qr = &q_rope[at * WIDTHS[1]..][..WIDTHS[1]];
-                            let js: Vec<usize> = top.iter().map(|&p| p - pads[b]).collect();
-                            let s: Vec<f64> = js
-                                .iter()
-                                .map(|&j| {
-                                    let dot = |q: &[f32], v: &[f32], w: usize| {
-                                        (0..w).map(|c| q[c] as f64 * v[j * w + c] as f64).sum::<f64>()
-                                    };
-                                    0.05 * (dot(ql, &row.families[0], WIDTHS[0]) + dot(qr, &row.families[1], WIDTHS[1]))
+    // Padded rows; whole rows (no mask is built where no query misses a position), with two
+    // queries (causal still masks) and one.
+    for (pads, queries) in [([0, 7, 3], 2usize), ([0, 0, 0], 2), ([0, 0, 0], 1)] {
+        for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
+            for index_storage in [StorageMode::F32, StorageMode::Bf16] {
+                for mode in [MaskMode::None, MaskMode::Causal] {
+                    let what = format!("{layout:?} {index_storage:?} {mode:?} pads {pads:?} {queries} queries");
+                    let (cache, model) = filled(&mut rng, layout, index_storage, pads);
+                    let donor = cache.capture_donor_rows().unwrap();
+                    let batch = 3usize;
+                    let q_index = positive(&mut rng, batch * heads * queries * WIDTHS[2]);
+                    let weights = positive(&mut rng, batch * queries * heads);
+                    let arr = |v: &[f32], s: &[usize]| Array::from_slice(v, &s.iter().map(|&d| d as i32).collect::<Vec<_>>());
+                    let scores = donor
+                        .index_scores(
+                            &arr(&q_index, &[batch, heads, queries, WIDTHS[2]]),
+                            &arr(&weights, &[batch, queries, heads]),
+                            mode,
+                        )
+                        .unwrap();
+                    let got_scores = host(&scores);
+                    let indices = donor.select(&scores, k).unwrap().expect("the window holds more than k positions");
+                    let got_indices = host(&indices);
+                    let q_latent = positive(&mut rng, batch * heads * queries * WIDTHS[0]);
+                    let q_rope = positive(&mut rng, batch * heads * queries * WIDTHS[1]);
+                    let out = donor
+                        .attend_selected(
+                            &arr(&q_latent, &[batch, heads, queries, WIDTHS[0]]),
+                            &arr(&q_rope, &[batch, heads, queries, WIDTHS[1]]),
+                            0.05,
+                            mode,
+                            &indices,
+                        )
+                        .unwrap();
+                    let got_out = host(&out);
+                    let pads = model.left_pad();
+                    for b in 0..batch {
+                        let row = &model.rows[b];
+                        let len = model.len(b);
+                        for i in 0..queries {
+                            let seen = if mode == MaskMode::Causal { len - queries + i + 1 } else { len };
+                            // Scores: window position pads[b] + j holds row position j.
+                            let want: Vec<f64> = (0..seen)
+                                .map(|j| {
+                                    (0..heads)
+                                        .map(|h| {
+                                            let q = &q_index[((b * heads + h) * queries + i) * WIDTHS[2]..][..WIDTHS[2]];
+                                            let key = &row.families[2][j * WIDTHS[2]..][..WIDTHS[2]];
+                                            let dot: f64 = q.iter().zip(key).map(|(a, c)| *a as f64 * *c as f64).sum();
+                                            weights[(b * queries + i) * heads + h] as f64 * dot.max(0.0)
+                                        })
+                                        .sum()
                                 })
                                 .collect();
-                            let max = s.iter().cloned().fold(f64::MIN, f64::max);
-                            let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
-                            let total: f64 = e.iter().sum();
-                            for c in 0..WIDTHS[0] {
-                                let want: f64 =
-                                    js.iter().zip(&e).map(|(&j, w)| w / total * row.families[0][j * WIDTHS[0] + c] as f64).sum();
-                                let got = got_out[at * WIDTHS[0] + c] as f64;
-                                assert!(
-                                    (got - want).abs() <= tolerance * (1.0 + want.abs()),
-                                    "{what}: out {b},{h},{i},{c}: {got} vs {want}"
-                                );
+                            for t in 0..donor.offset() {
+                                let got = got_scores[(b * queries + i) * donor.offset() + t];
+                                match t.checked_sub(pads[b]).filter(|&j| j < seen) {
+                                    Some(j) => {
+                                        assert!(
+                                            (got as f64 - want[j]).abs() <= 10.0 * tolerance * want[j].abs(),
+                                            "{what}: score {b},{i},{t}"
+                                        )
+                                    }
+                                    None => assert_eq!(got, f32::NEG_INFINITY, "{what}: unseen position {b},{i},{t}"),
+                                }
+                            }
+                            // Selection: the visible selected positions are the top min(k, seen).
+                            let selected: BTreeSet<usize> =
+                                got_indices[(b * queries + i) * k..][..k].iter().map(|&x| x as usize).collect();
+                            assert_eq!(selected.len(), k, "{what}: distinct indices");
+                            let mut order: Vec<usize> = (0..seen).collect();
+                            order.sort_by(|&x, &y| want[y].partial_cmp(&want[x]).unwrap());
+                            let top: BTreeSet<usize> = order.iter().take(k.min(seen)).map(|&j| pads[b] + j).collect();
+                            let visible: BTreeSet<usize> =
+                                selected.iter().copied().filter(|&p| p >= pads[b] && p - pads[b] < seen).collect();
+                            assert_eq!(visible, top, "{what}: top-{k} of row {b} query {i}");
+                            // Attention over the selected visible positions only.
+                            for h in 0..heads {
+                                let at = (b * heads + h) * queries + i;
+                                let ql = &q_latent[at * WIDTHS[0]..][..WIDTHS[0]];
+                                let qr = &q_rope[at * WIDTHS[1]..][..WIDTHS[1]];
+                                let js: Vec<usize> = top.iter().map(|&p| p - pads[b]).collect();
+                                let s: Vec<f64> = js
+                                    .iter()
+                                    .map(|&j| {
+                                        let dot = |q: &[f32], v: &[f32], w: usize| {
+                                            (0..w).map(|c| q[c] as f64 * v[j * w + c] as f64).sum::<f64>()
+                                        };
+                                        0.05 * (dot(ql, &row.families[0], WIDTHS[0]) + dot(qr, &row.families[1], WIDTHS[1]))
+                                    })
+                                    .collect();
+                                let max = s.iter().cloned().fold(f64::MIN, f64::max);
+                                let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+                                let total: f64 = e.iter().sum();
+                                for c in 0..WIDTHS[0] {
+                                    let want: f64 = js
+                                        .iter()
+                                        .zip(&e)
+                                        .map(|(&j, w)| w / total * row.families[0][j * WIDTHS[0] + c] as f64)
+                                        .sum();
+                                    let got = got_out[at * WIDTHS[0] + c] as f64;
+                                    assert!(
+                                        (got - want).abs() <= tolerance * (1.0 + want.abs()),
+                                        "{what}: out {b},{h},{i},{c}: {got} vs {want}"
+                                    );
+                                }
                             }
                         }
                     }
@@ -163,12 +169,16 @@ fn host(a: &Array) -> Vec<f32> {
 #[test]
 fn selection_falls_back_to_dense_and_refuses_misuse() {
     let mut rng = Rng::new(92);
-    let (cache, _) = filled(&mut rng, LayoutKind::RightJustified, StorageMode::F32);
+    let (cache, _) = filled(&mut rng, LayoutKind::RightJustified, StorageMode::F32, [0, 7, 3]);
     let donor = cache.capture_donor_rows().unwrap();
     let scores = Array::from_slice(&[0f32; 3 * 16], &[3, 1, 16]);
     assert!(donor.select(&scores, 16).unwrap().is_none(), "no more positions than k: dense");
     assert!(donor.select(&scores, 15).unwrap().is_some());
     assert_eq!(donor.select(&scores, 0).unwrap_err().kind, latent_cache::ErrorKind::InvalidArgument);
+    for bad in [&[3, 1, 15][..], &[2, 1, 16], &[3, 16]] {
+        let scores = Array::from_slice(&vec![0f32; bad.iter().product::<i32>() as usize], bad);
+        assert_eq!(donor.select(&scores, 4).unwrap_err().kind, latent_cache::ErrorKind::Shape, "scores {bad:?}");
+    }
     let q = Array::from_slice(&vec![0.5f32; 3 * 64], &[3, 1, 1, 64]);
     let w = Array::from_slice(&[1f32; 3], &[3, 1, 1]);
     assert_eq!(donor.index_scores(&q, &w, MaskMode::Array).unwrap_err().kind, latent_cache::ErrorKind::InvalidArgument);

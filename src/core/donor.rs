@@ -272,6 +272,15 @@ impl Donor {
         Ok((shape[1], shape[2]))
     }
 
+    /// Whether some query misses a position of the window: a row padded or ending before the
+    /// window's end, or causal queries after the first. Otherwise `row_mask` is all zeros and is
+    /// left out: besides its operations, its two index arrays are made on the host, which on
+    /// MLX's CUDA backend costs an evaluation reading them about 30 us each (measured on an H200).
+    fn masks(&self, mode: MaskMode, queries: usize) -> bool {
+        let whole = self.left_pad.iter().all(|&p| p == 0) && self.row_ends.iter().all(|&e| e == self.offset);
+        !(whole && (mode == MaskMode::None || (mode == MaskMode::Causal && queries == 1)))
+    }
+
     /// Additive mask `[B, 1, 1 or Lq, T]`: 0 where a query sees the position, -inf elsewhere.
     fn row_mask(&self, mode: MaskMode, queries: usize) -> Result<Array> {
         let batch = self.batch_size();
@@ -356,7 +365,10 @@ impl Donor {
             let per_head = mlx_ops::reshape(&per_head, &[b, h, lq, t])?;
             mlx_math::sum(&mlx_ops::multiply(&per_head, &weights)?, 1)?
         };
-        mlx_math::add(&scores, &self.query_mask(mode, lq)?)
+        match self.masks(mode, lq) {
+            true => mlx_math::add(&scores, &self.query_mask(mode, lq)?),
+            false => Ok(scores),
+        }
     }
 
     /// The `k` positions with the highest scores per query (`scores` `[B, Lq, T]` from
@@ -366,12 +378,17 @@ impl Donor {
         if k == 0 {
             return fail!(InvalidArgument, "top-k needs k of at least 1");
         }
+        let shape = scores.shape();
+        if shape.len() != 3 || shape[0] as usize != self.batch_size() || shape[2] as usize != self.offset {
+            return fail!(Shape, "scores must be [{}, queries, {}], got {shape:?}", self.batch_size(), self.offset);
+        }
         if self.offset <= k {
             return Ok(None);
         }
-        let order = mlx_math::argpartition(&mlx_math::negative(scores)?, (k - 1) as i32, -1)?;
-        let shape = order.shape();
-        let top = mlx_ops::slice(&order, &[0, 0, 0], &[shape[0] as usize, shape[1] as usize, k])?;
+        // The last k of a partition at T - k are the k largest (no negated copy of the scores).
+        let t = self.offset;
+        let order = mlx_math::argpartition(scores, (t - k) as i32, -1)?;
+        let top = mlx_ops::slice(&order, &[0, 0, t - k], &[shape[0] as usize, shape[1] as usize, t])?;
         Ok(Some(mlx_ops::astype(&top, Dtype::Int32)?))
     }
 
@@ -414,9 +431,15 @@ impl Donor {
         let scores = mlx_math::add(&per_query(q_latent, Family::Latent)?, &per_query(q_rope, Family::Rope)?)?;
         let scores = mlx_ops::multiply(&scores, &mlx_ops::scalar(scale))?;
         // Visibility of the selected positions: the row mask gathered at them, [B, Lq, 1, k].
-        let mask = self.query_mask(mode, dims.1 as usize)?;
-        let visible = mlx_math::expand_dims(&mlx_math::take_along_axis(&mask, indices, 2)?, 2)?;
-        let probs = mlx_math::softmax(&mlx_math::add(&scores, &visible)?, -1)?;
+        let scores = match self.masks(mode, dims.1 as usize) {
+            true => {
+                let mask = self.query_mask(mode, dims.1 as usize)?;
+                let visible = mlx_math::expand_dims(&mlx_math::take_along_axis(&mask, indices, 2)?, 2)?;
+                mlx_math::add(&scores, &visible)?
+            }
+            false => scores,
+        };
+        let probs = mlx_math::softmax(&scores, -1)?;
         let out = mlx_math::matmul(&probs, &self.gather(Family::Latent, indices)?)?;
         mlx_math::swapaxes(&out, 1, 2)
     }
@@ -458,8 +481,7 @@ impl Donor {
         // the row has padding, the queries a causal band, or the engine a mask of its own.
         let scaled = mlx_ops::multiply(q_rope, &mlx_ops::astype(&mlx_ops::scalar(scale), q_rope.dtype())?)?;
         let mut mask = self.scores(Family::Rope, &scaled)?;
-        let whole_row = self.left_pad[0] == 0 && self.row_ends[0] == self.offset;
-        if !(whole_row && (mode == MaskMode::None || (mode == MaskMode::Causal && queries == 1))) {
+        if self.masks(mode, queries) {
             mask = mlx_math::add(&mask, &self.row_mask(mode, queries)?)?;
         }
         if let Some(extra) = extra {
@@ -531,7 +553,10 @@ impl Donor {
         }
         let scores = mlx_math::add(&self.scores(Family::Latent, q_latent)?, &self.scores(Family::Rope, q_rope)?)?;
         let scores = mlx_ops::multiply(&mlx_ops::astype(&scores, Dtype::Float32)?, &mlx_ops::scalar(scale))?;
-        let mut scores = mlx_math::add(&scores, &self.row_mask(mode, queries)?)?;
+        let mut scores = match self.masks(mode, queries) {
+            true => mlx_math::add(&scores, &self.row_mask(mode, queries)?)?,
+            false => scores,
+        };
         if let Some(extra) = extra {
             scores = mlx_math::add(&scores, extra)?;
         }
