@@ -1,14 +1,15 @@
 //! DSA selection over donor rows, against a float64 computation on the values the reference
 //! model holds: index scores (weighted ReLU of query-key products, summed over index heads),
 //! the top-k positions per query, and attention over those positions alone, with padded rows in
-//! both layouts and both storage kinds of index keys.
+//! both layouts and both storage kinds of index keys. On MLX's CUDA backend the index scores are
+//! the library's kernel's (`dsa_kernel`; each case checks that it ran).
 mod common;
 
 use std::collections::BTreeSet;
 
 use common::model::{Model, Rng};
 use latent_cache::core::donor::MaskMode;
-use latent_cache::core::mlx_ops;
+use latent_cache::core::{cuda_kernel, dsa_kernel, mlx_ops};
 use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::Array;
 
@@ -59,6 +60,7 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                     let q_index = positive(&mut rng, batch * heads * queries * WIDTHS[2]);
                     let weights = positive(&mut rng, batch * queries * heads);
                     let arr = |v: &[f32], s: &[usize]| Array::from_slice(v, &s.iter().map(|&d| d as i32).collect::<Vec<_>>());
+                    let before = dsa_kernel::KERNEL.launches();
                     let scores = donor
                         .index_scores(
                             &arr(&q_index, &[batch, heads, queries, WIDTHS[2]]),
@@ -66,6 +68,11 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                             mode,
                         )
                         .unwrap();
+                    assert_eq!(
+                        dsa_kernel::KERNEL.launches() - before,
+                        cuda_kernel::on_cuda() as usize,
+                        "{what}: the kernel on CUDA"
+                    );
                     let got_scores = host(&scores);
                     let indices = donor.select(&scores, k).unwrap().expect("the window holds more than k positions");
                     let got_indices = host(&indices);

@@ -11,7 +11,7 @@ use std::time::Instant;
 use latent_cache::core::donor::{Donor, MaskMode};
 use latent_cache::core::eval::eval;
 use latent_cache::core::mlx_ops;
-use latent_cache::core::{decode_kernel, decode_wgmma};
+use latent_cache::core::{decode_kernel, decode_wgmma, dsa_kernel};
 use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
 
@@ -161,6 +161,15 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
         let t = time(runs.0, runs.1, step);
         let bytes = batch * (context * per_position(Family::IndexKeys) + TOPK * attended);
         out.push(record(set.name, "attention_dsa", batch, context, t, runs.1, bytes));
+        let launched = dsa_kernel::KERNEL.launches();
+        step();
+        if dsa_kernel::KERNEL.launches() > launched {
+            // Labelled variant: the index scores by MLX's ops (the kernel off).
+            dsa_kernel::KERNEL.set_enabled(false);
+            let t = time(runs.0, runs.1, step);
+            out.push(record(&format!("{} (MLX-ops index scores)", set.name), "attention_dsa", batch, context, t, runs.1, bytes));
+            dsa_kernel::KERNEL.set_enabled(true);
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use super::codec::{StorageMode, AFFINE_GROUP};
 use super::composed::{align_hot, hot_alignment};
 use super::cuda_kernel;
 use super::decode_kernel;
+use super::dsa_kernel;
 use super::error::{fail, Result};
 use super::families::Families;
 use super::geometry::{Family, Geometry};
@@ -277,8 +278,12 @@ impl Donor {
     /// left out: besides its operations, its two index arrays are made on the host, which on
     /// MLX's CUDA backend costs an evaluation reading them about 30 us each (measured on an H200).
     fn masks(&self, mode: MaskMode, queries: usize) -> bool {
-        let whole = self.left_pad.iter().all(|&p| p == 0) && self.row_ends.iter().all(|&e| e == self.offset);
-        !(whole && (mode == MaskMode::None || (mode == MaskMode::Causal && queries == 1)))
+        !(self.whole_rows() && (mode == MaskMode::None || (mode == MaskMode::Causal && queries == 1)))
+    }
+
+    /// Whether every row spans the whole window (no padding, every row at the offset).
+    fn whole_rows(&self) -> bool {
+        self.left_pad.iter().all(|&p| p == 0) && self.row_ends.iter().all(|&e| e == self.offset)
     }
 
     /// Additive mask `[B, 1, 1 or Lq, T]`: 0 where a query sees the position, -inf elsewhere.
@@ -349,6 +354,9 @@ impl Donor {
         }
         self.check_rows(mode, queries as usize)?;
         let (b, h, lq, t) = (self.batch_size(), heads as usize, queries as usize, self.offset);
+        if let Some(scores) = self.kernel_index_scores(q_index, weights, mode, (h, lq, width))? {
+            return Ok(scores);
+        }
         let keys = mlx_ops::astype(&self.decoded(Family::IndexKeys)?, Dtype::Float32)?;
         // Every head and query folded into the rows of one product per row, [B, Hi*Lq, 128] x
         // [B, 128, T]: a head axis broadcast against the keys made MLX's CUDA matmul expand the
@@ -369,6 +377,29 @@ impl Donor {
             true => mlx_math::add(&scores, &self.query_mask(mode, lq)?),
             false => Ok(scores),
         }
+    }
+
+    /// `index_scores` by the library's kernel on CUDA (`dsa_kernel`), from the stored keys as
+    /// they are: float storage without composed hot values. `None` where it does not apply.
+    fn kernel_index_scores(
+        &self,
+        q_index: &Array,
+        weights: &Array,
+        mode: MaskMode,
+        (heads, queries, width): (usize, usize, usize),
+    ) -> Result<Option<Array>> {
+        let keys = &self.parts(Family::IndexKeys)[0];
+        let float = matches!(self.geometry.storage(Family::IndexKeys), StorageMode::F32 | StorageMode::Bf16 | StorageMode::F16);
+        let (batch, positions) = (self.batch_size(), self.offset);
+        if !float
+            || self.hot_values(Family::IndexKeys).is_some()
+            || !dsa_kernel::applies(keys.dtype(), batch, heads, queries, width, positions)
+        {
+            return Ok(None);
+        }
+        let ranges: Vec<(usize, usize)> = self.left_pad.iter().copied().zip(self.row_ends.iter().copied()).collect();
+        let ranges = if self.whole_rows() { None } else { Some(ranges.as_slice()) };
+        Ok(Some(dsa_kernel::index_scores(q_index, weights, keys, ranges, mode == MaskMode::Causal)?))
     }
 
     /// The `k` positions with the highest scores per query (`scores` `[B, Lq, T]` from

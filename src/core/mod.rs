@@ -8,6 +8,7 @@ pub mod cuda_kernel;
 pub mod decode_kernel;
 pub mod decode_wgmma;
 pub mod donor;
+pub mod dsa_kernel;
 pub mod error;
 pub mod eval;
 pub mod families;

@@ -1,0 +1,142 @@
+//! DSA index scores in one operation on MLX's CUDA backend: for each query and stored position,
+//! the sum over index heads of weight x ReLU(query . key), read straight from the stored index
+//! keys (float32, bfloat16 or float16) with the positions a query does not see at -inf. Written
+//! with MLX's operations the same scores take eight graph operations and a float32 copy of every
+//! stored key (`Donor::index_scores`, the fallback elsewhere and the reference the kernel is
+//! tested against in `tests/dsa.rs`); here each thread scores one position for every head in
+//! float32, the block's queries and weights in shared memory.
+use mlx_rs::{Array, Dtype};
+
+use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
+use super::error::Result;
+use super::mlx_ops;
+
+/// This kernel's switch and launch count (see `cuda_kernel::Switch`).
+pub static KERNEL: Switch = Switch::new();
+
+/// Positions scored per block (one a thread).
+const THREADS: usize = 128;
+
+/// The most index heads x width the block's shared queries hold (32 KiB of float32; GLM-5.2's
+/// 32 heads of 128 take half).
+const MAX_QUERY_VALUES: usize = 8192;
+
+/// Whether the kernel scores `queries` queries of `heads` heads and width `width` over
+/// `positions` keys stored in `storage`, for `batch` rows: on CUDA, float storage, the queries
+/// fitting shared memory, sizes within a launch.
+pub fn applies(storage: Dtype, batch: usize, heads: usize, queries: usize, width: usize, positions: usize) -> bool {
+    KERNEL.enabled()
+        && cuda_kernel::on_cuda()
+        && matches!(storage, Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
+        && heads >= 1
+        && width >= 1
+        && heads * width <= MAX_QUERY_VALUES
+        && (1..=65535).contains(&batch)
+        && (1..=65535).contains(&queries)
+        && positions >= 1
+        && positions.div_ceil(THREADS) * THREADS <= i32::MAX as usize
+}
+
+/// Template `HI` heads, `W` width, `LQ` queries; `RANGES`: `ranges` holds each row's visible
+/// window `[lo, hi)` (else every row spans the window); `CAUSAL`: query i of LQ sees up to the
+/// row's end - LQ + i. `KT`, `QT`, `WT` name the inputs' dtypes (MLX compiles a kernel per
+/// template arguments, and the inputs' types are part of its source). Inputs (views, any
+/// strides): `q_index [B, HI, LQ, W]`, `weights [B, LQ, HI]`, `keys [B, T, W]`, `ranges` int32.
+/// Output `scores [B, LQ, T]` float32.
+const SCORES: &str = r#"
+  static_assert(KT >= 0 && QT >= 0 && WT >= 0, "dtype tags");
+  __shared__ float sq[HI * W];
+  __shared__ float sw[HI];
+  const int tid = threadIdx.x, qi = blockIdx.y, b = blockIdx.z;
+  const int T = keys_shape[1];
+  const int t = blockIdx.x * blockDim.x + tid;
+  for (int i = tid; i < HI * W; i += blockDim.x) {
+    const int h = i / W, c = i % W;
+    sq[i] = static_cast<float>(q_index[b * q_index_strides[0] + h * q_index_strides[1] + qi * q_index_strides[2] +
+                                       c * q_index_strides[3]]);
+  }
+  if (tid < HI) sw[tid] = static_cast<float>(weights[b * weights_strides[0] + qi * weights_strides[1] + tid * weights_strides[2]]);
+  __syncthreads();
+  if (t >= T) return;
+  const int* rp = reinterpret_cast<const int*>(ranges);
+  const int lo = RANGES ? rp[2 * b] : 0;
+  const int hi = (RANGES ? rp[2 * b + 1] : T) - (CAUSAL ? LQ - 1 - qi : 0);
+  float* row = scores + (static_cast<long long>(b) * LQ + qi) * T;
+  if (t < lo || t >= hi) {
+    row[t] = __int_as_float(0xff800000);
+    return;
+  }
+  const long long at = b * keys_strides[0] + t * keys_strides[1];
+  const long long step = keys_strides[2];
+  float acc[HI];
+  #pragma unroll
+  for (int h = 0; h < HI; h++) acc[h] = 0.f;
+  for (int c0 = 0; c0 < W; c0 += 8) {
+    float k[8];
+    #pragma unroll
+    for (int j = 0; j < 8; j++) k[j] = c0 + j < W ? static_cast<float>(keys[at + (c0 + j) * step]) : 0.f;
+    #pragma unroll
+    for (int h = 0; h < HI; h++) {
+      #pragma unroll
+      for (int j = 0; j < 8; j++) acc[h] += c0 + j < W ? sq[h * W + c0 + j] * k[j] : 0.f;
+    }
+  }
+  float s = 0.f;
+  #pragma unroll
+  for (int h = 0; h < HI; h++) s += sw[h] * fmaxf(acc[h], 0.f);
+  row[t] = s;
+"#;
+
+static SCORES_KERNEL: Source = Source {
+    name: "latent_cache_dsa_index_scores",
+    inputs: &["q_index", "weights", "keys", "ranges"],
+    outputs: &["scores"],
+    header: "",
+    body: SCORES,
+    contiguous: false,
+};
+
+/// The index scores `[B, Lq, T]` float32, lazily: `q_index [B, Hi, Lq, W]`, `weights [B, Lq,
+/// Hi]`, `keys [B, T, W]` (the stored part), `ranges` each row's visible window (`None`: every
+/// row spans it), `causal` the bottom-right aligned causal band. Callers check `applies` first.
+pub(crate) fn index_scores(
+    q_index: &Array,
+    weights: &Array,
+    keys: &Array,
+    ranges: Option<&[(usize, usize)]>,
+    causal: bool,
+) -> Result<Array> {
+    let qs = q_index.shape();
+    let (batch, heads, queries, width) = (qs[0], qs[1], qs[2], qs[3]);
+    let positions = keys.shape()[1];
+    let bounds = match ranges {
+        Some(r) => {
+            let v: Vec<i32> = r.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
+            mlx_ops::indices(&v, &[v.len()])
+        }
+        // An input the body does not read.
+        None => weights.clone(),
+    };
+    let tag = |d: Dtype| d as i32;
+    let k = kernel(&SCORES_KERNEL, 0)?;
+    let out = apply(
+        k,
+        &[q_index, weights, keys, &bounds],
+        Launch {
+            outputs: &[(&[batch, queries, positions], Dtype::Float32)],
+            grid: [(positions as usize).div_ceil(THREADS) as i32 * THREADS as i32, queries, batch],
+            block: [THREADS as i32, 1, 1],
+            ints: &[
+                ("HI", heads),
+                ("W", width),
+                ("LQ", queries),
+                ("KT", tag(keys.dtype())),
+                ("QT", tag(q_index.dtype())),
+                ("WT", tag(weights.dtype())),
+            ],
+            bools: &[("RANGES", ranges.is_some()), ("CAUSAL", causal && queries > 1)],
+        },
+    )?;
+    KERNEL.launched();
+    Ok(out.into_iter().next().expect("one output"))
+}
