@@ -380,7 +380,7 @@ impl Donor {
     }
 
     /// `index_scores` by the library's kernel on CUDA (`dsa_kernel`), from the stored keys as
-    /// they are: float storage without composed hot values. `None` where it does not apply.
+    /// they are: 16-bit float storage without composed hot values. `None` where it does not apply.
     fn kernel_index_scores(
         &self,
         q_index: &Array,
@@ -389,7 +389,7 @@ impl Donor {
         (heads, queries, width): (usize, usize, usize),
     ) -> Result<Option<Array>> {
         let keys = &self.parts(Family::IndexKeys)[0];
-        let float = matches!(self.geometry.storage(Family::IndexKeys), StorageMode::F32 | StorageMode::Bf16 | StorageMode::F16);
+        let float = matches!(self.geometry.storage(Family::IndexKeys), StorageMode::Bf16 | StorageMode::F16);
         let (batch, positions) = (self.batch_size(), self.offset);
         if !float
             || self.hot_values(Family::IndexKeys).is_some()

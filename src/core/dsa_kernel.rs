@@ -1,10 +1,11 @@
 //! DSA index scores in one operation on MLX's CUDA backend: for each query and stored position,
 //! the sum over index heads of weight x ReLU(query . key), read straight from the stored index
-//! keys (float32, bfloat16 or float16) with the positions a query does not see at -inf. Written
-//! with MLX's operations the same scores take eight graph operations and a float32 copy of every
+//! keys (bfloat16 or float16) with the positions a query does not see at -inf. Written with
+//! MLX's operations the same scores take eight graph operations and a float32 copy of every
 //! stored key (`Donor::index_scores`, the fallback elsewhere and the reference the kernel is
 //! tested against in `tests/dsa.rs`); here each thread scores one position for every head in
-//! float32, the block's queries and weights in shared memory.
+//! float32, the block's queries, weights and keys (staged in chunks, read along the channels) in
+//! shared memory.
 use mlx_rs::{Array, Dtype};
 
 use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
@@ -17,17 +18,21 @@ pub static KERNEL: Switch = Switch::new();
 /// Positions scored per block (one a thread).
 const THREADS: usize = 128;
 
-/// The most index heads x width the block's shared queries hold (32 KiB of float32; GLM-5.2's
-/// 32 heads of 128 take half).
-const MAX_QUERY_VALUES: usize = 8192;
+/// The most index heads x width the block's shared queries hold (24 KiB of float32, beside
+/// 16.5 KiB of staged keys; GLM-5.2's 32 heads of 128 take 16 KiB).
+const MAX_QUERY_VALUES: usize = 6144;
 
 /// Whether the kernel scores `queries` queries of `heads` heads and width `width` over
-/// `positions` keys stored in `storage`, for `batch` rows: on CUDA, float storage, the queries
-/// fitting shared memory, sizes within a launch.
+/// `positions` keys stored in `storage`, for `batch` rows: on CUDA, 16-bit float storage, the
+/// queries fitting shared memory, sizes within a launch. Float32 keys stay with MLX's ops: they
+/// need no converted copy there, and MLX's matmul (TF32 on its CUDA backend) was faster than this
+/// kernel over them (H200, 128K positions: 0.38 against 0.42 ms a sparse step at batch 1, 1.30
+/// against 1.47 at batch 8; over bfloat16 keys the kernel's steps were 0.44 against 0.53 and
+/// 1.47 against 1.72 ms).
 pub fn applies(storage: Dtype, batch: usize, heads: usize, queries: usize, width: usize, positions: usize) -> bool {
     KERNEL.enabled()
         && cuda_kernel::on_cuda()
-        && matches!(storage, Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
+        && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
         && heads >= 1
         && width >= 1
         && heads * width <= MAX_QUERY_VALUES
@@ -45,41 +50,49 @@ pub fn applies(storage: Dtype, batch: usize, heads: usize, queries: usize, width
 /// Output `scores [B, LQ, T]` float32.
 const SCORES: &str = r#"
   static_assert(KT >= 0 && QT >= 0 && WT >= 0, "dtype tags");
+  constexpr int THREADS = 128, C = 32;  // positions per block; channels per staged chunk
   __shared__ float sq[HI * W];
   __shared__ float sw[HI];
+  __shared__ float sk[THREADS * (C + 1)];  // a chunk of the block's keys, rows padded by one
   const int tid = threadIdx.x, qi = blockIdx.y, b = blockIdx.z;
   const int T = keys_shape[1];
-  const int t = blockIdx.x * blockDim.x + tid;
-  for (int i = tid; i < HI * W; i += blockDim.x) {
+  const int t0 = blockIdx.x * THREADS, t = t0 + tid;
+  for (int i = tid; i < HI * W; i += THREADS) {
     const int h = i / W, c = i % W;
     sq[i] = static_cast<float>(q_index[b * q_index_strides[0] + h * q_index_strides[1] + qi * q_index_strides[2] +
                                        c * q_index_strides[3]]);
   }
   if (tid < HI) sw[tid] = static_cast<float>(weights[b * weights_strides[0] + qi * weights_strides[1] + tid * weights_strides[2]]);
-  __syncthreads();
-  if (t >= T) return;
   const int* rp = reinterpret_cast<const int*>(ranges);
   const int lo = RANGES ? rp[2 * b] : 0;
   const int hi = (RANGES ? rp[2 * b + 1] : T) - (CAUSAL ? LQ - 1 - qi : 0);
+  float acc[HI];
+  #pragma unroll
+  for (int h = 0; h < HI; h++) acc[h] = 0.f;
+  const long long base = b * keys_strides[0];
+  for (int c0 = 0; c0 < W; c0 += C) {
+    // The block's keys, C channels at a time, read along the channels (neighbouring threads,
+    // neighbouring values of one stored row).
+    __syncthreads();
+    for (int i = tid; i < THREADS * C; i += THREADS) {
+      const int p = i / C, c = i % C, pos = t0 + p;
+      sk[p * (C + 1) + c] = pos < T && c0 + c < W ? static_cast<float>(keys[base + pos * keys_strides[1] + (c0 + c) * keys_strides[2]]) : 0.f;
+    }
+    __syncthreads();
+    #pragma unroll 4
+    for (int c = 0; c < C; c++) {
+      const float k = sk[tid * (C + 1) + c];
+      if (c0 + c < W) {
+        #pragma unroll
+        for (int h = 0; h < HI; h++) acc[h] += sq[h * W + c0 + c] * k;
+      }
+    }
+  }
+  if (t >= T) return;
   float* row = scores + (static_cast<long long>(b) * LQ + qi) * T;
   if (t < lo || t >= hi) {
     row[t] = __int_as_float(0xff800000);
     return;
-  }
-  const long long at = b * keys_strides[0] + t * keys_strides[1];
-  const long long step = keys_strides[2];
-  float acc[HI];
-  #pragma unroll
-  for (int h = 0; h < HI; h++) acc[h] = 0.f;
-  for (int c0 = 0; c0 < W; c0 += 8) {
-    float k[8];
-    #pragma unroll
-    for (int j = 0; j < 8; j++) k[j] = c0 + j < W ? static_cast<float>(keys[at + (c0 + j) * step]) : 0.f;
-    #pragma unroll
-    for (int h = 0; h < HI; h++) {
-      #pragma unroll
-      for (int j = 0; j < 8; j++) acc[h] += c0 + j < W ? sq[h * W + c0 + j] * k[j] : 0.f;
-    }
   }
   float s = 0.f;
   #pragma unroll
