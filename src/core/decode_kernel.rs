@@ -11,7 +11,9 @@
 //!   of 32, each copied in (cp.async) while the previous one is computed on: scores for 64 rows
 //!   by 32 positions (`mma.sync` m16n8k16, float32 accumulators), an online softmax, and the
 //!   probabilities times the tile's latent into float32 accumulators that stay in registers; it
-//!   writes its unnormalized output and each row's running max and sum.
+//!   writes its unnormalized output and each row's running max and sum. On compute capability
+//!   9.0 (H100, H200) `decode_wgmma`'s pass replaces it: the same outputs, with `wgmma` products
+//!   and the tiles streamed in by a warpgroup of their own.
 //! - `combine`: each output channel sums the splits, weighted by `exp(max_s - max)`.
 //!
 //! Taken by `Donor::attend` where it applies (see `applies`); the MLX-ops path is the fallback
@@ -488,9 +490,9 @@ pub(crate) fn attend(
     // Every (head, query) pair is a row of the products; blocks take 64 rows each.
     let rows = heads * queries;
     let groups = rows.div_ceil(HEADS_PER_BLOCK);
-    // Splits: about one block per multiprocessor, at least `MIN_TILES_PER_SPLIT` tiles (the wgmma
-    // pass's own minimum where it runs) of
-    // positions each (the kernel derives each split's share from their count and the window).
+    // Splits: about one block per multiprocessor, at least `MIN_TILES_PER_SPLIT` tiles of
+    // positions each (the wgmma pass's own minimum where it runs; the kernel derives each split's
+    // share from their count and the window).
     let tiles = positions.div_ceil(POSITIONS_PER_TILE).max(1);
     let wgmma = decode_wgmma::applies(rank, rope_dim);
     let min_tiles = if wgmma { decode_wgmma::MIN_TILES_PER_SPLIT } else { MIN_TILES_PER_SPLIT };
