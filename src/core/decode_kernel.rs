@@ -153,33 +153,11 @@ __device__ __forceinline__ void lc_ldmatrix_x4_trans(uint32_t* r, const void* p)
 }
 "#;
 
-/// The partial kernel's body (template `H` = heads x queries, the rows of the products; `LQ` =
-/// queries; `SCALE` = the scale's float32 bits; `RANGES`: whether `ranges` holds the rows'
-/// ranges, else every row spans the whole window). Inputs: `q_latent [B, heads, LQ, R]`,
-/// `q_rope [B, heads, LQ, P]`, `latent [B, T, R]`, `rope [B, T, P]` (views, any strides),
-/// `ranges` int32 `[lo_0, hi_0, lo_1, ...]` (each row's valid window range; any array, unread,
-/// without `RANGES`). Outputs: `o_part [B, S, H, R]` float32 (unnormalized) and `ml [B, S, H, 2]`
-/// (running max in log2 units, running sum). Every value comes by argument (shapes, template
-/// arguments) but the ranges: on MLX's CUDA backend an array made on the host costs an
-/// evaluation that reads it in a kernel about 30 us (measured on an H200), more than the
-/// kernel itself at short contexts.
-const PARTIAL: &str = r#"
-  constexpr int M = 64, N = 32, D = R + P, LD = D + 8, LDS = N + 1, LDP = N + 8;
-  // Sixteen warps: warp w holds heads (w % 4) * 16.. and group w / 4 of four (a quarter of the
-  // output channels; for the scores, a quarter of the dot products' steps), so each thread
-  // keeps R / 8 float32 accumulators (64 at R = 512), well inside its registers.
-  constexpr int THREADS = 512, CG = 4;
-  constexpr int NT = R / (8 * CG);  // n8 tiles of the output per warp
-  extern __shared__ __align__(16) unsigned char lc_smem[];
-  uint16_t* sq = reinterpret_cast<uint16_t*>(lc_smem);
-  uint16_t* sk0 = sq + M * LD;  // two key tiles: one computed on while the next arrives
-  float* ss = reinterpret_cast<float*>(sk0 + 2 * N * LD);
-  uint16_t* sp = reinterpret_cast<uint16_t*>(ss + 4 * M * LDS);
-  float* sm = reinterpret_cast<float*>(sp + M * LDP);
-  float* sl = sm + M;
-  float* sa = sl + M;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+/// The partial passes' shared start (this module's and `decode_wgmma`'s): thread indices, the
+/// split's positions, the inputs' pointers and strides, and whether 16-byte copies apply.
+macro_rules! partial_prologue {
+    () => {
+        r#"  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x, S = gridDim.x, b = blockIdx.y, h0 = blockIdx.z * M;
   // Split s takes positions [s * chunk, (s + 1) * chunk): whole tiles, S of them covering T.
   const int T = latent_shape[1], chunk = ((T + S - 1) / S + N - 1) / N * N;
@@ -195,14 +173,48 @@ const PARTIAL: &str = r#"
   const uint16_t* lat = reinterpret_cast<const uint16_t*>(latent);
   const uint16_t* rop = reinterpret_cast<const uint16_t*>(rope);
   const int64_t l0 = latent_strides[0], l1 = latent_strides[1], l2 = latent_strides[2];
-  const int64_t r0 = rope_strides[0], r1 = rope_strides[1], r2 = rope_strides[2];
+  const int64_t r0s = rope_strides[0], r1s = rope_strides[1], r2s = rope_strides[2];
   // 16-byte copies where rows are contiguous and aligned (the stored buffers and engines' queries
   // are); element copies otherwise.
   auto aligned = [](const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15) == 0; };
   const bool qvec = q3 == 1 && p3 == 1 && q0 % 8 == 0 && q1 % 8 == 0 && q2 % 8 == 0 && p0 % 8 == 0 &&
                     p1 % 8 == 0 && p2 % 8 == 0 && aligned(qlat) && aligned(qrop);
-  const bool vec = l2 == 1 && r2 == 1 && l0 % 8 == 0 && l1 % 8 == 0 && r0 % 8 == 0 && r1 % 8 == 0 && aligned(lat) && aligned(rop);
+  const bool vec = l2 == 1 && r2s == 1 && l0 % 8 == 0 && l1 % 8 == 0 && r0s % 8 == 0 && r1s % 8 == 0 && aligned(lat) && aligned(rop);
+"#
+    };
+}
+pub(crate) use partial_prologue;
 
+/// The partial kernel's body (template `H` = heads x queries, the rows of the products; `LQ` =
+/// queries; `SCALE` = the scale's float32 bits; `RANGES`: whether `ranges` holds the rows'
+/// ranges, else every row spans the whole window). Inputs: `q_latent [B, heads, LQ, R]`,
+/// `q_rope [B, heads, LQ, P]`, `latent [B, T, R]`, `rope [B, T, P]` (views, any strides),
+/// `ranges` int32 `[lo_0, hi_0, lo_1, ...]` (each row's valid window range; any array, unread,
+/// without `RANGES`). Outputs: `o_part [B, S, H, R]` float32 (unnormalized) and `ml [B, S, H, 2]`
+/// (running max in log2 units, running sum). Every value comes by argument (shapes, template
+/// arguments) but the ranges: on MLX's CUDA backend an array made on the host costs an
+/// evaluation that reads it in a kernel about 30 us (measured on an H200), more than the
+/// kernel itself at short contexts.
+const PARTIAL: &str = concat!(
+    r#"
+  constexpr int M = 64, N = 32, D = R + P, LD = D + 8, LDS = N + 1, LDP = N + 8;
+  // Sixteen warps: warp w holds heads (w % 4) * 16.. and group w / 4 of four (a quarter of the
+  // output channels; for the scores, a quarter of the dot products' steps), so each thread
+  // keeps R / 8 float32 accumulators (64 at R = 512), well inside its registers.
+  constexpr int THREADS = 512, CG = 4;
+  constexpr int NT = R / (8 * CG);  // n8 tiles of the output per warp
+  extern __shared__ __align__(16) unsigned char lc_smem[];
+  uint16_t* sq = reinterpret_cast<uint16_t*>(lc_smem);
+  uint16_t* sk0 = sq + M * LD;  // two key tiles: one computed on while the next arrives
+  float* ss = reinterpret_cast<float*>(sk0 + 2 * N * LD);
+  uint16_t* sp = reinterpret_cast<uint16_t*>(ss + 4 * M * LDS);
+  float* sm = reinterpret_cast<float*>(sp + M * LDP);
+  float* sl = sm + M;
+  float* sa = sl + M;
+
+"#,
+    partial_prologue!(),
+    r#"
   // Query rows h0.. (row h is head h / LQ's query h % LQ; rows past H are zero).
   if (qvec) {
     for (int i = tid; i < M * (D / 8); i += THREADS) {
@@ -237,7 +249,7 @@ const PARTIAL: &str = r#"
         for (int i = tid; i < N * (D / 8); i += THREADS) {
           int r = i / (D / 8), c = (i % (D / 8)) * 8, pos = tile + r;
           const bool in = pos < end;
-          const uint16_t* src = !in ? lat : c < R ? lat + b * l0 + pos * l1 + c : rop + b * r0 + pos * r1 + (c - R);
+          const uint16_t* src = !in ? lat : c < R ? lat + b * l0 + pos * l1 + c : rop + b * r0s + pos * r1s + (c - R);
           lc_cp_async16(sk + r * LD + c, src, in);
         }
       }
@@ -246,7 +258,7 @@ const PARTIAL: &str = r#"
       for (int i = tid; i < N * D; i += THREADS) {
         int r = i / D, c = i % D, pos = tile + r;
         uint16_t v = 0;
-        if (pos < end) v = c < R ? lat[b * l0 + pos * l1 + c * l2] : rop[b * r0 + pos * r1 + (c - R) * r2];
+        if (pos < end) v = c < R ? lat[b * l0 + pos * l1 + c * l2] : rop[b * r0s + pos * r1s + (c - R) * r2s];
         sk[r * LD + c] = v;
       }
     }
@@ -386,12 +398,18 @@ const PARTIAL: &str = r#"
     ml[at] = sm[tid];
     ml[at + 1] = sl[tid];
   }
-"#;
+"#
+);
+
+/// The partial passes' inputs and outputs (this module's and `decode_wgmma`'s), by the names
+/// their bodies give them.
+pub(crate) const PARTIAL_INPUTS: &[&str] = &["q_latent", "q_rope", "latent", "rope", "ranges"];
+pub(crate) const PARTIAL_OUTPUTS: &[&str] = &["o_part", "ml"];
 
 static PARTIAL_KERNEL: Source = Source {
     name: "latent_cache_mla_decode_partial",
-    inputs: &["q_latent", "q_rope", "latent", "rope", "ranges"],
-    outputs: &["o_part", "ml"],
+    inputs: PARTIAL_INPUTS,
+    outputs: PARTIAL_OUTPUTS,
     header: HEADER,
     body: PARTIAL,
     contiguous: false,

@@ -17,6 +17,7 @@
 use mlx_rs::{Array, Dtype};
 
 use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
+use super::decode_kernel::{partial_prologue, PARTIAL_INPUTS, PARTIAL_OUTPUTS};
 use super::error::Result;
 
 /// Rows per block and positions per tile, as in `decode_kernel`; threads per block (three
@@ -104,7 +105,8 @@ __device__ __forceinline__ uint32_t lc_pack(float lo, float hi, bool bf16) {
 "#;
 
 /// The partial pass (template arguments and inputs as `decode_kernel`'s `PARTIAL`).
-const PARTIAL: &str = r#"
+const PARTIAL: &str = concat!(
+    r#"
   constexpr int M = 64, N = 32, D = R + P, KS = D / 16, NC = R / 2, THREADS = 384;
   // Core matrices (8 rows x 8 channels, 128 bytes): a tile of `rows` rows keeps core matrix
   // (row group, channel group) at (channel group * rows / 8 + row group) * 64 halves.
@@ -117,31 +119,12 @@ const PARTIAL: &str = r#"
   uint64_t* full = reinterpret_cast<uint64_t*>(sk0 + STAGES * KT);
   uint64_t* empty = full + STAGES;
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int wg = tid >> 7, r0 = (warp & 3) * 16 + g;
-  const int split = blockIdx.x, S = gridDim.x, b = blockIdx.y, h0 = blockIdx.z * M;
-  const int T = latent_shape[1], chunk = ((T + S - 1) / S + N - 1) / N * N;
-  const int* rp = reinterpret_cast<const int*>(ranges);
-  const int lo = RANGES ? rp[2 * b] : 0, hi = RANGES ? rp[2 * b + 1] : T;
-  const int begin = max(lo, split * chunk), end = min(hi, (split + 1) * chunk);
-  const float sc = __int_as_float(SCALE) * 1.4426950408889634f;
-
-  const uint16_t* qlat = reinterpret_cast<const uint16_t*>(q_latent);
-  const uint16_t* qrop = reinterpret_cast<const uint16_t*>(q_rope);
-  const int64_t q0 = q_latent_strides[0], q1 = q_latent_strides[1], q2 = q_latent_strides[2], q3 = q_latent_strides[3];
-  const int64_t p0 = q_rope_strides[0], p1 = q_rope_strides[1], p2 = q_rope_strides[2], p3 = q_rope_strides[3];
-  const uint16_t* lat = reinterpret_cast<const uint16_t*>(latent);
-  const uint16_t* rop = reinterpret_cast<const uint16_t*>(rope);
-  const int64_t l0 = latent_strides[0], l1 = latent_strides[1], l2 = latent_strides[2];
-  const int64_t r0s = rope_strides[0], r1s = rope_strides[1], r2s = rope_strides[2];
-  auto aligned = [](const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15) == 0; };
-  const bool vec = l2 == 1 && r2s == 1 && l0 % 8 == 0 && l1 % 8 == 0 && r0s % 8 == 0 && r1s % 8 == 0 && aligned(lat) && aligned(rop);
+"#,
+    partial_prologue!(),
+    r#"  const int wg = tid >> 7, r0 = (warp & 3) * 16 + g;
   auto core = [](int row, int c, int rows) { return ((c >> 3) * (rows / 8) + (row >> 3)) * 64 + (row & 7) * 8 + (c & 7); };
 
-  // Query rows h0.. (row h is head h / LQ's query h % LQ; rows past H are zero), by every thread
-  // (in 16-byte copies where the rows are contiguous and aligned, as engines' queries are).
-  const bool qvec = q3 == 1 && p3 == 1 && q0 % 8 == 0 && q1 % 8 == 0 && q2 % 8 == 0 && p0 % 8 == 0 &&
-                    p1 % 8 == 0 && p2 % 8 == 0 && aligned(qlat) && aligned(qrop);
+  // Query rows h0.. (row h is head h / LQ's query h % LQ; rows past H are zero), by every thread.
   if (qvec) {
     for (int it = warp; it < (M / 8) * (D / 32); it += THREADS / 32) {
       const int r = (it % (M / 8)) * 8 + (lane & 7), c = ((it / (M / 8)) * 4 + (lane >> 3)) * 8, h = h0 + r;
@@ -324,12 +307,13 @@ const PARTIAL: &str = r#"
       }
     }
   }
-"#;
+"#
+);
 
 static PARTIAL_KERNEL: Source = Source {
     name: "latent_cache_mla_decode_partial_wgmma",
-    inputs: &["q_latent", "q_rope", "latent", "rope", "ranges"],
-    outputs: &["o_part", "ml"],
+    inputs: PARTIAL_INPUTS,
+    outputs: PARTIAL_OUTPUTS,
     header: HEADER,
     body: PARTIAL,
     contiguous: false,
