@@ -27,7 +27,6 @@ use once_cell::sync::Lazy;
 use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
 use super::decode_wgmma;
 use super::error::Result;
-use super::mlx_ops;
 
 /// Heads per block and positions per tile (the kernel's fixed tile sizes).
 const HEADS_PER_BLOCK: usize = 64;
@@ -518,16 +517,10 @@ pub(crate) fn attend(
     let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
     let splits = positions.div_ceil(chunk).max(1);
     debug_assert!(splits <= MAX_SPLITS);
-    // Rows that span the whole window (no padding, every row at the offset: the usual decode
-    // step) need no ranges array; the queries stand in for the unread input.
-    let whole = ranges.iter().all(|&(lo, hi)| lo == 0 && hi == positions);
-    let bounds = match whole {
-        true => q_latent.clone(),
-        false => {
-            let bounds: Vec<i32> = ranges.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
-            mlx_ops::indices(&bounds, &[bounds.len()])
-        }
-    };
+    // Without a ranges array (rows spanning the window) the queries stand in for the unread input.
+    let bounds = cuda_kernel::ranges_array(ranges, positions);
+    let whole = bounds.is_none();
+    let bounds = bounds.unwrap_or_else(|| q_latent.clone());
     remember_scale(scale);
     let bf16 = q_latent.dtype() == Dtype::Bfloat16;
     let ints = [

@@ -286,6 +286,11 @@ impl Donor {
         self.left_pad.iter().all(|&p| p == 0) && self.row_ends.iter().all(|&e| e == self.offset)
     }
 
+    /// Each row's window positions `[left_pad, row_end)`.
+    fn row_ranges(&self) -> Vec<(usize, usize)> {
+        self.left_pad.iter().copied().zip(self.row_ends.iter().copied()).collect()
+    }
+
     /// Additive mask `[B, 1, 1 or Lq, T]`: 0 where a query sees the position, -inf elsewhere.
     fn row_mask(&self, mode: MaskMode, queries: usize) -> Result<Array> {
         let batch = self.batch_size();
@@ -397,9 +402,7 @@ impl Donor {
         {
             return Ok(None);
         }
-        let ranges: Vec<(usize, usize)> = self.left_pad.iter().copied().zip(self.row_ends.iter().copied()).collect();
-        let ranges = if self.whole_rows() { None } else { Some(ranges.as_slice()) };
-        Ok(Some(dsa_kernel::index_scores(q_index, weights, keys, ranges, mode == MaskMode::Causal)?))
+        Ok(Some(dsa_kernel::index_scores(q_index, weights, keys, &self.row_ranges(), mode == MaskMode::Causal)?))
     }
 
     /// The `k` positions with the highest scores per query (`scores` `[B, Lq, T]` from
@@ -554,9 +557,8 @@ impl Donor {
         {
             return Ok(None);
         }
-        let ranges: Vec<(usize, usize)> = self.left_pad.iter().copied().zip(self.row_ends.iter().copied()).collect();
         let (latent, rope) = (&self.parts(Family::Latent)[0], &self.parts(Family::Rope)[0]);
-        decode_kernel::attend(q_latent, q_rope, latent, rope, &ranges, scale, mode == MaskMode::Causal).map(Some)
+        decode_kernel::attend(q_latent, q_rope, latent, rope, &self.row_ranges(), scale, mode == MaskMode::Causal).map(Some)
     }
 
     /// GLM-5's absorbed MLA attention over the donor's rows (see the module doc), `[B, H, Lq,

@@ -10,7 +10,6 @@ use mlx_rs::{Array, Dtype};
 
 use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
 use super::error::Result;
-use super::mlx_ops;
 
 /// This kernel's switch and launch count (see `cuda_kernel::Switch`).
 pub static KERNEL: Switch = Switch::new();
@@ -110,26 +109,22 @@ static SCORES_KERNEL: Source = Source {
 };
 
 /// The index scores `[B, Lq, T]` float32, lazily: `q_index [B, Hi, Lq, W]`, `weights [B, Lq,
-/// Hi]`, `keys [B, T, W]` (the stored part), `ranges` each row's visible window (`None`: every
-/// row spans it), `causal` the bottom-right aligned causal band. Callers check `applies` first.
+/// Hi]`, `keys [B, T, W]` (the stored part), `ranges` each row's visible window positions,
+/// `causal` the bottom-right aligned causal band. Callers check `applies` first.
 pub(crate) fn index_scores(
     q_index: &Array,
     weights: &Array,
     keys: &Array,
-    ranges: Option<&[(usize, usize)]>,
+    ranges: &[(usize, usize)],
     causal: bool,
 ) -> Result<Array> {
     let qs = q_index.shape();
     let (batch, heads, queries, width) = (qs[0], qs[1], qs[2], qs[3]);
     let positions = keys.shape()[1];
-    let bounds = match ranges {
-        Some(r) => {
-            let v: Vec<i32> = r.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
-            mlx_ops::indices(&v, &[v.len()])
-        }
-        // An input the body does not read.
-        None => weights.clone(),
-    };
+    // Without a ranges array (rows spanning the window) the weights stand in for the unread input.
+    let bounds = cuda_kernel::ranges_array(ranges, positions as usize);
+    let whole = bounds.is_none();
+    let bounds = bounds.unwrap_or_else(|| weights.clone());
     let tag = |d: Dtype| d as i32;
     let k = kernel(&SCORES_KERNEL, 0)?;
     let out = apply(
@@ -147,7 +142,7 @@ pub(crate) fn index_scores(
                 ("QT", tag(q_index.dtype())),
                 ("WT", tag(weights.dtype())),
             ],
-            bools: &[("RANGES", ranges.is_some()), ("CAUSAL", causal && queries > 1)],
+            bools: &[("RANGES", !whole), ("CAUSAL", causal && queries > 1)],
         },
     )?;
     KERNEL.launched();
