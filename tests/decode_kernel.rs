@@ -1,6 +1,7 @@
-//! Attention over 16-bit float storage in the decode step's shape (one query per row) and a
-//! speculative verify's (a few queries per row, causal or not): against an independent float64
-//! computation over the values the reference model says each row holds, at GLM-5.2's widths and
+//! Attention over 16-bit float storage, and over a Q8 or Q4 latent with bfloat16 rope, in the
+//! decode step's shape (one query per row) and a speculative verify's (a few queries per row,
+//! causal or not): against an independent float64 computation over the values the reference
+//! model says each row holds (for the quantized latent, MLX's own decoding), at GLM-5.2's widths and
 //! head count, with padded and ragged rows, lengths that do not fill a tile, and head-query
 //! pairs past one 64-row block. On MLX's CUDA backend this is the split-K
 //! kernel's test (each case checks that the kernel ran, and on a compute capability 9.0 GPU runs
@@ -22,7 +23,7 @@ use mlx_rs::{Array, Dtype};
 const KERNEL_TOLERANCE: f64 = 1e-2;
 const FALLBACK_TOLERANCE: f64 = 3e-2;
 
-/// A case: storage mode (both families), widths, heads, queries per row, layout, each row's
+/// A case: storage mode (the latent's; the rope's too, or bfloat16 under a quantized latent), widths, heads, queries per row, layout, each row's
 /// padding in the first append, and how many positions the two appends hold.
 struct Case {
     mode: StorageMode,
@@ -51,17 +52,22 @@ fn narrowed(v: &[f32], dtype: Dtype) -> Vec<f32> {
 /// Runs `case` and says whether the kernel computed it.
 fn run(case: &Case, rng: &mut Rng) -> bool {
     let dtype = match case.mode {
-        StorageMode::Bf16 => Dtype::Bfloat16,
-        _ => Dtype::Float16,
+        StorageMode::F16 => Dtype::Float16,
+        _ => Dtype::Bfloat16,
     };
+    let bits = match case.mode {
+        StorageMode::Q8 | StorageMode::Q4 => case.mode.bits(),
+        _ => 0,
+    };
+    let rope_mode = if bits > 0 { StorageMode::Bf16 } else { case.mode };
     let widths = [case.rank, case.rope, 0];
-    let modes = [case.mode, case.mode, StorageMode::F32];
+    let modes = [case.mode, rope_mode, StorageMode::F32];
     let g = Geometry {
         kv_lora_rank: case.rank,
         rope_head_dim: case.rope,
         index_head_dim: 0,
         latent_storage: case.mode,
-        rope_storage: case.mode,
+        rope_storage: rope_mode,
         layout: case.layout,
         ..Geometry::default()
     };
@@ -122,7 +128,10 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     let scale = case.scale_by / ((case.rank + case.rope) as f32).sqrt();
     let sizes =
         decode_kernel::Shape { batch, heads: h, queries: lq, positions: donor.offset(), rank: case.rank, rope: case.rope, scale };
-    let on_cuda = decode_kernel::applies(dtype, dtype, &sizes);
+    let on_cuda = match bits {
+        0 => decode_kernel::applies(dtype, dtype, &sizes),
+        _ => decode_kernel::applies_affine(bits, dtype, &sizes),
+    };
     if let Some(capability) = cuda_kernel::compute_capability() {
         assert_ne!(capability, (0, 0), "MLX's device info gives the GPU's compute capability");
     }
@@ -131,8 +140,10 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         assert!(on_cuda, "the kernel applies to {sizes:?} on this GPU");
     }
     let tolerance = if on_cuda { KERNEL_TOLERANCE } else { FALLBACK_TOLERANCE };
-    // On a compute capability 9.0 GPU the partial pass is the wgmma one where its widths fit.
+    // On a compute capability 9.0 GPU the partial pass is the wgmma one where its widths fit (16-bit
+    // float storage only).
     let wgmma = on_cuda
+        && bits == 0
         && decode_wgmma::KERNEL.enabled()
         && cuda_kernel::compute_capability() == Some((9, 0))
         && case.rank % 128 == 0
@@ -185,7 +196,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
 }
 
 #[test]
-fn decode_and_verify_queries_over_16_bit_storage_match_a_float64_reference() {
+fn decode_and_verify_queries_match_a_float64_reference() {
     use LayoutKind::*;
     use StorageMode::*;
     let mut rng = Rng::new(91);
@@ -219,6 +230,13 @@ fn decode_and_verify_queries_over_16_bit_storage_match_a_float64_reference() {
         case(Bf16, 64, 16, (4, 4), RightJustified, &[0], 4, 0),
         // Whole rows (no range array) at batch 3, with verify queries.
         case(Bf16, 512, 64, (64, 2), RightJustified, &[0, 0, 0], 333, 0),
+        // A quantized latent (bfloat16 rope): GLM-5.2's layer, padded and ragged rows, heads past
+        // one block at the narrowest width it takes, verify queries, whole rows.
+        case(Q8, 512, 64, (64, 1), RightJustified, &[0], 2900, 3),
+        case(Q4, 512, 64, (64, 1), Ragged, &[5, 0], 300, 9),
+        case(Q8, 128, 64, (96, 1), RightJustified, &[3, 0], 130, 1),
+        case(Q8, 512, 64, (64, 3), RightJustified, &[0, 21], 600, 3),
+        case(Q4, 512, 64, (64, 2), RightJustified, &[0, 0, 0], 333, 0),
     ];
     // On a compute capability 9.0 GPU, every case with the same values twice: with the wgmma
     // partial pass (where it applies), then with the mma.sync one. (This file's only test: the

@@ -122,8 +122,11 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
     let attend = || donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap();
     let dense = time(runs.0, runs.1, || eval([&attend()]).unwrap());
     out.push(record(set.name, "attention", batch, context, dense, runs.1, batch * context * attended));
-    let shape = decode_kernel::Shape { batch, heads: HEADS, queries: 1, positions: context, rank: RANK, rope: ROPE, scale };
-    if decode_kernel::applies(dtype, dtype, &shape) && g.storage(Family::Rope) == g.storage(Family::Latent) {
+    // Where the split-K kernel ran (and which partial pass), the labelled variants below.
+    let (launched, launched_wgmma) = (decode_kernel::KERNEL.launches(), decode_wgmma::KERNEL.launches());
+    eval([&attend()]).unwrap();
+    let wgmma = decode_wgmma::KERNEL.launches() > launched_wgmma;
+    if decode_kernel::KERNEL.launches() > launched {
         // Labelled variant: the same call with the split-K kernel off (MLX's ops, the fallback).
         decode_kernel::KERNEL.set_enabled(false);
         let t = time(runs.0, runs.1, || eval([&attend()]).unwrap());
@@ -140,7 +143,7 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
             out.push(record(name, "attention_amortized", batch, context, amortized(), runs.1 / 5, batch * context * attended));
         }
         decode_kernel::KERNEL.set_enabled(true);
-        if decode_wgmma::applies(RANK, ROPE) {
+        if wgmma {
             // Labelled variant on a Hopper GPU: the kernel with its mma.sync partial pass (the one
             // other GPUs run) instead of the wgmma one.
             decode_wgmma::KERNEL.set_enabled(false);

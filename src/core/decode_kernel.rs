@@ -1,6 +1,7 @@
 //! Split-K flash decoding for absorbed MLA on MLX's CUDA backend: a decode step's query (or a
 //! speculative verify's few, causally masked) per row over the stored latent and rope (bfloat16
-//! or float16), every head of a row sharing each position as it is read. MLX's own fused
+//! or float16; or a Q8 / Q4 latent, read packed and decoded a tile at a time, with bfloat16
+//! rope), every head of a row sharing each position as it is read. MLX's own fused
 //! attention treats the one latent "key head" as broadcast to every query head and runs far
 //! below the GPU's memory bandwidth; this kernel reads each stored position once per 64
 //! (head, query) rows, in tensor-core products, with the positions split over the GPU's
@@ -24,6 +25,7 @@ use std::sync::Mutex;
 use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
 
+use super::codec::AFFINE_GROUP;
 use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
 use super::decode_wgmma;
 use super::error::Result;
@@ -48,10 +50,15 @@ pub static KERNEL: Switch = Switch::new();
 
 /// Shared memory of the partial kernel for widths `d = r + p`: the queries and two key tiles
 /// (rows padded by 8 halves against bank conflicts), four partial scores, the probabilities and
-/// three per-head vectors.
-fn shared_bytes(d: usize) -> usize {
+/// three per-head vectors; over a latent quantized to `bits` (0: 16-bit floats), a tile of its
+/// codes, scales and biases as they are stored.
+fn shared_bytes(d: usize, r: usize, bits: usize) -> usize {
     let (m, n) = (HEADS_PER_BLOCK, POSITIONS_PER_TILE);
-    (m + 2 * n) * (d + 8) * 2 + 4 * m * (n + 1) * 4 + m * (n + 8) * 2 + 3 * m * 4
+    let raw = match bits {
+        0 => 0,
+        _ => n * (r * bits / 8 + r / AFFINE_GROUP * 4),
+    };
+    (m + 2 * n) * (d + 8) * 2 + 4 * m * (n + 1) * 4 + m * (n + 8) * 2 + 3 * m * 4 + raw
 }
 
 /// An attention's sizes and scale, as `applies` judges them.
@@ -108,14 +115,27 @@ const GRID_YZ_LIMIT: usize = 65535;
 /// by 16, the tiles fitting the GPU's shared memory, sizes within CUDA's grid limits, and a
 /// scale it is (or may be) compiled for.
 pub fn applies(storage: Dtype, q_dtype: Dtype, s: &Shape) -> bool {
+    matches!(storage, Dtype::Bfloat16 | Dtype::Float16) && q_dtype == storage && fits(s, 0)
+}
+
+/// Whether the kernel computes this attention over a latent affine-quantized to `bits` (8 or
+/// 4, groups of 64 along the width, bfloat16 scales and biases: MLX's layout, as the Q8 and Q4
+/// storage modes hold it) and the rope in bfloat16: bfloat16 queries, a latent width that tiles
+/// by 128, and the rest as `applies`. The kernel decodes each tile as it arrives (as MLX's
+/// `dequantize` does: `code * scale + bias` in bfloat16), so it reads the packed history, never
+/// a decoded copy of it.
+pub fn applies_affine(bits: usize, q_dtype: Dtype, s: &Shape) -> bool {
+    matches!(bits, 4 | 8) && q_dtype == Dtype::Bfloat16 && s.rank % 128 == 0 && fits(s, bits)
+}
+
+/// `applies`' checks common to every storage (`bits` 0 for 16-bit floats).
+fn fits(s: &Shape, bits: usize) -> bool {
     let rows = s.heads * s.queries;
     KERNEL.enabled()
         && cuda_kernel::on_cuda()
-        && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
-        && q_dtype == storage
         && s.rank % 64 == 0
         && s.rope % 16 == 0
-        && shared_bytes(s.rank + s.rope) <= cuda_kernel::shared_memory_limit()
+        && shared_bytes(s.rank + s.rope, s.rank, bits) <= cuda_kernel::shared_memory_limit()
         && (1..=GRID_YZ_LIMIT).contains(&rows)
         && (1..=GRID_YZ_LIMIT).contains(&s.batch)
         && s.positions >= 1
@@ -144,6 +164,10 @@ __device__ __forceinline__ void lc_mma(float* c, uint32_t a0, uint32_t a1, uint3
 __device__ __forceinline__ void lc_cp_async16(void* dst, const void* src, bool copy) {
   uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(d), "l"(src), "r"(copy ? 16 : 0));
+}
+__device__ __forceinline__ void lc_cp_async4(void* dst, const void* src, bool copy) {
+  uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(d), "l"(src), "r"(copy ? 4 : 0));
 }
 __device__ __forceinline__ void lc_ldmatrix_x4_trans(uint32_t* r, const void* p) {
   uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -210,10 +234,25 @@ const PARTIAL: &str = concat!(
   float* sm = reinterpret_cast<float*>(sp + M * LDP);
   float* sl = sm + M;
   float* sa = sl + M;
+  // A quantized latent (BITS 8 or 4): a tile's codes (CW words a position), scales and biases
+  // (G each) as stored, decoded into the key tile when it is its turn.
+  constexpr int PF = 32 / (BITS ? BITS : 32), CW = BITS ? R / PF : 0, G = BITS ? R / 64 : 0;
+  uint32_t* rc = reinterpret_cast<uint32_t*>(sa + M);
+  uint16_t* rs = reinterpret_cast<uint16_t*>(rc + N * CW);
+  uint16_t* rb = rs + N * G;
 
 "#,
     partial_prologue!(),
     r#"
+  const uint32_t* cod = reinterpret_cast<const uint32_t*>(latent);
+  const uint16_t* scl = reinterpret_cast<const uint16_t*>(lat_scales);
+  const uint16_t* bia = reinterpret_cast<const uint16_t*>(lat_biases);
+  const int64_t s0 = lat_scales_strides[0], s1 = lat_scales_strides[1], s2 = lat_scales_strides[2];
+  const int64_t z0 = lat_biases_strides[0], z1 = lat_biases_strides[1], z2 = lat_biases_strides[2];
+  // Scales and biases arrive in 4-byte copies (two groups each) where they can.
+  const bool tvec = vec && (BITS == 0 || (s2 == 1 && z2 == 1 && s0 % 2 == 0 && s1 % 2 == 0 && z0 % 2 == 0 &&
+                                          z1 % 2 == 0 && (reinterpret_cast<unsigned long long>(scl) & 3) == 0 &&
+                                          (reinterpret_cast<unsigned long long>(bia) & 3) == 0));
   // Query rows h0.. (row h is head h / LQ's query h % LQ; rows past H are zero).
   if (qvec) {
     for (int i = tid; i < M * (D / 8); i += THREADS) {
@@ -236,29 +275,75 @@ const PARTIAL: &str = concat!(
     }
   }
   // With element copies for the tiles no later wait covers the queries' cp.async group.
-  if (qvec && !vec) asm volatile("cp.async.wait_group 0;\n" ::);
+  if (qvec && !tvec) asm volatile("cp.async.wait_group 0;\n" ::);
   if (tid < M) { sm[tid] = LC_NEG_INF; sl[tid] = 0.f; }
 
   // Starts copying the tile at `tile` (positions, latent then rope, as rows of D halves; zeros
   // past the range) into key buffer `buf`, as one cp.async group (an empty one past the end).
+  // A quantized latent goes to the raw buffer instead, the rope alone to the key buffer.
   auto load = [&](int tile, int buf) {
     uint16_t* sk = sk0 + buf * N * LD;
-    if (vec) {
+    constexpr int C0 = BITS ? R / 8 : 0, CR = D / 8 - C0;
+    if (tvec) {
       if (tile < end) {
-        for (int i = tid; i < N * (D / 8); i += THREADS) {
-          int r = i / (D / 8), c = (i % (D / 8)) * 8, pos = tile + r;
+        for (int i = tid; i < N * CR; i += THREADS) {
+          int r = i / CR, c = (C0 + i % CR) * 8, pos = tile + r;
           const bool in = pos < end;
           const uint16_t* src = !in ? lat : c < R ? lat + b * l0 + pos * l1 + c : rop + b * r0s + pos * r1s + (c - R);
           lc_cp_async16(sk + r * LD + c, src, in);
+        }
+        for (int i = tid; i < N * CW / 4; i += THREADS) {
+          int r = i / (CW / 4), c = i % (CW / 4) * 4, pos = tile + r;
+          const bool in = pos < end;
+          lc_cp_async16(rc + r * CW + c, in ? cod + b * l0 + pos * l1 + c : cod, in);
+        }
+        for (int i = tid; i < N * G; i += THREADS) {
+          const int r = i / G, j = i % G, pos = tile + r;
+          const bool in = pos < end, scale = j < G / 2;
+          const int e = 2 * (scale ? j : j - G / 2);
+          const uint16_t* src = !in ? scl : scale ? scl + b * s0 + pos * s1 + e : bia + b * z0 + pos * z1 + e;
+          lc_cp_async4((scale ? rs : rb) + r * G + e, src, in);
         }
       }
       asm volatile("cp.async.commit_group;\n" ::);
     } else if (tile < end) {
       for (int i = tid; i < N * D; i += THREADS) {
         int r = i / D, c = i % D, pos = tile + r;
+        if (c < C0 * 8) continue;
         uint16_t v = 0;
         if (pos < end) v = c < R ? lat[b * l0 + pos * l1 + c * l2] : rop[b * r0s + pos * r1s + (c - R) * r2s];
         sk[r * LD + c] = v;
+      }
+      for (int i = tid; i < N * CW; i += THREADS) {
+        int r = i / CW, c = i % CW, pos = tile + r;
+        rc[i] = pos < end ? cod[b * l0 + pos * l1 + c * l2] : 0u;
+      }
+      for (int i = tid; i < N * G; i += THREADS) {
+        int r = i / G, j = i % G, pos = tile + r;
+        rs[i] = pos < end ? scl[b * s0 + pos * s1 + j * s2] : 0;
+        rb[i] = pos < end ? bia[b * z0 + pos * z1 + j * z2] : 0;
+      }
+    }
+  };
+
+  // Decodes the raw tile into key buffer `buf`'s latent columns: `code * scale + bias`, in
+  // bfloat16 as MLX's `dequantize` computes it.
+  auto decode = [&](int buf) {
+    uint16_t* sk = sk0 + buf * N * LD;
+    for (int i = tid; i < N * CW; i += THREADS) {
+      const int r = i / CW, k = i % CW, grp = k * PF / 64;
+      const uint32_t c = rc[i];
+      const __nv_bfloat16 sv = *reinterpret_cast<const __nv_bfloat16*>(rs + r * G + grp);
+      const __nv_bfloat16 zv = *reinterpret_cast<const __nv_bfloat16*>(rb + r * G + grp);
+      const __nv_bfloat162 s2v = __halves2bfloat162(sv, sv), z2v = __halves2bfloat162(zv, zv);
+      uint32_t* dst = reinterpret_cast<uint32_t*>(sk + r * LD + k * PF);
+      #pragma unroll
+      for (int j = 0; j < PF / 2; j++) {
+        constexpr uint32_t MASK = (1u << (BITS ? BITS : 1)) - 1;
+        const __nv_bfloat162 q = __floats2bfloat162_rn(static_cast<float>((c >> (2 * j * BITS)) & MASK),
+                                                       static_cast<float>((c >> ((2 * j + 1) * BITS)) & MASK));
+        const __nv_bfloat162 v = __hadd2(__hmul2(q, s2v), z2v);
+        dst[j] = *reinterpret_cast<const uint32_t*>(&v);
       }
     }
   };
@@ -274,8 +359,13 @@ const PARTIAL: &str = concat!(
     // This tile has landed, and every warp is done with the previous one, whose buffer the
     // next tile now streams into while this one is computed on. (A third buffer, streaming two
     // tiles ahead, measured no faster on an H200: the copies are not what waits.)
-    if (vec) asm volatile("cp.async.wait_group 0;\n" ::);
+    if (tvec) asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();
+    if (BITS) {
+      // The raw buffer is free again once decoded: the next tile streams into it.
+      decode(buf);
+      __syncthreads();
+    }
     load(tile + N, buf ^ 1);
     const uint16_t* sk = sk0 + buf * N * LD;
 
@@ -381,7 +471,7 @@ const PARTIAL: &str = concat!(
       }
     }
   }
-  if (vec) asm volatile("cp.async.wait_group 0;\n" ::);
+  if (tvec) asm volatile("cp.async.wait_group 0;\n" ::);
   __syncthreads();
 
   #pragma unroll
@@ -405,9 +495,13 @@ const PARTIAL: &str = concat!(
 pub(crate) const PARTIAL_INPUTS: &[&str] = &["q_latent", "q_rope", "latent", "rope", "ranges"];
 pub(crate) const PARTIAL_OUTPUTS: &[&str] = &["o_part", "ml"];
 
+/// The mma.sync pass's inputs: the partial passes' and a quantized latent's scales and biases
+/// (any arrays, unread, over a 16-bit float latent).
+const MMA_INPUTS: &[&str] = &["q_latent", "q_rope", "latent", "rope", "ranges", "lat_scales", "lat_biases"];
+
 static PARTIAL_KERNEL: Source = Source {
     name: "latent_cache_mla_decode_partial",
-    inputs: PARTIAL_INPUTS,
+    inputs: MMA_INPUTS,
     outputs: PARTIAL_OUTPUTS,
     header: HEADER,
     body: PARTIAL,
@@ -487,14 +581,23 @@ const COMBINE: &str = r#"
   }
 "#;
 
-/// Absorbed MLA attention, `[B, H, Lq, R]` float32, lazily: `latent [B, T, R]` and `rope [B, T,
-/// P]` in the queries' dtype, `ranges` each row's valid window positions, `causal` the
+/// The stored latent as the kernel reads it.
+pub(crate) enum Latent<'a> {
+    /// `[B, T, R]` in the queries' 16-bit dtype.
+    Float(&'a Array),
+    /// MLX's affine quantization to `bits` along the width: `codes [B, T, R * bits / 32]`
+    /// uint32, `scales` and `biases [B, T, R / 64]` bfloat16.
+    Affine { codes: &'a Array, scales: &'a Array, biases: &'a Array, bits: usize },
+}
+
+/// Absorbed MLA attention, `[B, H, Lq, R]` float32, lazily: `latent` (see `Latent`) and `rope
+/// [B, T, P]` in the queries' dtype, `ranges` each row's valid window positions, `causal` the
 /// bottom-right aligned causal mask over them (else every query sees the whole row). Callers
-/// check `applies` first.
+/// check `applies` (or `applies_affine`) first.
 pub(crate) fn attend(
     q_latent: &Array,
     q_rope: &Array,
-    latent: &Array,
+    latent: Latent<'_>,
     rope: &Array,
     ranges: &[(usize, usize)],
     scale: f32,
@@ -503,7 +606,11 @@ pub(crate) fn attend(
     let qs = q_latent.shape();
     let (batch, heads, queries, rank) = (qs[0] as usize, qs[1] as usize, qs[2] as usize, qs[3] as usize);
     let rope_dim = q_rope.shape()[3] as usize;
-    let positions = latent.shape()[1] as usize;
+    let (stored, scales, biases, bits) = match latent {
+        Latent::Float(values) => (values, q_latent, q_latent, 0),
+        Latent::Affine { codes, scales, biases, bits } => (codes, scales, biases, bits),
+    };
+    let positions = stored.shape()[1] as usize;
     // Every (head, query) pair is a row of the products; blocks take 64 rows each.
     let rows = heads * queries;
     let groups = rows.div_ceil(HEADS_PER_BLOCK);
@@ -511,7 +618,8 @@ pub(crate) fn attend(
     // positions each (the wgmma pass's own minimum where it runs; the kernel derives each split's
     // share from their count and the window).
     let tiles = positions.div_ceil(POSITIONS_PER_TILE).max(1);
-    let wgmma = decode_wgmma::applies(rank, rope_dim);
+    // The wgmma pass reads 16-bit floats only.
+    let wgmma = bits == 0 && decode_wgmma::applies(rank, rope_dim);
     let min_tiles = if wgmma { decode_wgmma::MIN_TILES_PER_SPLIT } else { MIN_TILES_PER_SPLIT };
     let splits = (TARGET_BLOCKS / (batch * groups)).clamp(1, (tiles / min_tiles).max(1));
     let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
@@ -529,16 +637,17 @@ pub(crate) fn attend(
         ("H", rows as i32),
         ("LQ", queries as i32),
         ("SCALE", scale.to_bits() as i32),
+        ("BITS", bits as i32),
     ];
     let (b, s, h, r) = (batch as i32, splits as i32, rows as i32, rank as i32);
-    let inputs = [q_latent, q_rope, latent, rope, &bounds];
+    let inputs = [q_latent, q_rope, stored, rope, &bounds, scales, biases];
     let outputs: [(&[i32], Dtype); 2] = [(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)];
     // With one query, causal sees the whole row: one compiled kernel serves both.
     let bools = [("BF16", bf16), ("CAUSAL", causal && queries > 1), ("RANGES", !whole)];
     let partial = match wgmma {
-        true => decode_wgmma::partial(&inputs, &outputs, [s, b, groups as i32], &ints, &bools, rank + rope_dim)?,
+        true => decode_wgmma::partial(&inputs[..5], &outputs, [s, b, groups as i32], &ints[..5], &bools, rank + rope_dim)?,
         false => apply(
-            kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim))?,
+            kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim, rank, bits))?,
             &inputs,
             Launch { outputs: &outputs, grid: [s * 512, b, groups as i32], block: [512, 1, 1], ints: &ints, bools: &bools },
         )?,

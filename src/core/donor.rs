@@ -528,15 +528,17 @@ impl Donor {
         Ok(Some(mlx_ops::astype(&out, Dtype::Float32)?))
     }
 
-    /// Attention over 16-bit float storage on CUDA without a mask array: the split-K kernel of
-    /// `decode_kernel`, which reads each stored position once for 64 head-query pairs. `None`
-    /// where it does not apply.
+    /// Attention on CUDA without a mask array over 16-bit float storage, or a Q8 or Q4 latent
+    /// with bfloat16 rope: the split-K kernel of `decode_kernel`, which reads each stored
+    /// position once for 64 head-query pairs (quantized ones packed, decoded tile by tile).
+    /// `None` where it does not apply.
     fn kernel_decode(&self, q: &Query) -> Result<Option<Array>> {
         let Query { q_latent, q_rope, scale, mode, extra, queries } = *q;
         let g = &self.geometry;
-        let storage = match (g.latent_storage, g.rope_storage) {
-            (StorageMode::Bf16, StorageMode::Bf16) => Dtype::Bfloat16,
-            (StorageMode::F16, StorageMode::F16) => Dtype::Float16,
+        let (storage, bits) = match (g.latent_storage, g.rope_storage) {
+            (StorageMode::Bf16, StorageMode::Bf16) => (Dtype::Bfloat16, 0),
+            (StorageMode::F16, StorageMode::F16) => (Dtype::Float16, 0),
+            (StorageMode::Q8 | StorageMode::Q4, StorageMode::Bf16) => (Dtype::Bfloat16, g.latent_storage.bits()),
             _ => return Ok(None),
         };
         let composed = self.hot_values(Family::Latent).is_some() || self.hot_values(Family::Rope).is_some();
@@ -553,11 +555,17 @@ impl Donor {
             || mode == MaskMode::Array
             || composed
             || q_rope.dtype() != q_latent.dtype()
-            || !decode_kernel::applies(storage, q_latent.dtype(), &shape)
         {
             return Ok(None);
         }
-        let (latent, rope) = (&self.parts(Family::Latent)[0], &self.parts(Family::Rope)[0]);
+        let (parts, rope) = (self.parts(Family::Latent), &self.parts(Family::Rope)[0]);
+        let latent = match bits {
+            0 if decode_kernel::applies(storage, q_latent.dtype(), &shape) => decode_kernel::Latent::Float(&parts[0]),
+            4 | 8 if decode_kernel::applies_affine(bits, q_latent.dtype(), &shape) => {
+                decode_kernel::Latent::Affine { codes: &parts[0], scales: &parts[1], biases: &parts[2], bits }
+            }
+            _ => return Ok(None),
+        };
         decode_kernel::attend(q_latent, q_rope, latent, rope, &self.row_ranges(), scale, mode == MaskMode::Causal).map(Some)
     }
 
