@@ -1078,12 +1078,15 @@ latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
 // (exact; a narrower family is converted for the call). `Q8` / `Q4` families are read by MLX's
 // quantized matmul from their packed codes, never expanded (computing in float32), except on
 // MLX's CUDA backend, which has no kernel for these batched shapes: there they are decoded for
-// the call, like `FP8` families everywhere (O(stored) each time).
+// the call, like `FP8` families everywhere (O(stored) each time), unless the kernel below
+// reads them.
 //
 // On MLX's CUDA backend, mode `NONE` or `CAUSAL` over latent and rope stored in the queries'
-// dtype (bfloat16 or float16) runs the library's own split-K decoding kernel: the same formula,
-// its probabilities rounded to that dtype for the product with the latent as MLX's fused
-// attention does, sums in float32. It is compiled at the first call with each scale (a model
+// dtype (bfloat16 or float16), or over a `Q8` or `Q4` latent with `BF16` rope and bfloat16
+// queries, runs the library's own split-K decoding kernel: the same formula, its probabilities
+// rounded to that dtype for the product with the latent as MLX's fused attention does, sums in
+// float32; a quantized latent is read packed and decoded a tile at a time as MLX's
+// `dequantize` decodes it. It is compiled at the first call with each scale (a model
 // has one); past eight scales in a process, further scales run MLX's ops. Elsewhere, MLX's
 // ops.
 //
