@@ -1,7 +1,7 @@
-//! Attention over 16-bit float storage, and over a Q8 or Q4 latent with bfloat16 rope, in the
+//! Attention over 16-bit float storage, and over a Q8, Q4 or FP8 latent with bfloat16 rope, in the
 //! decode step's shape (one query per row) and a speculative verify's (a few queries per row,
 //! causal or not): against an independent float64 computation over the values the reference
-//! model says each row holds (for the quantized latent, MLX's own decoding), at GLM-5.2's widths and
+//! model says each row holds (for a packed latent, its decoded values), at GLM-5.2's widths and
 //! head count, with padded and ragged rows, lengths that do not fill a tile, and head-query
 //! pairs past one 64-row block. On MLX's CUDA backend this is the split-K
 //! kernel's test (each case checks that the kernel ran, and on a compute capability 9.0 GPU runs
@@ -18,8 +18,9 @@ use mlx_rs::{Array, Dtype};
 
 /// Bounds on |got - want| / (1 + |want|). The kernel sums in float32 and rounds only the
 /// probabilities to the storage's 16-bit dtype (2^-9 relative for bfloat16), so its error is at
-/// most 2^-9 of the largest value (4 here): under 1e-2. MLX's fallback also rounds its scores to
-/// that dtype, which at these score sizes costs about 2%.
+/// most 2^-9 of the largest value (4 here): under 1e-2. (An FP8 latent's decoded values are rounded
+/// to bfloat16 for the products too: errors of 2^-9 relative that average out over the
+/// positions and the width.) MLX's fallback also rounds its scores to that dtype, which at these score sizes costs about 2%.
 const KERNEL_TOLERANCE: f64 = 1e-2;
 const FALLBACK_TOLERANCE: f64 = 3e-2;
 
@@ -55,11 +56,12 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         StorageMode::F16 => Dtype::Float16,
         _ => Dtype::Bfloat16,
     };
-    let bits = match case.mode {
-        StorageMode::Q8 | StorageMode::Q4 => case.mode.bits(),
-        _ => 0,
+    let packing = match case.mode {
+        StorageMode::Q8 | StorageMode::Q4 => Some(decode_kernel::Packing::Affine(case.mode.bits())),
+        StorageMode::Fp8 => Some(decode_kernel::Packing::Fp8),
+        _ => None,
     };
-    let rope_mode = if bits > 0 { StorageMode::Bf16 } else { case.mode };
+    let rope_mode = if packing.is_some() { StorageMode::Bf16 } else { case.mode };
     let widths = [case.rank, case.rope, 0];
     let modes = [case.mode, rope_mode, StorageMode::F32];
     let g = Geometry {
@@ -128,9 +130,9 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     let scale = case.scale_by / ((case.rank + case.rope) as f32).sqrt();
     let sizes =
         decode_kernel::Shape { batch, heads: h, queries: lq, positions: donor.offset(), rank: case.rank, rope: case.rope, scale };
-    let on_cuda = match bits {
-        0 => decode_kernel::applies(dtype, dtype, &sizes),
-        _ => decode_kernel::applies_affine(bits, dtype, &sizes),
+    let on_cuda = match packing {
+        None => decode_kernel::applies(dtype, dtype, &sizes),
+        Some(packing) => decode_kernel::applies_packed(packing, dtype, &sizes),
     };
     if let Some(capability) = cuda_kernel::compute_capability() {
         assert_ne!(capability, (0, 0), "MLX's device info gives the GPU's compute capability");
@@ -143,7 +145,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     // On a compute capability 9.0 GPU the partial pass is the wgmma one where its widths fit (16-bit
     // float storage only).
     let wgmma = on_cuda
-        && bits == 0
+        && packing.is_none()
         && decode_wgmma::KERNEL.enabled()
         && cuda_kernel::compute_capability() == Some((9, 0))
         && case.rank % 128 == 0
@@ -230,13 +232,17 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         case(Bf16, 64, 16, (4, 4), RightJustified, &[0], 4, 0),
         // Whole rows (no range array) at batch 3, with verify queries.
         case(Bf16, 512, 64, (64, 2), RightJustified, &[0, 0, 0], 333, 0),
-        // A quantized latent (bfloat16 rope): GLM-5.2's layer, padded and ragged rows, heads past
+        // A packed latent (bfloat16 rope): GLM-5.2's layer, padded and ragged rows, heads past
         // one block at the narrowest width it takes, verify queries, whole rows.
         case(Q8, 512, 64, (64, 1), RightJustified, &[0], 2900, 3),
         case(Q4, 512, 64, (64, 1), Ragged, &[5, 0], 300, 9),
         case(Q8, 128, 64, (96, 1), RightJustified, &[3, 0], 130, 1),
         case(Q8, 512, 64, (64, 3), RightJustified, &[0, 21], 600, 3),
         case(Q4, 512, 64, (64, 2), RightJustified, &[0, 0, 0], 333, 0),
+        case(Fp8, 512, 64, (64, 1), RightJustified, &[0], 2900, 3),
+        case(Fp8, 512, 64, (64, 1), Ragged, &[5, 0], 300, 9),
+        case(Fp8, 128, 64, (96, 1), RightJustified, &[3, 0], 130, 1),
+        case(Fp8, 512, 64, (64, 3), RightJustified, &[0, 21], 600, 3),
     ];
     // On a compute capability 9.0 GPU, every case with the same values twice: with the wgmma
     // partial pass (where it applies), then with the mma.sync one. (This file's only test: the

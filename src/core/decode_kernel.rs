@@ -1,6 +1,6 @@
 //! Split-K flash decoding for absorbed MLA on MLX's CUDA backend: a decode step's query (or a
 //! speculative verify's few, causally masked) per row over the stored latent and rope (bfloat16
-//! or float16; or a Q8 / Q4 latent, read packed and decoded a tile at a time, with bfloat16
+//! or float16; or a Q8, Q4 or FP8 latent, read packed and decoded a tile at a time, with bfloat16
 //! rope), every head of a row sharing each position as it is read. MLX's own fused
 //! attention treats the one latent "key head" as broadcast to every query head and runs far
 //! below the GPU's memory bandwidth; this kernel reads each stored position once per 64
@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
 
-use super::codec::AFFINE_GROUP;
+use super::codec::{AFFINE_GROUP, FP8_BLOCK};
 use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
 use super::decode_wgmma;
 use super::error::Result;
@@ -50,13 +50,14 @@ pub static KERNEL: Switch = Switch::new();
 
 /// Shared memory of the partial kernel for widths `d = r + p`: the queries and two key tiles
 /// (rows padded by 8 halves against bank conflicts), four partial scores, the probabilities and
-/// three per-head vectors; over a latent quantized to `bits` (0: 16-bit floats), a tile of its
-/// codes, scales and biases as they are stored.
-fn shared_bytes(d: usize, r: usize, bits: usize) -> usize {
+/// three per-head vectors; over a packed latent, a tile of its codes and scale words as they
+/// are stored.
+fn shared_bytes(d: usize, r: usize, packing: Option<Packing>) -> usize {
     let (m, n) = (HEADS_PER_BLOCK, POSITIONS_PER_TILE);
-    let raw = match bits {
-        0 => 0,
-        _ => n * (r * bits / 8 + r / AFFINE_GROUP * 4),
+    let raw = match packing {
+        None => 0,
+        Some(Packing::Affine(bits)) => n * (r * bits / 8 + r / AFFINE_GROUP * 4),
+        Some(Packing::Fp8) => n * (r + r / FP8_BLOCK * 4),
     };
     (m + 2 * n) * (d + 8) * 2 + 4 * m * (n + 1) * 4 + m * (n + 8) * 2 + 3 * m * 4 + raw
 }
@@ -115,27 +116,36 @@ const GRID_YZ_LIMIT: usize = 65535;
 /// by 16, the tiles fitting the GPU's shared memory, sizes within CUDA's grid limits, and a
 /// scale it is (or may be) compiled for.
 pub fn applies(storage: Dtype, q_dtype: Dtype, s: &Shape) -> bool {
-    matches!(storage, Dtype::Bfloat16 | Dtype::Float16) && q_dtype == storage && fits(s, 0)
+    matches!(storage, Dtype::Bfloat16 | Dtype::Float16) && q_dtype == storage && fits(s, None)
 }
 
-/// Whether the kernel computes this attention over a latent affine-quantized to `bits` (8 or
-/// 4, groups of 64 along the width, bfloat16 scales and biases: MLX's layout, as the Q8 and Q4
-/// storage modes hold it) and the rope in bfloat16: bfloat16 queries, a latent width that tiles
-/// by 128, and the rest as `applies`. The kernel decodes each tile as it arrives (as MLX's
-/// `dequantize` does: `code * scale + bias` in bfloat16), so it reads the packed history, never
-/// a decoded copy of it.
-pub fn applies_affine(bits: usize, q_dtype: Dtype, s: &Shape) -> bool {
-    matches!(bits, 4 | 8) && q_dtype == Dtype::Bfloat16 && s.rank % 128 == 0 && fits(s, bits)
+/// A latent the kernel reads packed, as the compact storage modes hold it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Packing {
+    /// MLX's affine quantization to 8 or 4 bits (Q8, Q4): codes in 32-bit words, a bfloat16
+    /// scale and bias per 64 values.
+    Affine(usize),
+    /// E4M3 codes (bytes) with a float32 scale per block of 128 values (FP8).
+    Fp8,
 }
 
-/// `applies`' checks common to every storage (`bits` 0 for 16-bit floats).
-fn fits(s: &Shape, bits: usize) -> bool {
+/// Whether the kernel computes this attention over a packed latent (see `Packing`) and the rope
+/// in bfloat16: bfloat16 queries, a latent width that tiles by 128, and the rest as `applies`.
+/// The kernel decodes each tile as it arrives (affine as MLX's `dequantize` does, `code * scale
+/// + bias` in bfloat16), so it reads the packed history, never a decoded copy of it.
+pub fn applies_packed(packing: Packing, q_dtype: Dtype, s: &Shape) -> bool {
+    let known = matches!(packing, Packing::Affine(4 | 8) | Packing::Fp8);
+    known && q_dtype == Dtype::Bfloat16 && s.rank % 128 == 0 && fits(s, Some(packing))
+}
+
+/// `applies`' checks common to every storage (`packing` `None` for 16-bit floats).
+fn fits(s: &Shape, packing: Option<Packing>) -> bool {
     let rows = s.heads * s.queries;
     KERNEL.enabled()
         && cuda_kernel::on_cuda()
         && s.rank % 64 == 0
         && s.rope % 16 == 0
-        && shared_bytes(s.rank + s.rope, s.rank, bits) <= cuda_kernel::shared_memory_limit()
+        && shared_bytes(s.rank + s.rope, s.rank, packing) <= cuda_kernel::shared_memory_limit()
         && (1..=GRID_YZ_LIMIT).contains(&rows)
         && (1..=GRID_YZ_LIMIT).contains(&s.batch)
         && s.positions >= 1
@@ -144,6 +154,7 @@ fn fits(s: &Shape, bits: usize) -> bool {
 }
 
 const HEADER: &str = r#"
+#include <cuda_fp8.h>
 #define LC_NEG_INF __int_as_float(0xff800000)
 // MLX writes the kernel's signature; this module holds only our kernels, so their launch bound
 // (at most 512 threads a block, hence at most 128 registers a thread) is given this way.
@@ -234,12 +245,13 @@ const PARTIAL: &str = concat!(
   float* sm = reinterpret_cast<float*>(sp + M * LDP);
   float* sl = sm + M;
   float* sa = sl + M;
-  // A quantized latent (BITS 8 or 4): a tile's codes (CW words a position), scales and biases
-  // (G each) as stored, decoded into the key tile when it is its turn.
-  constexpr int PF = 32 / (BITS ? BITS : 32), CW = BITS ? R / PF : 0, G = BITS ? R / 64 : 0;
+  // A packed latent (codes of BITS 8 or 4): a tile's codes (CW words a position) and its scale
+  // words (SW a position: affine, G bfloat16 scales then G biases, one each per 64 values; FP8,
+  // a float32 scale per 128) as stored, decoded into the key tile when it is its turn.
+  constexpr int PF = 32 / (BITS ? BITS : 32), CW = BITS ? R / PF : 0, G = R / 64;
+  constexpr int SW = BITS == 0 ? 0 : FP8 ? R / 128 : G;
   uint32_t* rc = reinterpret_cast<uint32_t*>(sa + M);
-  uint16_t* rs = reinterpret_cast<uint16_t*>(rc + N * CW);
-  uint16_t* rb = rs + N * G;
+  uint32_t* rw = rc + N * CW;
 
 "#,
     partial_prologue!(),
@@ -249,10 +261,11 @@ const PARTIAL: &str = concat!(
   const uint16_t* bia = reinterpret_cast<const uint16_t*>(lat_biases);
   const int64_t s0 = lat_scales_strides[0], s1 = lat_scales_strides[1], s2 = lat_scales_strides[2];
   const int64_t z0 = lat_biases_strides[0], z1 = lat_biases_strides[1], z2 = lat_biases_strides[2];
-  // Scales and biases arrive in 4-byte copies (two groups each) where they can.
-  const bool tvec = vec && (BITS == 0 || (s2 == 1 && z2 == 1 && s0 % 2 == 0 && s1 % 2 == 0 && z0 % 2 == 0 &&
-                                          z1 % 2 == 0 && (reinterpret_cast<unsigned long long>(scl) & 3) == 0 &&
-                                          (reinterpret_cast<unsigned long long>(bia) & 3) == 0));
+  // Scale words arrive in 4-byte copies (affine: two groups' scales, or biases, each) where they can.
+  const bool tvec = vec && (BITS == 0 || (FP8 && s2 == 1) ||
+                            (s2 == 1 && z2 == 1 && s0 % 2 == 0 && s1 % 2 == 0 && z0 % 2 == 0 && z1 % 2 == 0 &&
+                             (reinterpret_cast<unsigned long long>(scl) & 3) == 0 &&
+                             (reinterpret_cast<unsigned long long>(bia) & 3) == 0));
   // Query rows h0.. (row h is head h / LQ's query h % LQ; rows past H are zero).
   if (qvec) {
     for (int i = tid; i < M * (D / 8); i += THREADS) {
@@ -297,12 +310,12 @@ const PARTIAL: &str = concat!(
           const bool in = pos < end;
           lc_cp_async16(rc + r * CW + c, in ? cod + b * l0 + pos * l1 + c : cod, in);
         }
-        for (int i = tid; i < N * G; i += THREADS) {
-          const int r = i / G, j = i % G, pos = tile + r;
-          const bool in = pos < end, scale = j < G / 2;
-          const int e = 2 * (scale ? j : j - G / 2);
-          const uint16_t* src = !in ? scl : scale ? scl + b * s0 + pos * s1 + e : bia + b * z0 + pos * z1 + e;
-          lc_cp_async4((scale ? rs : rb) + r * G + e, src, in);
+        for (int i = tid; i < N * SW; i += THREADS) {
+          const int r = i / SW, j = i % SW, pos = tile + r;
+          const bool in = pos < end, scale = FP8 || j < G / 2;
+          const int e = FP8 ? 2 * j : 2 * (scale ? j : j - G / 2);  // in 16-bit units
+          const uint16_t* src = !in ? scl : scale ? scl + (b * s0 + pos * s1) * (FP8 ? 2 : 1) + e : bia + b * z0 + pos * z1 + e;
+          lc_cp_async4(rw + i, src, in);
         }
       }
       asm volatile("cp.async.commit_group;\n" ::);
@@ -318,25 +331,48 @@ const PARTIAL: &str = concat!(
         int r = i / CW, c = i % CW, pos = tile + r;
         rc[i] = pos < end ? cod[b * l0 + pos * l1 + c * l2] : 0u;
       }
-      for (int i = tid; i < N * G; i += THREADS) {
-        int r = i / G, j = i % G, pos = tile + r;
-        rs[i] = pos < end ? scl[b * s0 + pos * s1 + j * s2] : 0;
-        rb[i] = pos < end ? bia[b * z0 + pos * z1 + j * z2] : 0;
+      for (int i = tid; i < N * SW; i += THREADS) {
+        const int r = i / SW, j = i % SW, pos = tile + r;
+        uint32_t w = 0;
+        if (pos < end && FP8) {
+          w = reinterpret_cast<const uint32_t*>(scl)[b * s0 + pos * s1 + j * s2];
+        } else if (pos < end) {
+          const bool scale = j < G / 2;
+          const int e = 2 * (scale ? j : j - G / 2);
+          const uint16_t* row = scale ? scl + b * s0 + pos * s1 : bia + b * z0 + pos * z1;
+          const int64_t step = scale ? s2 : z2;
+          w = row[e * step] | static_cast<uint32_t>(row[(e + 1) * step]) << 16;
+        }
+        rw[i] = w;
       }
     }
   };
 
-  // Decodes the raw tile into key buffer `buf`'s latent columns: `code * scale + bias`, in
-  // bfloat16 as MLX's `dequantize` computes it.
+  // Decodes the raw tile into key buffer `buf`'s latent columns: affine, `code * scale + bias`
+  // in bfloat16 as MLX's `dequantize` computes it; FP8, the code times its block's scale in
+  // float32 (as the MLX-ops decoding), rounded to bfloat16.
   auto decode = [&](int buf) {
     uint16_t* sk = sk0 + buf * N * LD;
     for (int i = tid; i < N * CW; i += THREADS) {
       const int r = i / CW, k = i % CW, grp = k * PF / 64;
       const uint32_t c = rc[i];
-      const __nv_bfloat16 sv = *reinterpret_cast<const __nv_bfloat16*>(rs + r * G + grp);
-      const __nv_bfloat16 zv = *reinterpret_cast<const __nv_bfloat16*>(rb + r * G + grp);
-      const __nv_bfloat162 s2v = __halves2bfloat162(sv, sv), z2v = __halves2bfloat162(zv, zv);
       uint32_t* dst = reinterpret_cast<uint32_t*>(sk + r * LD + k * PF);
+      if (FP8) {
+        const float sv = __uint_as_float(rw[r * SW + k * PF / 128]);
+        #pragma unroll
+        for (int j = 0; j < 2; j++) {
+          __nv_fp8_e4m3 lo, hi;
+          lo.__x = static_cast<__nv_fp8_storage_t>((c >> (16 * j)) & 255);
+          hi.__x = static_cast<__nv_fp8_storage_t>((c >> (16 * j + 8)) & 255);
+          const __nv_bfloat162 v = __floats2bfloat162_rn(static_cast<float>(lo) * sv, static_cast<float>(hi) * sv);
+          dst[j] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+        continue;
+      }
+      const uint16_t* words = reinterpret_cast<const uint16_t*>(rw + r * SW);
+      const __nv_bfloat16 sv = *reinterpret_cast<const __nv_bfloat16*>(words + grp);
+      const __nv_bfloat16 zv = *reinterpret_cast<const __nv_bfloat16*>(words + G + grp);
+      const __nv_bfloat162 s2v = __halves2bfloat162(sv, sv), z2v = __halves2bfloat162(zv, zv);
       #pragma unroll
       for (int j = 0; j < PF / 2; j++) {
         constexpr uint32_t MASK = (1u << (BITS ? BITS : 1)) - 1;
@@ -585,9 +621,9 @@ const COMBINE: &str = r#"
 pub(crate) enum Latent<'a> {
     /// `[B, T, R]` in the queries' 16-bit dtype.
     Float(&'a Array),
-    /// MLX's affine quantization to `bits` along the width: `codes [B, T, R * bits / 32]`
-    /// uint32, `scales` and `biases [B, T, R / 64]` bfloat16.
-    Affine { codes: &'a Array, scales: &'a Array, biases: &'a Array, bits: usize },
+    /// The storage mode's parts (`codes [B, T, ...]` then its scales, and biases for the affine
+    /// modes), as `codec` lays them out.
+    Packed { parts: &'a [Array], packing: Packing },
 }
 
 /// Absorbed MLA attention, `[B, H, Lq, R]` float32, lazily: `latent` (see `Latent`) and `rope
@@ -606,9 +642,14 @@ pub(crate) fn attend(
     let qs = q_latent.shape();
     let (batch, heads, queries, rank) = (qs[0] as usize, qs[1] as usize, qs[2] as usize, qs[3] as usize);
     let rope_dim = q_rope.shape()[3] as usize;
-    let (stored, scales, biases, bits) = match latent {
-        Latent::Float(values) => (values, q_latent, q_latent, 0),
-        Latent::Affine { codes, scales, biases, bits } => (codes, scales, biases, bits),
+    let (stored, scales, biases, packing) = match latent {
+        Latent::Float(values) => (values, q_latent, q_latent, None),
+        Latent::Packed { parts, packing } => (&parts[0], &parts[1], parts.get(2).unwrap_or(q_latent), Some(packing)),
+    };
+    let bits = match packing {
+        None => 0,
+        Some(Packing::Affine(bits)) => bits,
+        Some(Packing::Fp8) => 8,
     };
     let positions = stored.shape()[1] as usize;
     // Every (head, query) pair is a row of the products; blocks take 64 rows each.
@@ -619,7 +660,7 @@ pub(crate) fn attend(
     // share from their count and the window).
     let tiles = positions.div_ceil(POSITIONS_PER_TILE).max(1);
     // The wgmma pass reads 16-bit floats only.
-    let wgmma = bits == 0 && decode_wgmma::applies(rank, rope_dim);
+    let wgmma = packing.is_none() && decode_wgmma::applies(rank, rope_dim);
     let min_tiles = if wgmma { decode_wgmma::MIN_TILES_PER_SPLIT } else { MIN_TILES_PER_SPLIT };
     let splits = (TARGET_BLOCKS / (batch * groups)).clamp(1, (tiles / min_tiles).max(1));
     let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
@@ -643,11 +684,11 @@ pub(crate) fn attend(
     let inputs = [q_latent, q_rope, stored, rope, &bounds, scales, biases];
     let outputs: [(&[i32], Dtype); 2] = [(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)];
     // With one query, causal sees the whole row: one compiled kernel serves both.
-    let bools = [("BF16", bf16), ("CAUSAL", causal && queries > 1), ("RANGES", !whole)];
+    let bools = [("BF16", bf16), ("CAUSAL", causal && queries > 1), ("RANGES", !whole), ("FP8", packing == Some(Packing::Fp8))];
     let partial = match wgmma {
-        true => decode_wgmma::partial(&inputs[..5], &outputs, [s, b, groups as i32], &ints[..5], &bools, rank + rope_dim)?,
+        true => decode_wgmma::partial(&inputs[..5], &outputs, [s, b, groups as i32], &ints[..5], &bools[..3], rank + rope_dim)?,
         false => apply(
-            kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim, rank, bits))?,
+            kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim, rank, packing))?,
             &inputs,
             Launch { outputs: &outputs, grid: [s * 512, b, groups as i32], block: [512, 1, 1], ints: &ints, bools: &bools },
         )?,

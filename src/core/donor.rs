@@ -528,17 +528,20 @@ impl Donor {
         Ok(Some(mlx_ops::astype(&out, Dtype::Float32)?))
     }
 
-    /// Attention on CUDA without a mask array over 16-bit float storage, or a Q8 or Q4 latent
-    /// with bfloat16 rope: the split-K kernel of `decode_kernel`, which reads each stored
+    /// Attention on CUDA without a mask array over 16-bit float storage, or a Q8, Q4 or FP8
+    /// latent with bfloat16 rope: the split-K kernel of `decode_kernel`, which reads each stored
     /// position once for 64 head-query pairs (quantized ones packed, decoded tile by tile).
     /// `None` where it does not apply.
     fn kernel_decode(&self, q: &Query) -> Result<Option<Array>> {
         let Query { q_latent, q_rope, scale, mode, extra, queries } = *q;
         let g = &self.geometry;
-        let (storage, bits) = match (g.latent_storage, g.rope_storage) {
-            (StorageMode::Bf16, StorageMode::Bf16) => (Dtype::Bfloat16, 0),
-            (StorageMode::F16, StorageMode::F16) => (Dtype::Float16, 0),
-            (StorageMode::Q8 | StorageMode::Q4, StorageMode::Bf16) => (Dtype::Bfloat16, g.latent_storage.bits()),
+        let (storage, packing) = match (g.latent_storage, g.rope_storage) {
+            (StorageMode::Bf16, StorageMode::Bf16) => (Dtype::Bfloat16, None),
+            (StorageMode::F16, StorageMode::F16) => (Dtype::Float16, None),
+            (StorageMode::Q8 | StorageMode::Q4, StorageMode::Bf16) => {
+                (Dtype::Bfloat16, Some(decode_kernel::Packing::Affine(g.latent_storage.bits())))
+            }
+            (StorageMode::Fp8, StorageMode::Bf16) => (Dtype::Bfloat16, Some(decode_kernel::Packing::Fp8)),
             _ => return Ok(None),
         };
         let composed = self.hot_values(Family::Latent).is_some() || self.hot_values(Family::Rope).is_some();
@@ -551,18 +554,14 @@ impl Donor {
             rope: g.rope_head_dim,
             scale,
         };
-        if extra.is_some()
-            || mode == MaskMode::Array
-            || composed
-            || q_rope.dtype() != q_latent.dtype()
-        {
+        if extra.is_some() || mode == MaskMode::Array || composed || q_rope.dtype() != q_latent.dtype() {
             return Ok(None);
         }
         let (parts, rope) = (self.parts(Family::Latent), &self.parts(Family::Rope)[0]);
-        let latent = match bits {
-            0 if decode_kernel::applies(storage, q_latent.dtype(), &shape) => decode_kernel::Latent::Float(&parts[0]),
-            4 | 8 if decode_kernel::applies_affine(bits, q_latent.dtype(), &shape) => {
-                decode_kernel::Latent::Affine { codes: &parts[0], scales: &parts[1], biases: &parts[2], bits }
+        let latent = match packing {
+            None if decode_kernel::applies(storage, q_latent.dtype(), &shape) => decode_kernel::Latent::Float(&parts[0]),
+            Some(packing) if decode_kernel::applies_packed(packing, q_latent.dtype(), &shape) => {
+                decode_kernel::Latent::Packed { parts, packing }
             }
             _ => return Ok(None),
         };

@@ -170,11 +170,12 @@ pub unsafe extern "C" fn latent_cache_donor_rows(
 /// reads them.
 ///
 /// On MLX's CUDA backend, mode `NONE` or `CAUSAL` over latent and rope stored in the queries'
-/// dtype (bfloat16 or float16), or over a `Q8` or `Q4` latent with `BF16` rope and bfloat16
-/// queries, runs the library's own split-K decoding kernel: the same formula, its probabilities
-/// rounded to that dtype for the product with the latent as MLX's fused attention does, sums in
-/// float32; a quantized latent is read packed and decoded a tile at a time as MLX's
-/// `dequantize` decodes it. It is compiled at the first call with each scale (a model
+/// dtype (bfloat16 or float16), or over a `Q8`, `Q4` or `FP8` latent with `BF16` rope and
+/// bfloat16 queries, runs the library's own split-K decoding kernel: the same formula, its
+/// probabilities rounded to that dtype for the product with the latent as MLX's fused attention
+/// does, sums in float32; a packed latent is read as stored and decoded a tile at a time (`Q8`
+/// and `Q4` as MLX's `dequantize` decodes them; `FP8` codes times their scale, rounded to
+/// bfloat16). It is compiled at the first call with each scale (a model
 /// has one); past eight scales in a process, further scales run MLX's ops. Elsewhere, MLX's
 /// ops.
 ///
