@@ -256,13 +256,16 @@ const PARTIAL: &str = concat!(
 "#,
     partial_prologue!(),
     r#"
+  // Codes as 32-bit words: FP8's are bytes (strides in bytes), read four to a word.
   const uint32_t* cod = reinterpret_cast<const uint32_t*>(latent);
+  const uint8_t* cbytes = reinterpret_cast<const uint8_t*>(latent);
+  const int64_t w0 = FP8 ? l0 / 4 : l0, w1 = FP8 ? l1 / 4 : l1;
   const uint16_t* scl = reinterpret_cast<const uint16_t*>(lat_scales);
   const uint16_t* bia = reinterpret_cast<const uint16_t*>(lat_biases);
   const int64_t s0 = lat_scales_strides[0], s1 = lat_scales_strides[1], s2 = lat_scales_strides[2];
   const int64_t z0 = lat_biases_strides[0], z1 = lat_biases_strides[1], z2 = lat_biases_strides[2];
   // Scale words arrive in 4-byte copies (affine: two groups' scales, or biases, each) where they can.
-  const bool tvec = vec && (BITS == 0 || (FP8 && s2 == 1) ||
+  const bool tvec = vec && (!FP8 || (l0 % 16 == 0 && l1 % 16 == 0)) && (BITS == 0 || (FP8 && s2 == 1) ||
                             (s2 == 1 && z2 == 1 && s0 % 2 == 0 && s1 % 2 == 0 && z0 % 2 == 0 && z1 % 2 == 0 &&
                              (reinterpret_cast<unsigned long long>(scl) & 3) == 0 &&
                              (reinterpret_cast<unsigned long long>(bia) & 3) == 0));
@@ -308,7 +311,7 @@ const PARTIAL: &str = concat!(
         for (int i = tid; i < N * CW / 4; i += THREADS) {
           int r = i / (CW / 4), c = i % (CW / 4) * 4, pos = tile + r;
           const bool in = pos < end;
-          lc_cp_async16(rc + r * CW + c, in ? cod + b * l0 + pos * l1 + c : cod, in);
+          lc_cp_async16(rc + r * CW + c, in ? cod + b * w0 + pos * w1 + c : cod, in);
         }
         for (int i = tid; i < N * SW; i += THREADS) {
           const int r = i / SW, j = i % SW, pos = tile + r;
@@ -329,7 +332,14 @@ const PARTIAL: &str = concat!(
       }
       for (int i = tid; i < N * CW; i += THREADS) {
         int r = i / CW, c = i % CW, pos = tile + r;
-        rc[i] = pos < end ? cod[b * l0 + pos * l1 + c * l2] : 0u;
+        uint32_t w = 0;
+        if (pos < end && FP8) {
+          #pragma unroll
+          for (int k = 0; k < 4; k++) w |= static_cast<uint32_t>(cbytes[b * l0 + pos * l1 + (4 * c + k) * l2]) << (8 * k);
+        } else if (pos < end) {
+          w = cod[b * l0 + pos * l1 + c * l2];
+        }
+        rc[i] = w;
       }
       for (int i = tid; i < N * SW; i += THREADS) {
         const int r = i / SW, j = i % SW, pos = tile + r;
