@@ -434,6 +434,31 @@ def attention_section(by, records):
             ratio = f"{on['median_us'] / off['median_us']:.2f}" if on and off else "-"
             md.append(f"| {batch} | {c // 1024}K | " + " | ".join(cell(r) for r in rs) + f" | {ratio} |")
         md.append("")
+    md += packed_section(by, amortized, cell, present)
+    return md
+
+
+def packed_section(by, points, cell, present):
+    """Q8 and FP8 latents through the kernel (read packed) against the same mode with it off
+    (MLX's ops, which decode the whole history on CUDA): single steps and amortized."""
+    packed = present([s for s in ATTN_OURS if "q8" in s or "fp8" in s])
+    rows = [(s, b, c) for s in packed for b, c in points if by.get((f"{s} (MLX ops, kernel off)", "attention", b, c))]
+    if not rows:
+        return []
+    md = ["### Packed latents: the kernel against MLX's ops", "",
+          "Q8 and FP8 latents read packed by the split-K kernel (decoded a tile at a time) against the same "
+          "storage with the kernel off (MLX's ops: the whole history decoded each step on CUDA); bf16 through the "
+          "kernel for comparison. Single steps and amortized (as above).", "",
+          "| mode | batch | context | step, kernel ms | step, kernel off ms | amortized, kernel ms | "
+          "amortized, kernel off ms | amortized bf16 kernel ms | kernel on / off (amortized) |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for s, b, c in rows:
+        off = f"{s} (MLX ops, kernel off)"
+        got = [by.get(k) for k in ((s, "attention", b, c), (off, "attention", b, c), (s, "attention_amortized", b, c),
+                                   (off, "attention_amortized", b, c), ("latent-cache bf16", "attention_amortized", b, c))]
+        ratio = f"{got[2]['median_us'] / got[3]['median_us']:.2f}" if got[2] and got[3] else "-"
+        md.append(f"| {s} | {b} | {c // 1024}K | " + " | ".join(cell(r) for r in got) + f" | {ratio} |")
+    md.append("")
     return md
 
 
