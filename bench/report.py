@@ -310,7 +310,8 @@ def modes_section(by, records, accuracy):
 # `latent-cache-bench --attention` (bench/src/attention.rs) and its mlx-lm peer
 # (bench/mlx_lm_attention_bench.py): one layer's decode attention.
 ATTN_OURS = ["latent-cache f32", "latent-cache bf16", "latent-cache bf16 (MLX ops, kernel off)",
-             "latent-cache bf16 (mma.sync kernel, wgmma off)", "latent-cache q8 (rope bf16)", "latent-cache fp8 (rope bf16)"]
+             "latent-cache bf16 (mma.sync kernel, wgmma off)", "latent-cache q8 (rope bf16)", "latent-cache fp8 (rope bf16)",
+             "latent-cache q8 (rope bf16) composed, 1024 hot bf16"]
 ATTN_MLX_LM = {"f32": "mlx-lm absorbed f32", "bf16": "mlx-lm absorbed bf16"}
 ATTN_REFERENCE = "MLX SDPA, 576-wide key bf16 (reference)"
 H200_FLOOR_US = 95  # issue 16: bf16 at 128K within 3x of the H200's bandwidth floor

@@ -13,7 +13,7 @@ use common::model::{Model, Rng};
 use latent_cache::core::donor::MaskMode;
 use latent_cache::core::{cuda_kernel, decode_kernel, decode_wgmma};
 use latent_cache::core::{mlx_math, mlx_ops};
-use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
+use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::{Array, Dtype};
 
 /// Bounds on |got - want| / (1 + |want|). The kernel sums in float32 and rounds only the
@@ -38,6 +38,8 @@ struct Case {
     more: usize,
     /// The attention's scale, as a multiple of 1 / sqrt(rank + rope).
     scale_by: f32,
+    /// Composed storage's hot window (bfloat16 hot positions over the compact ones); 0: none.
+    hot_window: usize,
 }
 
 fn uniform(rng: &mut Rng, n: usize, amplitude: f32) -> Vec<f32> {
@@ -71,6 +73,8 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         latent_storage: case.mode,
         rope_storage: rope_mode,
         layout: case.layout,
+        hot_window: case.hot_window,
+        hot_storage: StorageMode::Bf16,
         ..Geometry::default()
     };
     let mut cache = LatentCache::new(g).unwrap();
@@ -101,6 +105,14 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         last(&mut data, case.more);
         cache.append_host(batch, case.more, &data[0], &data[1], None).unwrap();
         model.append(batch, case.more, &data);
+    }
+    if case.hot_window > 0 {
+        // Composed: each row reads what the cache holds, compact below its boundary and hot from
+        // it on (that composition is checked against its own reference in tests/composed.rs).
+        for (b, row) in model.rows.iter_mut().enumerate() {
+            row.families[0] = cache.read_row(Family::Latent, b).unwrap();
+            row.families[1] = cache.read_row(Family::Rope, b).unwrap();
+        }
     }
 
     let donor = cache.capture_donor_rows().unwrap();
@@ -156,8 +168,14 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         let out = donor.attend(&arr(&q_latent, case.rank), &arr(&q_rope, case.rope), scale, mode, None).unwrap();
         let got = mlx_ops::to_host(&out).unwrap();
         let what = format!(
-            "{:?} {}+{} {h} heads x {lq} queries {:?} pads {:?} {mode:?}",
-            case.mode, case.rank, case.rope, case.layout, case.pads
+            "{:?} {}+{} {h} heads x {lq} queries {:?} pads {:?} hot window {} (converted {:?}) {mode:?}",
+            case.mode,
+            case.rank,
+            case.rope,
+            case.layout,
+            case.pads,
+            case.hot_window,
+            cache.converted_positions()
         );
         assert_eq!(decode_kernel::KERNEL.launches() - before, on_cuda as usize, "{what}: where the kernel applies it runs");
         assert_eq!(decode_wgmma::KERNEL.launches() - before_wgmma, wgmma as usize, "{what}: the wgmma pass where it applies");
@@ -213,7 +231,9 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         first,
         more,
         scale_by: 1.0,
+        hot_window: 0,
     };
+    let composed = |hot_window, c: Case| Case { hot_window, ..c };
     let cases = [
         // GLM-5.2's layer: a length past many tiles that does not fill the last one.
         case(Bf16, 512, 64, (64, 1), RightJustified, &[0], 2900, 3),
@@ -243,6 +263,13 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         case(Fp8, 512, 64, (64, 1), Ragged, &[5, 0], 300, 9),
         case(Fp8, 128, 64, (96, 1), RightJustified, &[3, 0], 130, 1),
         case(Fp8, 512, 64, (64, 3), RightJustified, &[0, 21], 600, 3),
+        // Composed (a packed latent below each row's boundary, bfloat16 above): one pass over
+        // each side, combined. Rows whose hot rows start apart (padded), ragged rows, verify
+        // queries, and rows read hot alone.
+        composed(256, case(Q8, 512, 64, (64, 1), RightJustified, &[0], 2900, 3)),
+        composed(64, case(Fp8, 512, 64, (64, 1), Ragged, &[5, 0], 300, 9)),
+        composed(128, case(Q4, 512, 64, (64, 3), RightJustified, &[3, 0, 40], 600, 3)),
+        composed(200, case(Q8, 128, 64, (96, 1), RightJustified, &[0, 30], 100, 1)),
     ];
     // On a compute capability 9.0 GPU, every case with the same values twice: with the wgmma
     // partial pass (where it applies), then with the mma.sync one. (This file's only test: the

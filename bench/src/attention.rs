@@ -56,6 +56,8 @@ fn filled(set: &ModeSet, batch: usize, context: usize) -> LatentCache {
         latent_storage,
         rope_storage,
         index_storage,
+        hot_window: set.hot_window,
+        hot_storage: StorageMode::Bf16,
         ..Geometry::default()
     };
     let mut cache = LatentCache::new(g).unwrap();
@@ -199,10 +201,11 @@ pub fn run(quick: bool, gpu: bool, points: Option<&[(usize, usize)]>, only: Opti
         (false, true) => (5, 50),
         (false, false) => (1, 5),
     };
-    // The modes attend reads: f32, bf16, q8 and fp8 (rope bf16); not q4.
+    // The modes attend reads: f32, bf16, q8 and fp8 (rope bf16), and q8 composed with 1024 hot
+    // bf16 positions; not q4.
     let sets: Vec<&ModeSet> = MODE_SETS
         .iter()
-        .filter(|s| s.storage[0] != StorageMode::Q4 && s.hot_window == 0 && only.is_none_or(|o| s.name.contains(o)))
+        .filter(|s| s.storage[0] != StorageMode::Q4 && only.is_none_or(|o| s.name.contains(o)))
         .collect();
     eprintln!("attention: MLX device {:?}", mlx_rs::Device::default());
     let mut out = Vec::new();

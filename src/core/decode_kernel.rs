@@ -29,6 +29,7 @@ use super::codec::{AFFINE_GROUP, FP8_BLOCK};
 use super::cuda_kernel::{self, apply, kernel, Launch, Source, Switch};
 use super::decode_wgmma;
 use super::error::Result;
+use super::mlx_math;
 
 /// Heads per block and positions per tile (the kernel's fixed tile sizes).
 const HEADS_PER_BLOCK: usize = 64;
@@ -636,10 +637,29 @@ pub(crate) enum Latent<'a> {
     Packed { parts: &'a [Array], packing: Packing },
 }
 
+/// One partial pass: a latent (see `Latent`) and the rope `[B, T, P]` at the same positions, in
+/// the queries' dtype, each row's positions to read, and whether the bottom-right aligned
+/// causal mask applies (the row's end being its range's end).
+pub(crate) struct Pass<'a> {
+    pub latent: Latent<'a>,
+    pub rope: &'a Array,
+    pub ranges: Vec<(usize, usize)>,
+    pub causal: bool,
+}
+
+impl Pass<'_> {
+    fn positions(&self) -> usize {
+        match &self.latent {
+            Latent::Float(values) => values.shape()[1] as usize,
+            Latent::Packed { parts, .. } => parts[0].shape()[1] as usize,
+        }
+    }
+}
+
 /// Absorbed MLA attention, `[B, H, Lq, R]` float32, lazily: `latent` (see `Latent`) and `rope
 /// [B, T, P]` in the queries' dtype, `ranges` each row's valid window positions, `causal` the
 /// bottom-right aligned causal mask over them (else every query sees the whole row). Callers
-/// check `applies` (or `applies_affine`) first.
+/// check `applies` (or `applies_packed`) first.
 pub(crate) fn attend(
     q_latent: &Array,
     q_rope: &Array,
@@ -649,38 +669,82 @@ pub(crate) fn attend(
     scale: f32,
     causal: bool,
 ) -> Result<Array> {
+    attend_passes(q_latent, q_rope, &[Pass { latent, rope, ranges: ranges.to_vec(), causal }], scale)
+}
+
+/// `attend` over positions held in several places (composed storage: each row's compact
+/// positions and its hot ones): one partial pass over each, the blocks shared out by their
+/// positions, and one combine over every pass's splits, so each row's softmax spans them all.
+/// Every row must have a position in some pass; callers check `applies` (or `applies_packed`)
+/// for each pass's shape.
+pub(crate) fn attend_passes(q_latent: &Array, q_rope: &Array, passes: &[Pass<'_>], scale: f32) -> Result<Array> {
+    let qs = q_latent.shape();
+    let (batch, heads, queries, rank) = (qs[0] as usize, qs[1] as usize, qs[2] as usize, qs[3] as usize);
+    remember_scale(scale);
+    let total: usize = passes.iter().map(Pass::positions).sum();
+    let mut partials = Vec::with_capacity(passes.len());
+    for pass in passes {
+        let target = (TARGET_BLOCKS * pass.positions()).div_ceil(total.max(1)).max(1);
+        partials.push(partial(q_latent, q_rope, pass, scale, target)?);
+    }
+    // One pass: its splits as they are; several: side by side along the splits' axis.
+    let [o, ml] = match partials.len() {
+        1 => partials.pop().expect("one pass"),
+        _ => {
+            let joined = |i: usize| mlx_math::concatenate(&partials.iter().map(|p| &p[i]).collect::<Vec<_>>(), 1);
+            [joined(0)?, joined(1)?]
+        }
+    };
+    debug_assert!(ml.shape()[1] as usize <= MAX_SPLITS);
+    let rows = (heads * queries) as i32;
+    let out = apply(
+        kernel(&COMBINE_KERNEL, 0)?,
+        &[&o, &ml],
+        Launch {
+            outputs: &[(&[batch as i32, heads as i32, queries as i32, rank as i32], Dtype::Float32)],
+            grid: [512, rows, batch as i32],
+            block: [512, 1, 1],
+            ints: &[("R", rank as i32), ("H", rows), ("MAX_SPLITS", MAX_SPLITS as i32)],
+            bools: &[],
+        },
+    )?;
+    KERNEL.launched();
+    Ok(out.into_iter().next().expect("one output"))
+}
+
+/// One pass's partial kernel, in about `target` blocks: each split's unnormalized output `[B,
+/// S, H * Lq, R]` and running max and sum `[B, S, H * Lq, 2]`.
+fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, target: usize) -> Result<[Array; 2]> {
     let qs = q_latent.shape();
     let (batch, heads, queries, rank) = (qs[0] as usize, qs[1] as usize, qs[2] as usize, qs[3] as usize);
     let rope_dim = q_rope.shape()[3] as usize;
-    let (stored, scales, biases, packing) = match latent {
-        Latent::Float(values) => (values, q_latent, q_latent, None),
-        Latent::Packed { parts, packing } => (&parts[0], &parts[1], parts.get(2).unwrap_or(q_latent), Some(packing)),
+    let (stored, scales, biases, packing) = match &pass.latent {
+        Latent::Float(values) => (*values, q_latent, q_latent, None),
+        Latent::Packed { parts, packing } => (&parts[0], &parts[1], parts.get(2).unwrap_or(q_latent), Some(*packing)),
     };
     let bits = match packing {
         None => 0,
         Some(Packing::Affine(bits)) => bits,
         Some(Packing::Fp8) => 8,
     };
-    let positions = stored.shape()[1] as usize;
+    let positions = pass.positions();
     // Every (head, query) pair is a row of the products; blocks take 64 rows each.
     let rows = heads * queries;
     let groups = rows.div_ceil(HEADS_PER_BLOCK);
-    // Splits: about one block per multiprocessor, at least `MIN_TILES_PER_SPLIT` tiles of
-    // positions each (the wgmma pass's own minimum where it runs; the kernel derives each split's
-    // share from their count and the window).
+    // Splits: about `target` blocks (one per multiprocessor for a single pass), at least
+    // `MIN_TILES_PER_SPLIT` tiles of positions each (the wgmma pass's own minimum where it
+    // runs; the kernel derives each split's share from their count and the window).
     let tiles = positions.div_ceil(POSITIONS_PER_TILE).max(1);
     // The wgmma pass reads 16-bit floats only.
     let wgmma = packing.is_none() && decode_wgmma::applies(rank, rope_dim);
     let min_tiles = if wgmma { decode_wgmma::MIN_TILES_PER_SPLIT } else { MIN_TILES_PER_SPLIT };
-    let splits = (TARGET_BLOCKS / (batch * groups)).clamp(1, (tiles / min_tiles).max(1));
+    let splits = (target / (batch * groups)).clamp(1, (tiles / min_tiles).max(1));
     let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
     let splits = positions.div_ceil(chunk).max(1);
-    debug_assert!(splits <= MAX_SPLITS);
     // Without a ranges array (rows spanning the window) the queries stand in for the unread input.
-    let bounds = cuda_kernel::ranges_array(ranges, positions);
+    let bounds = cuda_kernel::ranges_array(&pass.ranges, positions);
     let whole = bounds.is_none();
     let bounds = bounds.unwrap_or_else(|| q_latent.clone());
-    remember_scale(scale);
     let bf16 = q_latent.dtype() == Dtype::Bfloat16;
     let ints = [
         ("R", rank as i32),
@@ -691,11 +755,12 @@ pub(crate) fn attend(
         ("BITS", bits as i32),
     ];
     let (b, s, h, r) = (batch as i32, splits as i32, rows as i32, rank as i32);
-    let inputs = [q_latent, q_rope, stored, rope, &bounds, scales, biases];
+    let inputs = [q_latent, q_rope, stored, pass.rope, &bounds, scales, biases];
     let outputs: [(&[i32], Dtype); 2] = [(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)];
     // With one query, causal sees the whole row: one compiled kernel serves both.
-    let bools = [("BF16", bf16), ("CAUSAL", causal && queries > 1), ("RANGES", !whole), ("FP8", packing == Some(Packing::Fp8))];
-    let partial = match wgmma {
+    let bools =
+        [("BF16", bf16), ("CAUSAL", pass.causal && queries > 1), ("RANGES", !whole), ("FP8", packing == Some(Packing::Fp8))];
+    let out = match wgmma {
         true => decode_wgmma::partial(&inputs[..5], &outputs, [s, b, groups as i32], &ints[..5], &bools[..3], rank + rope_dim)?,
         false => apply(
             kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim, rank, packing))?,
@@ -703,18 +768,6 @@ pub(crate) fn attend(
             Launch { outputs: &outputs, grid: [s * 512, b, groups as i32], block: [512, 1, 1], ints: &ints, bools: &bools },
         )?,
     };
-    let combine = kernel(&COMBINE_KERNEL, 0)?;
-    let out = apply(
-        combine,
-        &[&partial[0], &partial[1]],
-        Launch {
-            outputs: &[(&[b, heads as i32, queries as i32, r], Dtype::Float32)],
-            grid: [512, h, b],
-            block: [512, 1, 1],
-            ints: &[ints[0], ints[2], ("MAX_SPLITS", MAX_SPLITS as i32)],
-            bools: &[],
-        },
-    )?;
-    KERNEL.launched();
-    Ok(out.into_iter().next().expect("one output"))
+    let mut out = out.into_iter();
+    Ok([out.next().expect("two outputs"), out.next().expect("two outputs")])
 }

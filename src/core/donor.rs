@@ -530,10 +530,10 @@ impl Donor {
 
     /// Attention on CUDA without a mask array over 16-bit float storage, or a Q8, Q4 or FP8
     /// latent with bfloat16 rope: the split-K kernel of `decode_kernel`, which reads each stored
-    /// position once for 64 head-query pairs (quantized ones packed, decoded tile by tile).
-    /// `None` where it does not apply.
+    /// position once for 64 head-query pairs (packed ones as stored, decoded tile by tile).
+    /// Composed storage takes `kernel_composed`. `None` where it does not apply.
     fn kernel_decode(&self, q: &Query) -> Result<Option<Array>> {
-        let Query { q_latent, q_rope, scale, mode, extra, queries } = *q;
+        let Query { q_latent, q_rope, scale, mode, extra, .. } = *q;
         let g = &self.geometry;
         let (storage, packing) = match (g.latent_storage, g.rope_storage) {
             (StorageMode::Bf16, StorageMode::Bf16) => (Dtype::Bfloat16, None),
@@ -544,28 +544,90 @@ impl Donor {
             (StorageMode::Fp8, StorageMode::Bf16) => (Dtype::Bfloat16, Some(decode_kernel::Packing::Fp8)),
             _ => return Ok(None),
         };
-        let composed = self.hot_values(Family::Latent).is_some() || self.hot_values(Family::Rope).is_some();
-        let shape = decode_kernel::Shape {
-            batch: self.batch_size(),
-            heads: q_latent.shape()[1] as usize,
-            queries,
-            positions: self.offset,
-            rank: g.kv_lora_rank,
-            rope: g.rope_head_dim,
-            scale,
-        };
-        if extra.is_some() || mode == MaskMode::Array || composed || q_rope.dtype() != q_latent.dtype() {
+        // A composed rope would need its hot and compact positions joined per row first.
+        if extra.is_some()
+            || mode == MaskMode::Array
+            || self.hot_values(Family::Rope).is_some()
+            || q_rope.dtype() != q_latent.dtype()
+        {
             return Ok(None);
         }
+        let kernel = KernelInputs { storage, packing, q };
         let (parts, rope) = (self.parts(Family::Latent), &self.parts(Family::Rope)[0]);
-        let latent = match packing {
-            None if decode_kernel::applies(storage, q_latent.dtype(), &shape) => decode_kernel::Latent::Float(&parts[0]),
-            Some(packing) if decode_kernel::applies_packed(packing, q_latent.dtype(), &shape) => {
-                decode_kernel::Latent::Packed { parts, packing }
-            }
-            _ => return Ok(None),
-        };
+        if let Some(hot) = self.hot_values(Family::Latent) {
+            return self.kernel_composed(&kernel, hot);
+        }
+        let Some(latent) = kernel.latent(parts, self.offset, self) else { return Ok(None) };
         decode_kernel::attend(q_latent, q_rope, latent, rope, &self.row_ranges(), scale, mode == MaskMode::Causal).map(Some)
+    }
+
+    /// `kernel_decode` over composed storage: each row's compact positions (the packed latent,
+    /// the stored rope) in one pass, its hot ones (the hot latent, the rope at the same
+    /// positions) in another, one combine over both, so the row's softmax spans them. The rope
+    /// is read in place where every row's hot row starts at the same window position (one row,
+    /// or rows filled together); else each row's is sliced to its hot row (O(hot window) a row,
+    /// never the history). `None` where a pass does not apply, where a row holds compact
+    /// positions after its hot ones, or where a causal verify's first query would miss some of
+    /// a row's compact positions (the compact pass is unmasked).
+    fn kernel_composed(&self, k: &KernelInputs, (hot, bases, starts): (&Array, &[usize], &[usize])) -> Result<Option<Array>> {
+        let Query { q_latent, q_rope, scale, mode, queries, .. } = *k.q;
+        let (batch, capacity) = (self.batch_size(), hot.shape()[1] as usize);
+        let verify = mode == MaskMode::Causal && queries > 1;
+        let (mut cold, mut warm) = (Vec::with_capacity(batch), Vec::with_capacity(batch));
+        for (b, (lo, hi)) in self.row_ranges().into_iter().enumerate() {
+            // Positions from `split` on are read hot, those before it compact.
+            let split = starts[b].max(bases[b]).clamp(lo, hi);
+            if (split < hi && hi > bases[b] + capacity) || (verify && split > lo && split + queries > hi + 1) {
+                return Ok(None);
+            }
+            cold.push(if split > lo { (lo, split) } else { (0, 0) });
+            warm.push(if split < hi { (split - bases[b], hi - bases[b]) } else { (0, 0) });
+        }
+        let (cold_len, hot_len) = (cold.iter().map(|r| r.1).max().unwrap_or(0), warm.iter().map(|r| r.1).max().unwrap_or(0));
+        let rope = &self.parts(Family::Rope)[0];
+        let rope_width = rope.shape()[2] as usize;
+        let prefix = |a: &Array, len: usize| mlx_ops::slice(a, &[0, 0, 0], &[batch, len, a.shape()[2] as usize]);
+        let cold_parts = self.parts(Family::Latent).iter().map(|p| prefix(p, cold_len)).collect::<Result<Vec<_>>>()?;
+        let cold_rope = prefix(rope, cold_len)?;
+        let hot_latent = prefix(hot, hot_len)?;
+        let hot_rope = match bases.iter().all(|&base| base == bases[0]) {
+            true => mlx_ops::slice(rope, &[0, bases[0], 0], &[batch, bases[0] + hot_len, rope_width])?,
+            false => self.rope_at(rope, bases, hot_len)?,
+        };
+        let mut passes = Vec::with_capacity(2);
+        if cold_len > 0 {
+            let Some(latent) = k.latent(&cold_parts, cold_len, self) else { return Ok(None) };
+            passes.push(decode_kernel::Pass { latent, rope: &cold_rope, ranges: cold, causal: false });
+        }
+        if hot_len > 0 {
+            let shape = k.shape(self, hot_len);
+            if !decode_kernel::applies(hot.dtype(), q_latent.dtype(), &shape) {
+                return Ok(None);
+            }
+            passes.push(decode_kernel::Pass {
+                latent: decode_kernel::Latent::Float(&hot_latent),
+                rope: &hot_rope,
+                ranges: warm,
+                causal: mode == MaskMode::Causal,
+            });
+        }
+        decode_kernel::attend_passes(q_latent, q_rope, &passes, scale).map(Some)
+    }
+
+    /// Each row's stored rope from its hot row's first window position on, `len` positions
+    /// (zeros past the window), `[B, len, P]`.
+    fn rope_at(&self, rope: &Array, bases: &[usize], len: usize) -> Result<Array> {
+        let width = rope.shape()[2] as usize;
+        let mut rows = Vec::with_capacity(bases.len());
+        for (b, &base) in bases.iter().enumerate() {
+            let take = len.min(self.offset.saturating_sub(base));
+            let mut row = mlx_ops::slice(rope, &[b, base.min(self.offset), 0], &[b + 1, base.min(self.offset) + take, width])?;
+            if take < len {
+                row = mlx_math::concatenate(&[&row, &mlx_ops::zeros(&[1, len - take, width], rope.dtype())?], 1)?;
+            }
+            rows.push(row);
+        }
+        mlx_math::concatenate(&rows.iter().collect::<Vec<_>>(), 0)
     }
 
     /// GLM-5's absorbed MLA attention over the donor's rows (see the module doc), `[B, H, Lq,
@@ -613,6 +675,41 @@ struct Query<'a> {
     mode: MaskMode,
     extra: Option<&'a Array>,
     queries: usize,
+}
+
+/// What `kernel_decode` found: the latent's storage dtype (or its packing) and the query.
+struct KernelInputs<'a> {
+    storage: Dtype,
+    packing: Option<decode_kernel::Packing>,
+    q: &'a Query<'a>,
+}
+
+impl KernelInputs<'_> {
+    /// The kernel's sizes over `positions` positions of `donor`'s rows.
+    fn shape(&self, donor: &Donor, positions: usize) -> decode_kernel::Shape {
+        decode_kernel::Shape {
+            batch: donor.batch_size(),
+            heads: self.q.q_latent.shape()[1] as usize,
+            queries: self.q.queries,
+            positions,
+            rank: donor.geometry.kv_lora_rank,
+            rope: donor.geometry.rope_head_dim,
+            scale: self.q.scale,
+        }
+    }
+
+    /// The latent's stored `parts` (`positions` of them) as the kernel reads them, where it
+    /// applies.
+    fn latent<'p>(&self, parts: &'p [Array], positions: usize, donor: &Donor) -> Option<decode_kernel::Latent<'p>> {
+        let (shape, dtype) = (self.shape(donor, positions), self.q.q_latent.dtype());
+        match self.packing {
+            None if decode_kernel::applies(self.storage, dtype, &shape) => Some(decode_kernel::Latent::Float(&parts[0])),
+            Some(packing) if decode_kernel::applies_packed(packing, dtype, &shape) => {
+                Some(decode_kernel::Latent::Packed { parts, packing })
+            }
+            _ => None,
+        }
+    }
 }
 
 /// `a` and `b` in one dtype: float32 where they differ (a hot float32 value over bfloat16

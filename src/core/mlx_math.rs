@@ -2,7 +2,7 @@
 //! library's stream like every other graph it builds (see `mlx_ops`).
 use mlx_rs::{Array, Dtype};
 
-use super::error::Result;
+use super::error::{fail, Result};
 use super::mlx_ops::{binary, call, optional};
 
 pub fn matmul(a: &Array, b: &Array) -> Result<Array> {
@@ -28,6 +28,24 @@ pub fn logical_and(a: &Array, b: &Array) -> Result<Array> {
 /// `x` where `condition`, else `y` (broadcast).
 pub fn select(condition: &Array, x: &Array, y: &Array) -> Result<Array> {
     call("where", |res, s| unsafe { mlx_sys::mlx_where(res, condition.as_ptr(), x.as_ptr(), y.as_ptr(), s) })
+}
+
+/// `arrays` joined along `axis` (each copied into the result).
+pub fn concatenate(arrays: &[&Array], axis: i32) -> Result<Array> {
+    // SAFETY: the vector takes its own references to the arrays and is freed here.
+    unsafe {
+        let vector = mlx_sys::mlx_vector_array_new();
+        let mut rc = 0;
+        for a in arrays {
+            rc |= mlx_sys::mlx_vector_array_append_value(vector, a.as_ptr());
+        }
+        let out = match rc {
+            0 => call("concatenate", |res, s| mlx_sys::mlx_concatenate_axis(res, vector, axis, s)),
+            _ => fail!(Backend, "concatenate: could not gather its {} arrays", arrays.len()),
+        };
+        mlx_sys::mlx_vector_array_free(vector);
+        out
+    }
 }
 
 pub fn swapaxes(a: &Array, axis1: i32, axis2: i32) -> Result<Array> {
