@@ -155,9 +155,9 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     }
     let tolerance = if on_cuda { KERNEL_TOLERANCE } else { FALLBACK_TOLERANCE };
     // On a compute capability 9.0 GPU the partial pass is the wgmma one where its widths fit (16-bit
-    // float storage only).
+    // float storage only: with a packed latent, composed storage's hot pass).
     let wgmma = on_cuda
-        && packing.is_none()
+        && (packing.is_none() || case.hot_window > 0)
         && decode_wgmma::KERNEL.enabled()
         && cuda_kernel::compute_capability() == Some((9, 0))
         && case.rank % 128 == 0
