@@ -1087,7 +1087,8 @@ latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
 // probabilities rounded to that dtype for the product with the latent as MLX's fused attention
 // does, sums in float32; a packed latent is read as stored and decoded a tile at a time (`Q8`
 // and `Q4` as MLX's `dequantize` decodes them; `FP8` codes times their scale, rounded to
-// bfloat16). It is compiled at the first call with each scale (a model
+// bfloat16). Composed storage with `BF16` hot positions over such a latent takes the same
+// kernel, one pass over each side (O(hot window) extra where rows' hot positions start apart). It is compiled at the first call with each scale (a model
 // has one); past eight scales in a process, further scales run MLX's ops. Elsewhere, MLX's
 // ops.
 //

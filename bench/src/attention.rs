@@ -203,10 +203,8 @@ pub fn run(quick: bool, gpu: bool, points: Option<&[(usize, usize)]>, only: Opti
     };
     // The modes attend reads: f32, bf16, q8 and fp8 (rope bf16), and q8 composed with 1024 hot
     // bf16 positions; not q4.
-    let sets: Vec<&ModeSet> = MODE_SETS
-        .iter()
-        .filter(|s| s.storage[0] != StorageMode::Q4 && only.is_none_or(|o| s.name.contains(o)))
-        .collect();
+    let sets: Vec<&ModeSet> =
+        MODE_SETS.iter().filter(|s| s.storage[0] != StorageMode::Q4 && only.is_none_or(|o| s.name.contains(o))).collect();
     eprintln!("attention: MLX device {:?}", mlx_rs::Device::default());
     let mut out = Vec::new();
     let given: Vec<(usize, &[usize])> = match points {
