@@ -102,6 +102,33 @@ impl Hot {
     }
 }
 
+/// The first window position in `[lo, hi)` that some row reads hot (`hi` when none): every
+/// row's positions before it are compact, so an overlay need only cover `[hot_from, hi)`, about
+/// the hot window for rows of similar lengths rather than the whole history.
+pub(crate) fn hot_from(bases: &[usize], starts: &[usize], (lo, hi): (usize, usize)) -> usize {
+    bases.iter().zip(starts).map(|(&base, &start)| base.max(start)).min().unwrap_or(hi).clamp(lo, hi)
+}
+
+/// `x` with its positions along `axis` from `at` on replaced by `tail` of them (the positions
+/// before kept, converted to the tail's dtype): an overlay that gathers and selects over the
+/// span it changes only. `x` itself when `at` is past the end.
+pub(crate) fn with_tail(x: &Array, axis: usize, at: usize, tail: impl FnOnce(Array) -> Result<Array>) -> Result<Array> {
+    let shape: Vec<usize> = x.shape().iter().map(|&d| d as usize).collect();
+    if at >= shape[axis] {
+        return Ok(x.clone());
+    }
+    let mut start = vec![0; shape.len()];
+    start[axis] = at;
+    let tail = tail(mlx_ops::slice(x, &start, &shape)?)?;
+    if at == 0 {
+        return Ok(tail);
+    }
+    let mut stop = shape;
+    stop[axis] = at;
+    let head = mlx_ops::astype(&mlx_ops::slice(x, &vec![0; stop.len()], &stop)?, tail.dtype())?;
+    mlx_math::concatenate(&[&head, &tail], axis as i32)
+}
+
 /// Where each row's hot values sit for window positions `[lo, hi)`: for row `b`, position `p`'s
 /// index in its hot row (`p - bases[b]`, clamped into `[0, capacity)`), and whether `p` is read
 /// hot (at or after the row's first hot position and inside its hot row). Row-major
@@ -345,8 +372,12 @@ impl LatentCache {
         }
         let values = mlx_ops::astype(&store.window_in(hot_pending, family, rows, 0, capacity)?, dtype)?;
         let starts = Self::hot_starts_of(layout, converted);
-        let (aligned, is_hot) = align_hot(&values, &bases[rows.0..rows.1], &starts[rows.0..rows.1], (lo, hi))?;
-        mlx_math::select(&is_hot, &aligned, &cold)
+        let (bases, starts) = (&bases[rows.0..rows.1], &starts[rows.0..rows.1]);
+        let from = hot_from(bases, starts, (lo, hi));
+        with_tail(&cold, 1, from - lo, |tail| {
+            let (aligned, is_hot) = align_hot(&values, bases, starts, (from, hi))?;
+            mlx_math::select(&is_hot, &aligned, &tail)
+        })
     }
 
     /// One family's values over the whole window `[rows, offset, width]` (see `LatentState`):

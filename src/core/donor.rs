@@ -9,7 +9,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::cache::LatentCache;
 use super::codec::{StorageMode, AFFINE_GROUP};
-use super::composed::{align_hot, hot_alignment};
+use super::composed::{align_hot, hot_alignment, hot_from, with_tail};
 use super::cuda_kernel;
 use super::decode_kernel;
 use super::dsa_kernel;
@@ -49,7 +49,7 @@ pub struct Donor {
     /// The window's alignment to the hot rows (`window_alignment`), built on first use: an
     /// attention reads it for the rope scores, the latent scores and the weighted latent, and
     /// every composed family's hot rows share one capacity.
-    alignment: std::cell::OnceCell<(usize, Array, Array)>,
+    alignment: std::cell::OnceCell<(usize, usize, Array, Array)>,
 }
 
 /// The hot side of a composed cache as captured: each composed family's hot rows `[B,
@@ -136,9 +136,12 @@ impl Donor {
         let cold = mode.decode(self.parts(family), self.geometry.width(family).expect("present"))?;
         match self.hot_values(family) {
             Some((hot, bases, starts)) => {
-                let (aligned, is_hot) = align_hot(hot, bases, starts, (0, self.offset))?;
-                let (cold, aligned) = same_dtype(cold, aligned)?;
-                mlx_math::select(&is_hot, &aligned, &cold)
+                let from = hot_from(bases, starts, (0, self.offset));
+                with_tail(&cold, 1, from, |tail| {
+                    let (aligned, is_hot) = align_hot(hot, bases, starts, (from, self.offset))?;
+                    let (tail, aligned) = same_dtype(tail, aligned)?;
+                    mlx_math::select(&is_hot, &aligned, &tail)
+                })
             }
             None => Ok(cold),
         }
@@ -157,30 +160,34 @@ impl Donor {
         Some((values, hot.bases.as_slice(), hot.starts.as_slice()))
     }
 
-    /// Where the window positions `[0, T)` of each row sit in its hot row (`[B, 1, 1, T]`
-    /// indices) and whether each is read hot (`[B, 1, 1, T]` mask), for a hot row of `capacity`.
-    /// Built once per donor and capacity (the host loop runs over every row's window).
-    fn window_alignment(&self, bases: &[usize], starts: &[usize], capacity: usize) -> Result<(Array, Array)> {
-        if let Some((built_for, at, mask)) = self.alignment.get() {
+    /// The first window position some row reads hot (`hot_from`), and where the window positions
+    /// `[from, T)` of each row sit in its hot row (`[B, 1, 1, T - from]` indices) and whether each
+    /// is read hot (a mask of that shape), for a hot row of `capacity`. Built once per donor and
+    /// capacity (the host loop runs over every row's span).
+    fn window_alignment(&self, bases: &[usize], starts: &[usize], capacity: usize) -> Result<(usize, Array, Array)> {
+        if let Some((built_for, from, at, mask)) = self.alignment.get() {
             if *built_for == capacity {
-                return Ok((at.clone(), mask.clone()));
+                return Ok((*from, at.clone(), mask.clone()));
             }
         }
-        let (at, is_hot) = hot_alignment(bases, starts, capacity, (0, self.offset));
-        let shape = [bases.len(), 1, 1, self.offset];
+        let from = hot_from(bases, starts, (0, self.offset));
+        let (at, is_hot) = hot_alignment(bases, starts, capacity, (from, self.offset));
+        let shape = [bases.len(), 1, 1, self.offset - from];
         let mask = mlx_math::greater_equal(&mlx_ops::indices(&is_hot, &shape), &mlx_ops::indices(&[1], &[1]))?;
         let at = mlx_ops::indices(&at, &shape);
-        let _ = self.alignment.set((capacity, at.clone(), mask.clone()));
-        Ok((at, mask))
+        let _ = self.alignment.set((capacity, from, at.clone(), mask.clone()));
+        Ok((from, at, mask))
     }
 
     /// `x` (`[B, 1, N, T]`, over the window) with each row's hot positions from `hot_part`
     /// (`[B, 1, N, capacity]`, over its hot row).
     fn overlay_positions(&self, x: &Array, hot_part: &Array, bases: &[usize], starts: &[usize]) -> Result<Array> {
-        let (at, is_hot) = self.window_alignment(bases, starts, hot_part.shape()[3] as usize)?;
-        let aligned = mlx_math::take_along_axis(hot_part, &at, 3)?;
-        let (x, aligned) = same_dtype(x.clone(), aligned)?;
-        mlx_math::select(&is_hot, &aligned, &x)
+        let (from, at, is_hot) = self.window_alignment(bases, starts, hot_part.shape()[3] as usize)?;
+        with_tail(x, 3, from, |tail| {
+            let aligned = mlx_math::take_along_axis(hot_part, &at, 3)?;
+            let (tail, aligned) = same_dtype(tail, aligned)?;
+            mlx_math::select(&is_hot, &aligned, &tail)
+        })
     }
 
     /// `[B, H, Lq, n]` -> `[B, 1, H * Lq, n]`: every head's queries as rows of one product with a
@@ -222,8 +229,8 @@ impl Donor {
         // With hot positions, the compact parts take the probabilities of the compact ones only.
         let cold_probs = match hot {
             Some((values, bases, starts)) => {
-                let (_, is_hot) = self.window_alignment(bases, starts, values.shape()[1] as usize)?;
-                mlx_math::select(&is_hot, &mlx_ops::scalar(0.0), &folded)?
+                let (from, _, is_hot) = self.window_alignment(bases, starts, values.shape()[1] as usize)?;
+                with_tail(&folded, 3, from, |tail| mlx_math::select(&is_hot, &mlx_ops::scalar(0.0), &tail))?
             }
             None => folded.clone(),
         };
