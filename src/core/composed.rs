@@ -151,14 +151,36 @@ pub(crate) fn hot_alignment(
     (at, is_hot)
 }
 
-/// `values` (`[rows, capacity, width]`, hot rows) laid out at window positions `[lo, hi)`,
-/// `[rows, hi - lo, width]`, and the mask `[rows, hi - lo, 1]` of the positions read hot.
-pub(crate) fn align_hot(values: &Array, bases: &[usize], starts: &[usize], (lo, hi): (usize, usize)) -> Result<(Array, Array)> {
+/// `cold` (`[rows, hi - lo, width]`, window positions `[lo, hi)`) with each row's hot positions
+/// read from `values` (`[rows, capacity, width]`, its hot rows), in float32 where the two
+/// dtypes differ (see `same_dtype`). Only the span from the first hot position on is aligned
+/// and selected (`hot_from`, `with_tail`).
+pub(crate) fn overlay_hot(
+    cold: &Array,
+    values: &Array,
+    bases: &[usize],
+    starts: &[usize],
+    (lo, hi): (usize, usize),
+) -> Result<Array> {
     let (rows, capacity) = (bases.len(), values.shape()[1] as usize);
-    let (at, is_hot) = hot_alignment(bases, starts, capacity, (lo, hi));
-    let aligned = mlx_math::take_along_axis(values, &mlx_ops::indices(&at, &[rows, hi - lo, 1]), 1)?;
-    let mask = mlx_math::greater_equal(&mlx_ops::indices(&is_hot, &[rows, hi - lo, 1]), &mlx_ops::indices(&[1], &[1]))?;
-    Ok((aligned, mask))
+    let from = hot_from(bases, starts, (lo, hi));
+    with_tail(cold, 1, from - lo, |tail| {
+        let (at, is_hot) = hot_alignment(bases, starts, capacity, (from, hi));
+        let shape = [rows, hi - from, 1];
+        let aligned = mlx_math::take_along_axis(values, &mlx_ops::indices(&at, &shape), 1)?;
+        let mask = mlx_math::greater_equal(&mlx_ops::indices(&is_hot, &shape), &mlx_ops::indices(&[1], &[1]))?;
+        let (tail, aligned) = same_dtype(tail, aligned)?;
+        mlx_math::select(&mask, &aligned, &tail)
+    })
+}
+
+/// `a` and `b` in one dtype: float32 where they differ (a hot float32 value over bfloat16
+/// storage keeps its precision).
+pub(crate) fn same_dtype(a: Array, b: Array) -> Result<(Array, Array)> {
+    if a.dtype() == b.dtype() {
+        return Ok((a, b));
+    }
+    Ok((mlx_ops::astype(&a, Dtype::Float32)?, mlx_ops::astype(&b, Dtype::Float32)?))
 }
 
 impl LatentCache {
@@ -372,12 +394,7 @@ impl LatentCache {
         }
         let values = mlx_ops::astype(&store.window_in(hot_pending, family, rows, 0, capacity)?, dtype)?;
         let starts = Self::hot_starts_of(layout, converted);
-        let (bases, starts) = (&bases[rows.0..rows.1], &starts[rows.0..rows.1]);
-        let from = hot_from(bases, starts, (lo, hi));
-        with_tail(&cold, 1, from - lo, |tail| {
-            let (aligned, is_hot) = align_hot(&values, bases, starts, (from, hi))?;
-            mlx_math::select(&is_hot, &aligned, &tail)
-        })
+        overlay_hot(&cold, &values, &bases[rows.0..rows.1], &starts[rows.0..rows.1], (lo, hi))
     }
 
     /// One family's values over the whole window `[rows, offset, width]` (see `LatentState`):

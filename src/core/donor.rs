@@ -9,7 +9,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::cache::LatentCache;
 use super::codec::{StorageMode, AFFINE_GROUP};
-use super::composed::{align_hot, hot_alignment, hot_from, with_tail};
+use super::composed::{hot_alignment, hot_from, overlay_hot, same_dtype, with_tail};
 use super::cuda_kernel;
 use super::decode_kernel;
 use super::dsa_kernel;
@@ -135,14 +135,7 @@ impl Donor {
         let mode = self.geometry.storage(family);
         let cold = mode.decode(self.parts(family), self.geometry.width(family).expect("present"))?;
         match self.hot_values(family) {
-            Some((hot, bases, starts)) => {
-                let from = hot_from(bases, starts, (0, self.offset));
-                with_tail(&cold, 1, from, |tail| {
-                    let (aligned, is_hot) = align_hot(hot, bases, starts, (from, self.offset))?;
-                    let (tail, aligned) = same_dtype(tail, aligned)?;
-                    mlx_math::select(&is_hot, &aligned, &tail)
-                })
-            }
+            Some((hot, bases, starts)) => overlay_hot(&cold, hot, bases, starts, (0, self.offset)),
             None => Ok(cold),
         }
     }
@@ -717,13 +710,4 @@ impl KernelInputs<'_> {
             _ => None,
         }
     }
-}
-
-/// `a` and `b` in one dtype: float32 where they differ (a hot float32 value over bfloat16
-/// storage keeps its precision).
-fn same_dtype(a: Array, b: Array) -> Result<(Array, Array)> {
-    if a.dtype() == b.dtype() {
-        return Ok((a, b));
-    }
-    Ok((mlx_ops::astype(&a, Dtype::Float32)?, mlx_ops::astype(&b, Dtype::Float32)?))
 }
