@@ -12,6 +12,7 @@ use super::codec::{StorageMode, AFFINE_GROUP};
 use super::composed::{hot_alignment, hot_from, overlay_hot, same_dtype, with_tail};
 use super::cuda_kernel;
 use super::decode_kernel;
+use super::decode_metal;
 use super::dsa_kernel;
 use super::error::{fail, Result};
 use super::families::Families;
@@ -561,6 +562,32 @@ impl Donor {
         decode_kernel::attend(q_latent, q_rope, latent, rope, &self.row_ranges(), scale, mode == MaskMode::Causal).map(Some)
     }
 
+    /// Attention on an Apple GPU without a mask array over float32, bfloat16 or float16 storage
+    /// (latent and rope in the queries' dtype, not composed): the split-K kernel of
+    /// `decode_metal`. `None` where it does not apply.
+    fn metal_decode(&self, q: &Query) -> Result<Option<Array>> {
+        let Query { q_latent, q_rope, scale, mode, extra, .. } = *q;
+        let g = &self.geometry;
+        let float = matches!(g.latent_storage, StorageMode::F32 | StorageMode::Bf16 | StorageMode::F16);
+        if !float
+            || g.rope_storage != g.latent_storage
+            || extra.is_some()
+            || mode == MaskMode::Array
+            || self.hot_values(Family::Latent).is_some()
+            || self.hot_values(Family::Rope).is_some()
+            || q_rope.dtype() != q_latent.dtype()
+        {
+            return Ok(None);
+        }
+        let (latent, rope) = (&self.parts(Family::Latent)[0], &self.parts(Family::Rope)[0]);
+        let kernel = KernelInputs { storage: latent.dtype(), packing: None, q };
+        let causal = mode == MaskMode::Causal;
+        if !decode_metal::applies(latent.dtype(), q_latent.dtype(), &kernel.shape(self, self.offset), causal) {
+            return Ok(None);
+        }
+        decode_metal::attend(q_latent, q_rope, latent, rope, &self.row_ranges(), scale, causal).map(Some)
+    }
+
     /// `kernel_decode` over composed storage: each row's compact positions (the packed latent,
     /// the stored rope) in one pass, its hot ones (the hot latent, the rope at the same
     /// positions) in another, one combine over both, so the row's softmax spans them. The rope
@@ -647,6 +674,9 @@ impl Donor {
             (_, None) => None,
         };
         let query = Query { q_latent, q_rope, scale, mode, extra, queries };
+        if let Some(out) = self.metal_decode(&query)? {
+            return Ok(out);
+        }
         if let Some(out) = self.kernel_decode(&query)? {
             return Ok(out);
         }

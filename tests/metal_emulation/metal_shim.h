@@ -1,0 +1,117 @@
+// A CPU emulation of the Metal Shading Language features the library's Metal kernels use, so
+// that their sources (src/core/decode_metal.rs) run on machines without an Apple GPU: every
+// thread of a threadgroup is an OS thread, threadgroup memory is shared by them (threadgroups
+// run one after another), and SIMD-group shuffles exchange values through a barrier of the
+// group's 32 lanes. It checks the kernels' logic (indices, reductions, masks, the online
+// softmax), not Metal's compiler or its speed.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+typedef unsigned int uint;
+typedef unsigned short ushort;
+struct uint3 {
+  uint x, y, z;
+};
+
+// Address spaces: device and constant memory are plain memory here; threadgroup variables are
+// shared by the threads of the (one running) threadgroup.
+#define device
+#define constant
+#define threadgroup static
+
+using std::exp2;
+using std::fma;
+using std::max;
+using std::min;
+
+// MLX's bfloat16_t, as 16 bits converted exactly to and from float (round to nearest even).
+struct bfloat16_t {
+  uint16_t bits;
+  bfloat16_t() = default;
+  explicit bfloat16_t(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    bits = static_cast<uint16_t>(u >> 16);
+  }
+  explicit operator float() const {
+    uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+typedef _Float16 float16_t;
+
+enum class mem_flags { mem_none, mem_device, mem_threadgroup };
+
+struct SimdGroup {
+  std::barrier<> bar{32};
+  float slot[32];
+};
+
+struct Lane {
+  uint lane;
+  SimdGroup* simd;
+  std::barrier<>* group;
+};
+
+inline thread_local Lane lc_lane;
+
+inline void threadgroup_barrier(mem_flags) { lc_lane.group->arrive_and_wait(); }
+
+inline float simd_shuffle(float v, ushort from) {
+  SimdGroup& g = *lc_lane.simd;
+  g.slot[lc_lane.lane] = v;
+  g.bar.arrive_and_wait();
+  const float r = g.slot[from];
+  g.bar.arrive_and_wait();
+  return r;
+}
+
+inline float simd_shuffle_xor(float v, ushort mask) { return simd_shuffle(v, lc_lane.lane ^ mask); }
+
+// The kernel attributes the sources use, as Metal passes them.
+struct Attributes {
+  uint thread_index_in_threadgroup, thread_index_in_simdgroup, simdgroup_index_in_threadgroup;
+  uint3 threadgroup_position_in_grid, threadgroups_per_grid, thread_position_in_threadgroup;
+};
+
+#define LC_ATTRIBUTES(a)                                                  \
+  const uint thread_index_in_threadgroup = a.thread_index_in_threadgroup; \
+  const uint thread_index_in_simdgroup = a.thread_index_in_simdgroup;     \
+  const uint simdgroup_index_in_threadgroup = a.simdgroup_index_in_threadgroup; \
+  const uint3 threadgroup_position_in_grid = a.threadgroup_position_in_grid; \
+  const uint3 threadgroups_per_grid = a.threadgroups_per_grid;            \
+  const uint3 thread_position_in_threadgroup = a.thread_position_in_threadgroup;
+
+// Runs `kernel` over `groups` threadgroups of `threads` threads (a multiple of 32), one
+// threadgroup at a time.
+inline void dispatch(uint3 groups, uint threads, const std::function<void(const Attributes&)>& kernel) {
+  for (uint z = 0; z < groups.z; z++) {
+    for (uint y = 0; y < groups.y; y++) {
+      for (uint x = 0; x < groups.x; x++) {
+        std::barrier<> group(threads);
+        std::vector<std::unique_ptr<SimdGroup>> simds;
+        for (uint s = 0; s < threads / 32; s++) simds.push_back(std::make_unique<SimdGroup>());
+        std::vector<std::thread> pool;
+        for (uint t = 0; t < threads; t++) {
+          pool.emplace_back([&, t] {
+            lc_lane = Lane{t % 32, simds[t / 32].get(), &group};
+            Attributes a{t, t % 32, t / 32, {x, y, z}, groups, {t, 0, 0}};
+            kernel(a);
+          });
+        }
+        for (auto& th : pool) th.join();
+      }
+    }
+  }
+}
