@@ -1,17 +1,18 @@
-//! Attention over 16-bit float storage, and over a Q8, Q4 or FP8 latent with bfloat16 rope, in the
+//! Attention over float storage, and over a Q8, Q4 or FP8 latent with bfloat16 rope, in the
 //! decode step's shape (one query per row) and a speculative verify's (a few queries per row,
 //! causal or not): against an independent float64 computation over the values the reference
 //! model says each row holds (for a packed latent, its decoded values), at GLM-5.2's widths and
 //! head count, with padded and ragged rows, lengths that do not fill a tile, and head-query
 //! pairs past one 64-row block. On MLX's CUDA backend this is the split-K
 //! kernel's test (each case checks that the kernel ran, and on a compute capability 9.0 GPU runs
-//! with its wgmma partial pass and with the mma.sync one); elsewhere the same cases check the
-//! MLX-ops path, which the kernel falls back to.
+//! with its wgmma partial pass and with the mma.sync one); on an Apple GPU it is the Metal
+//! kernel's test for float storage that is not composed (`decode_metal`; each such case checks
+//! that it ran); elsewhere the same cases check the MLX-ops path, which the kernels fall back to.
 mod common;
 
 use common::model::{Model, Rng};
 use latent_cache::core::donor::MaskMode;
-use latent_cache::core::{cuda_kernel, decode_kernel, decode_wgmma};
+use latent_cache::core::{cuda_kernel, decode_kernel, decode_metal, decode_wgmma};
 use latent_cache::core::{mlx_math, mlx_ops};
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::{Array, Dtype};
@@ -56,6 +57,7 @@ fn narrowed(v: &[f32], dtype: Dtype) -> Vec<f32> {
 fn run(case: &Case, rng: &mut Rng) -> bool {
     let dtype = match case.mode {
         StorageMode::F16 => Dtype::Float16,
+        StorageMode::F32 => Dtype::Float32,
         _ => Dtype::Bfloat16,
     };
     let packing = match case.mode {
@@ -153,7 +155,10 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         // Every case here fits a Hopper-class GPU: there the kernel must be the one tested.
         assert!(on_cuda, "the kernel applies to {sizes:?} on this GPU");
     }
-    let tolerance = if on_cuda { KERNEL_TOLERANCE } else { FALLBACK_TOLERANCE };
+    // On an Apple GPU: the Metal kernel, over float storage that is not composed.
+    let metal = |mode: MaskMode| {
+        packing.is_none() && case.hot_window == 0 && decode_metal::applies(dtype, dtype, &sizes, mode == MaskMode::Causal)
+    };
     // On a compute capability 9.0 GPU the partial pass is the wgmma one where its widths fit (16-bit
     // float storage only: with a packed latent, composed storage's hot pass).
     let wgmma = on_cuda
@@ -163,6 +168,8 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         && case.rank % 128 == 0
         && case.rope % 32 == 0;
     for mode in [MaskMode::None, MaskMode::Causal] {
+        let kernel = on_cuda || metal(mode);
+        let tolerance = if kernel { KERNEL_TOLERANCE } else { FALLBACK_TOLERANCE };
         let before = decode_kernel::KERNEL.launches();
         let before_wgmma = decode_wgmma::KERNEL.launches();
         let out = donor.attend(&arr(&q_latent, case.rank), &arr(&q_rope, case.rope), scale, mode, None).unwrap();
@@ -177,7 +184,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
             case.hot_window,
             cache.converted_positions()
         );
-        assert_eq!(decode_kernel::KERNEL.launches() - before, on_cuda as usize, "{what}: where the kernel applies it runs");
+        assert_eq!(decode_kernel::KERNEL.launches() - before, kernel as usize, "{what}: where a kernel applies it runs");
         assert_eq!(decode_wgmma::KERNEL.launches() - before_wgmma, wgmma as usize, "{what}: the wgmma pass where it applies");
         assert_eq!(out.shape(), &shape(case.rank));
         for b in 0..batch {
@@ -238,6 +245,9 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         // GLM-5.2's layer: a length past many tiles that does not fill the last one.
         case(Bf16, 512, 64, (64, 1), RightJustified, &[0], 2900, 3),
         case(F16, 512, 64, (64, 1), RightJustified, &[0], 700, 1),
+        // Float32 storage (the Metal kernel's; MLX's ops on CUDA).
+        case(F32, 512, 64, (64, 1), RightJustified, &[0, 37], 700, 2),
+        case(F32, 128, 64, (40, 2), Ragged, &[2, 0], 90, 2),
         // Padded rows of different lengths, in both layouts.
         case(Bf16, 512, 64, (64, 1), RightJustified, &[0, 37, 200], 1100, 2),
         case(Bf16, 512, 64, (64, 1), Ragged, &[5, 0], 300, 9),

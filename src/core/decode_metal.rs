@@ -269,7 +269,7 @@ fn probed(key: ProbeKey) -> bool {
     if let Some(&(_, passed)) = probes.iter().find(|(k, _)| *k == key) {
         return passed;
     }
-    let passed = match probe(key) {
+    let passed = match probe(key, launch) {
         Ok(error) if error <= PROBE_TOLERANCE => true,
         outcome => {
             eprintln!(
@@ -288,10 +288,13 @@ fn probed(key: ProbeKey) -> bool {
 /// rounding only; a wrong index or mask is off by far more.
 const PROBE_TOLERANCE: f64 = 1e-3;
 
-/// Runs the kernel for `key` over a small problem (two rows, one padded and ragged, 300
+/// `attend`'s signature: the kernel's launch, or a stand-in in tests.
+type Attend = fn(&Array, &Array, &Array, &Array, &[(usize, usize)], f32, bool) -> Result<Array>;
+
+/// Runs the kernel for `key` (`run`) over a small problem (two rows, one padded and ragged, 300
 /// positions in several splits) of values exact in every storage dtype, and returns its largest
 /// difference from a float64 computation on the host, relative to the largest output.
-fn probe((dtype, rank, rope, heads, queries, causal): ProbeKey) -> Result<f64> {
+fn probe((dtype, rank, rope, heads, queries, causal): ProbeKey, run: Attend) -> Result<f64> {
     let (batch, positions, ranges) = (2, 300, [(0usize, 300usize), (7, 290)]);
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut values = |n: usize| -> Vec<f32> {
@@ -307,7 +310,7 @@ fn probe((dtype, rank, rope, heads, queries, causal): ProbeKey) -> Result<f64> {
     let (ql, qr) = (values(batch * heads * queries * rank), values(batch * heads * queries * rope));
     let (lat, rop) = (values(batch * positions * rank), values(batch * positions * rope));
     let array = |data: &[f32], shape: &[usize]| mlx_ops::astype(&mlx_ops::from_host(data, shape, "probe")?, dtype);
-    let out = launch(
+    let out = run(
         &array(&ql, &[batch, heads, queries, rank])?,
         &array(&qr, &[batch, heads, queries, rope])?,
         &array(&lat, &[batch, positions, rank])?,
@@ -405,4 +408,60 @@ fn launch(
         },
     )?;
     Ok(out.into_iter().next().expect("one output"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attention computed on the host in float32 from the inputs' values, with `skew` added to
+    /// the first position each row's queries see (0: right).
+    fn host(inputs: [&Array; 4], ranges: &[(usize, usize)], scale: f32, causal: bool, skew: usize) -> Result<Array> {
+        let [q_l, q_r, lat, rope] = inputs;
+        let read = |a: &Array| mlx_ops::to_host(&mlx_ops::astype(a, Dtype::Float32)?);
+        let (ql, qr, l, r) = (read(q_l)?, read(q_r)?, read(lat)?, read(rope)?);
+        let (s, t) = (q_l.shape(), lat.shape()[1] as usize);
+        let (heads, queries, rank, width) = (s[1] as usize, s[2] as usize, s[3] as usize, q_r.shape()[3] as usize);
+        let mut out = Vec::new();
+        for (b, &(lo, hi)) in ranges.iter().enumerate() {
+            for row in 0..heads * queries {
+                let q = b * heads * queries + row;
+                let end = if causal { hi - queries + 1 + row % queries } else { hi };
+                let dot = |p: usize| -> f32 {
+                    let a: f32 = (0..rank).map(|c| ql[q * rank + c] * l[(b * t + p) * rank + c]).sum();
+                    a + (0..width).map(|c| qr[q * width + c] * r[(b * t + p) * width + c]).sum::<f32>()
+                };
+                let w: Vec<f32> = (lo + skew..end).map(|p| (scale * dot(p)).exp()).collect();
+                let total: f32 = w.iter().sum();
+                for c in 0..rank {
+                    out.push((lo + skew..end).zip(&w).map(|(p, w)| w * l[(b * t + p) * rank + c]).sum::<f32>() / total);
+                }
+            }
+        }
+        mlx_ops::from_host(&out, &[ranges.len(), heads, queries, rank], "host attention")
+    }
+
+    fn right(a: &Array, b: &Array, c: &Array, d: &Array, r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
+        host([a, b, c, d], r, s, causal, 0)
+    }
+
+    fn misses_first(a: &Array, b: &Array, c: &Array, d: &Array, r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
+        host([a, b, c, d], r, s, causal, 1)
+    }
+
+    fn noncausal(a: &Array, b: &Array, c: &Array, d: &Array, r: &[(usize, usize)], s: f32, _: bool) -> Result<Array> {
+        host([a, b, c, d], r, s, false, 0)
+    }
+
+    /// The probe passes an attention computed right and fails ones that miss a row's first
+    /// position or ignore the causal mask, so a defective kernel is turned off, a sound one kept.
+    #[test]
+    fn probe_tells_right_attention_from_wrong() {
+        for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+            let key = (dtype, 64, 32, 3, 2, true);
+            assert!(probe(key, right).unwrap() <= PROBE_TOLERANCE, "{dtype:?}: right attention passes");
+            assert!(probe(key, misses_first).unwrap() > 10.0 * PROBE_TOLERANCE, "{dtype:?}: a missed position fails");
+            assert!(probe(key, noncausal).unwrap() > 10.0 * PROBE_TOLERANCE, "{dtype:?}: an ignored mask fails");
+        }
+    }
 }
