@@ -1089,7 +1089,15 @@ latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
 // and `Q4` as MLX's `dequantize` decodes them; `FP8` codes times their scale, rounded to
 // bfloat16). Composed storage with `BF16` hot positions over such a latent takes the same
 // kernel, one pass over each side (O(hot window) extra where rows' hot positions start apart). It is compiled at the first call with each scale (a model
-// has one); past eight scales in a process, further scales run MLX's ops. Elsewhere, MLX's
+// has one); past eight scales in a process, further scales run MLX's ops.
+//
+// On Apple GPUs (MLX's Metal backend), mode `NONE` or `CAUSAL` over latent and rope stored in
+// the queries' dtype (`F32`, `BF16` or `F16`, not composed), with widths that are multiples of
+// 32, runs the library's Metal split-K kernel: the same formula in float32 arithmetic. It is
+// **untested on Apple hardware**, so the first call of a process with each shape (dtype, widths,
+// heads, queries, causal) first runs it on a small problem and compares it with a float64
+// computation on the host (an evaluation, so that call takes the evaluation lock); where it
+// fails, it is off for that shape (a line on stderr) and MLX's ops compute it. Elsewhere, MLX's
 // ops.
 //
 // Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE` (a query's batch or width), `INVALID_ARGUMENT`

@@ -2,6 +2,7 @@
 //! (mlx-c's `mlx_fast_cuda_kernel_*`; MLX compiles each source with NVRTC at its first
 //! evaluation and caches it), applied lazily on the library's stream like any MLX operation.
 //! The kernels themselves live with what they compute (`decode_kernel`, `codec`'s FP8 encoding).
+//! `Source`, `Launch` and `Switch` describe the Metal kernels too (`metal_kernel`).
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;

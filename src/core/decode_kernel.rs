@@ -18,8 +18,8 @@
 //! - `combine`: each output channel sums the splits, weighted by `exp(max_s - max)`.
 //!
 //! Taken by `Donor::attend` where it applies (see `applies`); the MLX-ops path is the fallback
-//! and the reference it is tested against (`tests/decode_kernel.rs`, run on an H200). Metal has
-//! no counterpart yet.
+//! and the reference it is tested against (`tests/decode_kernel.rs`, run on an H200). Its Metal
+//! counterpart is `decode_metal`.
 use std::sync::Mutex;
 
 use mlx_rs::{Array, Dtype};
