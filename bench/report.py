@@ -124,12 +124,19 @@ def mode_goals(by, records):
     if not modes:
         return out
     ctx = contexts_of([r for r in records if r["system"] in modes], "decode", 1)
+    # Issue 10 names 1K to 64K; a run reaching further (128K on a GPU) reports that growth too.
+    # (A run without a 64K point is judged at its longest, as long as that reaches 64K.)
+    upto = 65536 if 65536 in ctx else ctx[-1]
     for m in modes:
-        a, b = by.get((m, "decode", 1, ctx[0])), by.get((m, "decode", 1, ctx[-1]))
-        if a and b and ctx[0] == 1024 and ctx[-1] >= 65536:
+        a, b = by.get((m, "decode", 1, ctx[0])), by.get((m, "decode", 1, upto))
+        if a and b and ctx[0] == 1024 and upto >= 65536:
             g = b["median_us"] / a["median_us"]
-            out.append({"goal": f"{m}: step flat from 1K to {ctx[-1] // 1024}K (at most 1.25x)", "met": g <= 1.25,
-                        "detail": f"{g:.2f}x"})
+            detail = f"{g:.2f}x"
+            z = by.get((m, "decode", 1, ctx[-1]))
+            if z and ctx[-1] > upto:
+                detail += f" (to {ctx[-1] // 1024}K: {z['median_us'] / a['median_us']:.2f}x)"
+            out.append({"goal": f"{m}: step flat from 1K to {upto // 1024}K (at most 1.25x)", "met": g <= 1.25,
+                        "detail": detail})
     for m in modes:
         if m == MODE_F32:
             continue
@@ -143,17 +150,24 @@ def mode_goals(by, records):
         if worst is not None:
             out.append({"goal": f"{m}: decode step within {limit}x of f32 (points measured side by side)",
                         "met": worst <= limit, "detail": f"worst {worst:.2f}x"})
-    worst = None
-    for r in records:
-        if r["system"] in modes and r["scenario"] == "decode" and r["bytes_held_per_token"] is not None:
-            if "composed" in r["system"]:
-                continue
-            allowed = r["bytes_per_token"] * 1.01 + r["bytes_per_token"] * GROWTH_CHUNK / r["context"]
-            excess = r["bytes_held_per_token"] / allowed
+    # Issue 10 names the memory held after a reserved fill of 32K positions (CPU) or 128K (GPU):
+    # the goal is judged at each mode's longest fill; the shorter fills, where the allocator's
+    # rounding of small buffers weighs most, are reported beside it.
+    worst, worst_any, longest = None, None, None
+    held = [r for r in records if r["system"] in modes and "composed" not in r["system"]
+            and r["scenario"] == "decode" and r["bytes_held_per_token"] is not None]
+    for r in held:
+        allowed = r["bytes_per_token"] * 1.01 + r["bytes_per_token"] * GROWTH_CHUNK / r["context"]
+        excess = r["bytes_held_per_token"] / allowed
+        worst_any = excess if worst_any is None else max(worst_any, excess)
+        if r["context"] == max(x["context"] for x in held if x["system"] == r["system"]):
             worst = excess if worst is None else max(worst, excess)
+            longest = r["context"] if longest is None else min(longest, r["context"])
     if worst is not None:
-        out.append({"goal": "storage modes: memory per stored token within 1% of bytes_per_token plus one growth chunk",
-                    "met": worst <= 1.0, "detail": f"worst point holds {worst:.3f}x the allowance"})
+        out.append({"goal": f"storage modes: memory per stored token within 1% of bytes_per_token plus one growth "
+                            f"chunk, after a reserved fill of {longest // 1024}K",
+                    "met": worst <= 1.0, "detail": f"worst mode holds {worst:.3f}x the allowance (at every fill "
+                                                   f"measured, from 1K: worst {worst_any:.3f}x)"})
     # Composed storage: the compact allowance plus a hot side of at most twice (window + block)
     # positions per row in bfloat16, every family of GLM-5.2 (95,232 bytes per position).
     worst = None
