@@ -87,11 +87,11 @@ unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
 /// Kernels made so far: name, shared memory, the kernel.
-type Made = Vec<(&'static str, usize, &'static Kernel)>;
+pub(crate) type Made<K> = Mutex<Vec<(&'static str, usize, &'static K)>>;
 
-static KERNELS: Lazy<Mutex<Made>> = Lazy::new(|| Mutex::new(Vec::new()));
+static KERNELS: Lazy<Made<Kernel>> = Lazy::new(|| Mutex::new(Vec::new()));
 
-fn cstr(s: &str) -> CString {
+pub(crate) fn cstr(s: &str) -> CString {
     CString::new(s).expect("kernel names and sources hold no NUL")
 }
 
@@ -108,42 +108,59 @@ pub(crate) struct Source {
     pub contiguous: bool,
 }
 
-/// The kernel of `source` with `shared` bytes of dynamic shared memory, made on first use.
-pub(crate) fn kernel(source: &'static Source, shared: usize) -> Result<&'static Kernel> {
-    let Source { name, inputs, outputs, header, body, contiguous } = *source;
-    let mut kernels = KERNELS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((_, _, k)) = kernels.iter().find(|(n, s, _)| *n == name && *s == shared) {
+/// The kernel object of `source` with `shared` bytes of dynamic shared memory from `made`, or
+/// made by `make` (given mlx-c vectors of the input and output names; `None` where MLX made no
+/// kernel) and kept for the process: for this module and `metal_kernel`.
+pub(crate) fn made_once<K: Sync>(
+    made: &Made<K>,
+    source: &'static Source,
+    shared: usize,
+    make: impl FnOnce(mlx_sys::mlx_vector_string, mlx_sys::mlx_vector_string) -> Option<K>,
+) -> Result<&'static K> {
+    let mut kernels = made.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, _, k)) = kernels.iter().find(|(n, s, _)| *n == source.name && *s == shared) {
         return Ok(k);
     }
-    // SAFETY: plain mlx-c constructors; the name vectors are freed once the kernel holds copies.
-    let made = unsafe {
-        let names = [inputs, outputs].map(|list| {
+    // SAFETY: the vectors are made, filled with copies of the names, and freed once `make`,
+    // whose constructor copies them, returns.
+    let k = unsafe {
+        let names = [source.inputs, source.outputs].map(|list| {
             let v = mlx_sys::mlx_vector_string_new();
             for n in list {
                 mlx_sys::mlx_vector_string_append_value(v, cstr(n).as_ptr());
             }
             v
         });
-        let k = mlx_sys::mlx_fast_cuda_kernel_new(
-            cstr(name).as_ptr(),
-            names[0],
-            names[1],
-            cstr(body).as_ptr(),
-            cstr(header).as_ptr(),
-            contiguous,
-            shared as i32,
-        );
+        let k = make(names[0], names[1]);
         for v in names {
             mlx_sys::mlx_vector_string_free(v);
         }
         k
     };
-    if made.ctx.is_null() {
-        return fail!(Backend, "MLX could not make the kernel {name}");
-    }
-    let k: &'static Kernel = Box::leak(Box::new(Kernel(made)));
-    kernels.push((name, shared, k));
+    let Some(k) = k else { return fail!(Backend, "MLX could not make the kernel {}", source.name) };
+    let k: &'static K = Box::leak(Box::new(k));
+    kernels.push((source.name, shared, k));
     Ok(k)
+}
+
+/// The kernel of `source` with `shared` bytes of dynamic shared memory, made on first use.
+pub(crate) fn kernel(source: &'static Source, shared: usize) -> Result<&'static Kernel> {
+    let Source { name, header, body, contiguous, .. } = *source;
+    made_once(&KERNELS, source, shared, |ins, outs| {
+        // SAFETY: a plain mlx-c constructor; it copies the names and strings it is given.
+        let k = unsafe {
+            mlx_sys::mlx_fast_cuda_kernel_new(
+                cstr(name).as_ptr(),
+                ins,
+                outs,
+                cstr(body).as_ptr(),
+                cstr(header).as_ptr(),
+                contiguous,
+                shared as i32,
+            )
+        };
+        (!k.ctx.is_null()).then_some(Kernel(k))
+    })
 }
 
 /// The mlx-c handles of one launch, freed on every path.

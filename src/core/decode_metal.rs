@@ -288,8 +288,8 @@ fn probed(key: ProbeKey) -> bool {
 /// rounding only; a wrong index or mask is off by far more.
 const PROBE_TOLERANCE: f64 = 1e-3;
 
-/// `attend`'s signature: the kernel's launch, or a stand-in in tests.
-type Attend = fn(&Array, &Array, &Array, &Array, &[(usize, usize)], f32, bool) -> Result<Array>;
+/// `launch`'s signature: the kernel, or a stand-in in tests.
+type Attend = fn([&Array; 4], &[(usize, usize)], f32, bool) -> Result<Array>;
 
 /// Runs the kernel for `key` (`run`) over a small problem (two rows, one padded and ragged, 300
 /// positions in several splits) of values exact in every storage dtype, and returns its largest
@@ -310,15 +310,13 @@ fn probe((dtype, rank, rope, heads, queries, causal): ProbeKey, run: Attend) -> 
     let (ql, qr) = (values(batch * heads * queries * rank), values(batch * heads * queries * rope));
     let (lat, rop) = (values(batch * positions * rank), values(batch * positions * rope));
     let array = |data: &[f32], shape: &[usize]| mlx_ops::astype(&mlx_ops::from_host(data, shape, "probe")?, dtype);
-    let out = run(
-        &array(&ql, &[batch, heads, queries, rank])?,
-        &array(&qr, &[batch, heads, queries, rope])?,
-        &array(&lat, &[batch, positions, rank])?,
-        &array(&rop, &[batch, positions, rope])?,
-        &ranges,
-        0.125,
-        causal,
-    )?;
+    let arrays = [
+        array(&ql, &[batch, heads, queries, rank])?,
+        array(&qr, &[batch, heads, queries, rope])?,
+        array(&lat, &[batch, positions, rank])?,
+        array(&rop, &[batch, positions, rope])?,
+    ];
+    let out = run(arrays.each_ref(), &ranges, 0.125, causal)?;
     let got = mlx_ops::to_host(&out)?;
     let (mut worst, mut largest) = (0f64, 0f64);
     for (b, &(lo, hi)) in ranges.iter().enumerate() {
@@ -357,21 +355,14 @@ pub(crate) fn attend(
     scale: f32,
     causal: bool,
 ) -> Result<Array> {
-    let out = launch(q_latent, q_rope, latent, rope, ranges, scale, causal)?;
+    let out = launch([q_latent, q_rope, latent, rope], ranges, scale, causal)?;
     KERNEL.launched();
     Ok(out)
 }
 
-/// `attend` without counting the launch (the probe's).
-fn launch(
-    q_latent: &Array,
-    q_rope: &Array,
-    latent: &Array,
-    rope: &Array,
-    ranges: &[(usize, usize)],
-    scale: f32,
-    causal: bool,
-) -> Result<Array> {
+/// `attend` without counting the launch (the probe's), its arrays in `attend`'s order.
+fn launch(arrays: [&Array; 4], ranges: &[(usize, usize)], scale: f32, causal: bool) -> Result<Array> {
+    let [q_latent, q_rope, latent, rope] = arrays;
     let qs = q_latent.shape();
     let (batch, heads, queries, rank) = (qs[0] as usize, qs[1] as usize, qs[2] as usize, qs[3] as usize);
     let rope_dim = q_rope.shape()[3] as usize;
@@ -441,16 +432,16 @@ mod tests {
         mlx_ops::from_host(&out, &[ranges.len(), heads, queries, rank], "host attention")
     }
 
-    fn right(a: &Array, b: &Array, c: &Array, d: &Array, r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
-        host([a, b, c, d], r, s, causal, 0)
+    fn right(inputs: [&Array; 4], r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
+        host(inputs, r, s, causal, 0)
     }
 
-    fn misses_first(a: &Array, b: &Array, c: &Array, d: &Array, r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
-        host([a, b, c, d], r, s, causal, 1)
+    fn misses_first(inputs: [&Array; 4], r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
+        host(inputs, r, s, causal, 1)
     }
 
-    fn noncausal(a: &Array, b: &Array, c: &Array, d: &Array, r: &[(usize, usize)], s: f32, _: bool) -> Result<Array> {
-        host([a, b, c, d], r, s, false, 0)
+    fn noncausal(inputs: [&Array; 4], r: &[(usize, usize)], s: f32, _: bool) -> Result<Array> {
+        host(inputs, r, s, false, 0)
     }
 
     /// The probe passes an attention computed right and fails ones that miss a row's first

@@ -5,13 +5,12 @@
 //! (`cuda_kernel::Source`, `Launch`); Metal has no dynamic threadgroup memory, so the kernels
 //! size theirs from template arguments. The kernels themselves live with what they compute
 //! (`decode_metal`).
-use std::ffi::CString;
 use std::sync::Mutex;
 
 use mlx_rs::Array;
 use once_cell::sync::Lazy;
 
-use super::cuda_kernel::{Launch, Source};
+use super::cuda_kernel::{cstr, made_once, Launch, Made, Source};
 use super::error::{fail, Result};
 use super::mlx_ops;
 
@@ -36,48 +35,26 @@ pub(crate) struct Kernel(mlx_sys::mlx_fast_metal_kernel);
 unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
-static KERNELS: Lazy<Mutex<Vec<(&'static str, &'static Kernel)>>> = Lazy::new(|| Mutex::new(Vec::new()));
-
-fn cstr(s: &str) -> CString {
-    CString::new(s).expect("kernel names and sources hold no NUL")
-}
+static KERNELS: Lazy<Made<Kernel>> = Lazy::new(|| Mutex::new(Vec::new()));
 
 /// The kernel of `source`, made on first use.
 pub(crate) fn kernel(source: &'static Source) -> Result<&'static Kernel> {
-    let Source { name, inputs, outputs, header, body, contiguous } = *source;
-    let mut kernels = KERNELS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((_, k)) = kernels.iter().find(|(n, _)| *n == name) {
-        return Ok(k);
-    }
-    // SAFETY: plain mlx-c constructors; the name vectors are freed once the kernel holds copies.
-    let made = unsafe {
-        let names = [inputs, outputs].map(|list| {
-            let v = mlx_sys::mlx_vector_string_new();
-            for n in list {
-                mlx_sys::mlx_vector_string_append_value(v, cstr(n).as_ptr());
-            }
-            v
-        });
-        let k = mlx_sys::mlx_fast_metal_kernel_new(
-            cstr(name).as_ptr(),
-            names[0],
-            names[1],
-            cstr(body).as_ptr(),
-            cstr(header).as_ptr(),
-            contiguous,
-            false,
-        );
-        for v in names {
-            mlx_sys::mlx_vector_string_free(v);
-        }
-        k
-    };
-    if made.ctx.is_null() {
-        return fail!(Backend, "MLX could not make the kernel {name}");
-    }
-    let k: &'static Kernel = Box::leak(Box::new(Kernel(made)));
-    kernels.push((name, k));
-    Ok(k)
+    let Source { name, header, body, contiguous, .. } = *source;
+    made_once(&KERNELS, source, 0, |ins, outs| {
+        // SAFETY: a plain mlx-c constructor; it copies the names and strings it is given.
+        let k = unsafe {
+            mlx_sys::mlx_fast_metal_kernel_new(
+                cstr(name).as_ptr(),
+                ins,
+                outs,
+                cstr(body).as_ptr(),
+                cstr(header).as_ptr(),
+                contiguous,
+                false,
+            )
+        };
+        (!k.ctx.is_null()).then_some(Kernel(k))
+    })
 }
 
 /// Applies a kernel lazily on the library's stream. `launch.grid` counts threads (Metal's
