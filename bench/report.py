@@ -433,6 +433,19 @@ def attention_section(by, records):
                         md.append(f"| {batch} | {c // 1024}K | {name} | {ms(d['median_us'])} | {ms(sp['median_us'])} | "
                                   f"{d['median_us'] / sp['median_us']:.2f}x | {d['bytes_read'] / 1e6:.1f} | {sp['bytes_read'] / 1e6:.1f} |")
         md.append("")
+        parts = [(batch, c, s) for batch, c in dsa for s in ours if by.get((s, "attention_dsa_scores", batch, c))]
+        if parts:
+            md += ["#### The sparse step, part by part", "",
+                   "Each part measured as a step of its own (built and evaluated alone), cumulatively: the index "
+                   "scores; the scores and the top-2048 selection (`select`); the whole step, whose difference from "
+                   "the previous column is the attention over the selected positions (`attend_selected`).", "",
+                   "| batch | context | mode | index scores ms | + top-k ms | whole step ms | top-k adds | attention adds |",
+                   "|---|---|---|---|---|---|---|---|"]
+            for batch, c, s in parts:
+                sc, se, st = (by.get((s, scen, batch, c))["median_us"]
+                              for scen in ("attention_dsa_scores", "attention_dsa_select", "attention_dsa"))
+                md.append(f"| {batch} | {c // 1024}K | {s} | {ms(sc)} | {ms(se)} | {ms(st)} | {ms(se - sc)} | {ms(st - se)} |")
+            md.append("")
     amortized = sorted({(r["batch"], r["context"]) for r in records if r["scenario"] == "attention_amortized"})
     if amortized:
         names = present([s for s in ATTN_OURS if "bf16" in s and "q8" not in s and "fp8" not in s])

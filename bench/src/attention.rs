@@ -166,6 +166,30 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
         let t = time(runs.0, runs.1, step);
         let bytes = batch * (context * per_position(Family::IndexKeys) + TOPK * attended);
         out.push(record(set.name, "attention_dsa", batch, context, t, runs.1, bytes));
+        // The step's parts, cumulatively: the index scores alone, then with the top-k selection
+        // (each evaluated as the step's end), so the attention over the selected positions is
+        // what the whole step adds.
+        let scores = || donor.index_scores(&q_index, &weights, MaskMode::None).unwrap();
+        let t = time(runs.0, runs.1, || eval([&scores()]).unwrap());
+        out.push(record(
+            set.name,
+            "attention_dsa_scores",
+            batch,
+            context,
+            t,
+            runs.1,
+            batch * context * per_position(Family::IndexKeys),
+        ));
+        let t = time(runs.0, runs.1, || eval([&donor.select(&scores(), TOPK).unwrap().unwrap()]).unwrap());
+        out.push(record(
+            set.name,
+            "attention_dsa_select",
+            batch,
+            context,
+            t,
+            runs.1,
+            batch * context * per_position(Family::IndexKeys),
+        ));
         let launched = dsa_kernel::KERNEL.launches();
         step();
         if dsa_kernel::KERNEL.launches() > launched {
