@@ -18,7 +18,7 @@
 //!   rows each. The threadgroup copies 8 positions at a time (latent and rope, as float32) into
 //!   threadgroup memory; each lane holds every 32nd channel of its rows' queries, so a SIMD group
 //!   computes 8 positions x 2 rows of partial dot products at once and sums them across lanes in
-//!   one transposed butterfly (31 shuffles for 16 scores, not 5 for each), then updates its
+//!   one transposed butterfly (16 shuffles for the 16 scores, not 5 for each), then updates its
 //!   online softmax and the output channels it holds.
 //! - `combine`: per row, the splits' outputs weighted by `exp2(max_s - max)`.
 use std::sync::Mutex;
@@ -69,7 +69,7 @@ const PARTIAL: &str = r#"
   // Split s takes positions [s * chunk, (s + 1) * chunk): whole tiles, S of them covering T.
   const int T = latent_shape[1], chunk = ((T + S - 1) / S + NB - 1) / NB * NB;
   const int lo = ranges[2 * b], hi = ranges[2 * b + 1];
-  const int begin = max(lo, split * chunk), end = min(hi, (split + 1) * chunk);
+  const int begin = max(lo, split * chunk), end = min(min(hi, T), (split + 1) * chunk);
   const float sc = scale[0] * 1.4426950408889634f;
   const int64_t q0 = q_latent_strides[0], q1 = q_latent_strides[1], q2 = q_latent_strides[2], q3 = q_latent_strides[3];
   const int64_t p0 = q_rope_strides[0], p1 = q_rope_strides[1], p2 = q_rope_strides[2], p3 = q_rope_strides[3];
@@ -128,9 +128,12 @@ const PARTIAL: &str = r#"
     }
     // Transposed butterfly: at each step a lane keeps half its sums and adds its partner's
     // share of that half, until each holds one complete score; the rest sum across copies.
+    // (Unrolled, so that v stays in registers: its indices are then constants.)
     int ofs = 16;
+    MLX_MTL_PRAGMA_UNROLL
     for (int n = K; n > 1; n >>= 1, ofs >>= 1) {
       const bool upper = (lane & ofs) != 0;
+      MLX_MTL_PRAGMA_UNROLL
       for (int i = 0; i < n / 2; i++) {
         const float give = upper ? v[i] : v[i + n / 2];
         const float keep = upper ? v[i + n / 2] : v[i];
@@ -256,6 +259,7 @@ pub fn applies(storage: Dtype, q_dtype: Dtype, s: &Shape, causal: bool) -> bool 
         && s.rank % 32 == 0
         && s.rope % 32 == 0
         && s.rank > 0
+        && s.rope > 0
         && POSITIONS_PER_TILE * (s.rank + s.rope) * 4 <= THREADGROUP_BYTES
         && (1..=65535).contains(&rows)
         && (1..=65535).contains(&s.batch)
@@ -370,7 +374,10 @@ fn launch(arrays: [&Array; 4], ranges: &[(usize, usize)], scale: f32, causal: bo
     let rows = heads * queries;
     let splits = splits(batch, rows, positions);
     let groups = rows.div_ceil(ROWS_PER_GROUP);
-    let bounds: Vec<i32> = ranges.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
+    // Padded to 8 values: MLX passes inputs of fewer in Metal's constant address space, a kernel
+    // compiled apart from the probed one (which has two rows).
+    let mut bounds: Vec<i32> = ranges.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
+    bounds.resize(bounds.len().max(8), 0);
     let bounds = mlx_ops::indices(&bounds, &[bounds.len()]);
     let scale = Array::from_slice(&[scale], &[1]);
     let (b, s, h, r) = (batch as i32, splits as i32, rows as i32, rank as i32);

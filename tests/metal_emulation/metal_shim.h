@@ -26,6 +26,8 @@ struct uint3 {
 #define device
 #define constant
 #define threadgroup static
+// MLX's utils.h (prepended to every kernel) defines this as a full-unroll pragma.
+#define MLX_MTL_PRAGMA_UNROLL
 
 using std::exp2;
 using std::fma;
