@@ -458,6 +458,9 @@ impl Donor {
             return fail!(InvalidArgument, "selected attention takes the NONE or CAUSAL mask mode");
         }
         self.check_rows(mode, dims.1 as usize)?;
+        if let Some(out) = self.kernel_selected(q_latent, q_rope, scale, indices)? {
+            return Ok(out);
+        }
         // [B, H, Lq, w] -> [B, Lq, H, w], against [B, Lq, k, w]^T: [B, Lq, H, k].
         let per_query = |q: &Array, family: Family| -> Result<Array> {
             let q = mlx_math::swapaxes(&mlx_ops::astype(q, Dtype::Float32)?, 1, 2)?;
@@ -477,6 +480,66 @@ impl Donor {
         let probs = mlx_math::softmax(&scores, -1)?;
         let out = mlx_math::matmul(&probs, &self.gather(Family::Latent, indices)?)?;
         mlx_math::swapaxes(&out, 1, 2)
+    }
+
+    /// `attend_selected` for a decode step (one query per row) whose rows each hold at least `k`
+    /// visible positions, so that every selected position is visible: each stored part's
+    /// selected positions gathered (`k` a row, as stored), then the split-K kernel over them as
+    /// over a window of `k` positions (on CUDA over 16-bit or packed latents, on Apple GPUs over
+    /// float storage). That replaces about fifteen MLX operations over float32 copies with four
+    /// gathers and the kernel's two. `None` where it does not apply (composed storage, verify
+    /// queries, shorter rows: MLX's ops, which mask the selected positions a row lacks).
+    fn kernel_selected(&self, q_latent: &Array, q_rope: &Array, scale: f32, indices: &Array) -> Result<Option<Array>> {
+        let shape = indices.shape();
+        let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
+        let ranges = self.row_ranges();
+        if queries != 1
+            || ranges.iter().any(|&(lo, hi)| hi - lo < k)
+            || self.hot_values(Family::Latent).is_some()
+            || self.hot_values(Family::Rope).is_some()
+            || q_rope.dtype() != q_latent.dtype()
+        {
+            return Ok(None);
+        }
+        let query = Query { q_latent, q_rope, scale, mode: MaskMode::None, extra: None, queries };
+        let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
+        let kernel = KernelInputs { storage, packing, q: &query };
+        let sizes = kernel.shape(self, k);
+        let metal = packing.is_none() && decode_metal::applies(storage, q_latent.dtype(), &sizes, false);
+        let cuda = match packing {
+            None => decode_kernel::applies(storage, q_latent.dtype(), &sizes),
+            Some(packing) => decode_kernel::applies_packed(packing, q_latent.dtype(), &sizes),
+        };
+        if !metal && !cuda {
+            return Ok(None);
+        }
+        let flat = mlx_ops::reshape(indices, &[batch, k, 1])?;
+        let gather = |family: Family| -> Result<Vec<Array>> {
+            self.parts(family).iter().map(|part| mlx_math::take_along_axis(part, &flat, 1)).collect()
+        };
+        let (latent, rope) = (gather(Family::Latent)?, gather(Family::Rope)?);
+        let whole = vec![(0, k); batch];
+        if metal {
+            return decode_metal::attend(q_latent, q_rope, &latent[0], &rope[0], &whole, scale, false).map(Some);
+        }
+        let Some(latent) = kernel.latent(&latent, k, self) else { return Ok(None) };
+        decode_kernel::attend(q_latent, q_rope, latent, &rope[0], &whole, scale, false).map(Some)
+    }
+
+    /// The latent's stored dtype (or packing) where the split-K kernels may read it: latent and
+    /// rope in one 16-bit float or float32 dtype, or a Q8, Q4 or FP8 latent with bfloat16 rope.
+    fn kernel_storage(&self) -> Option<(Dtype, Option<decode_kernel::Packing>)> {
+        let g = &self.geometry;
+        Some(match (g.latent_storage, g.rope_storage) {
+            (StorageMode::F32, StorageMode::F32) => (Dtype::Float32, None),
+            (StorageMode::Bf16, StorageMode::Bf16) => (Dtype::Bfloat16, None),
+            (StorageMode::F16, StorageMode::F16) => (Dtype::Float16, None),
+            (StorageMode::Q8 | StorageMode::Q4, StorageMode::Bf16) => {
+                (Dtype::Bfloat16, Some(decode_kernel::Packing::Affine(g.latent_storage.bits())))
+            }
+            (StorageMode::Fp8, StorageMode::Bf16) => (Dtype::Bfloat16, Some(decode_kernel::Packing::Fp8)),
+            _ => return None,
+        })
     }
 
     /// `row_mask` without the head axis: `[B, 1 or Lq, T]`.
@@ -535,16 +598,8 @@ impl Donor {
     /// Composed storage takes `kernel_composed`. `None` where it does not apply.
     fn kernel_decode(&self, q: &Query) -> Result<Option<Array>> {
         let Query { q_latent, q_rope, scale, mode, extra, .. } = *q;
-        let g = &self.geometry;
-        let (storage, packing) = match (g.latent_storage, g.rope_storage) {
-            (StorageMode::Bf16, StorageMode::Bf16) => (Dtype::Bfloat16, None),
-            (StorageMode::F16, StorageMode::F16) => (Dtype::Float16, None),
-            (StorageMode::Q8 | StorageMode::Q4, StorageMode::Bf16) => {
-                (Dtype::Bfloat16, Some(decode_kernel::Packing::Affine(g.latent_storage.bits())))
-            }
-            (StorageMode::Fp8, StorageMode::Bf16) => (Dtype::Bfloat16, Some(decode_kernel::Packing::Fp8)),
-            _ => return Ok(None),
-        };
+        // (Float32 storage is the Metal kernel's only: `applies` refuses it on CUDA.)
+        let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
         // A composed rope would need its hot and compact positions joined per row first.
         if extra.is_some()
             || mode == MaskMode::Array
