@@ -15,6 +15,10 @@ use mlx_rs::Array;
 
 const WIDTHS: [usize; 3] = [64, 32, 64];
 
+/// Held by the tests that count kernel launches (the counts are process-wide, the tests run on
+/// threads of one process), so that one's launches never land in another's count.
+static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Values in [0.1, 1.1): every query-key product is positive and distinct, so ReLU never ties.
 fn positive(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| 0.1 + (rng.next() >> 40) as f32 / (1u64 << 24) as f32).collect()
@@ -40,6 +44,7 @@ fn filled(rng: &mut Rng, layout: LayoutKind, index_storage: StorageMode, pads: [
 
 #[test]
 fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
+    let _counting = COUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut rng = Rng::new(91);
     let (heads, k) = (2usize, 6usize);
     // MLX's CUDA backend runs float32 matmuls at TF32 precision (10-bit mantissas).
@@ -178,7 +183,12 @@ fn selection_falls_back_to_dense_and_refuses_misuse() {
     let donor = cache.capture_donor_rows().unwrap();
     let scores = Array::from_slice(&[0f32; 3 * 16], &[3, 1, 16]);
     assert!(donor.select(&scores, 16).unwrap().is_none(), "no more positions than k: dense");
-    assert!(donor.select(&scores, 15).unwrap().is_some());
+    // All scores equal: any 15 distinct positions of the 16.
+    let tied = host(&donor.select(&scores, 15).unwrap().expect("more positions than k"));
+    for row in tied.chunks(15) {
+        let distinct: BTreeSet<usize> = row.iter().map(|&p| p as usize).collect();
+        assert!(distinct.len() == 15 && distinct.iter().all(|&p| p < 16), "15 distinct positions: {row:?}");
+    }
     assert_eq!(donor.select(&scores, 0).unwrap_err().kind, latent_cache::ErrorKind::InvalidArgument);
     for bad in [&[3, 1, 15][..], &[2, 1, 16], &[3, 16]] {
         let scores = Array::from_slice(&vec![0f32; bad.iter().product::<i32>() as usize], bad);
@@ -208,6 +218,7 @@ fn selection_falls_back_to_dense_and_refuses_misuse() {
 /// case checks that it ran; elsewhere MLX's ops.
 #[test]
 fn decode_attention_over_selected_positions_matches_a_float64_reference() {
+    let _counting = COUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     use StorageMode::*;
     let mut rng = Rng::new(93);
     let (rank, rope, heads, k, tokens, pads) = (128usize, 64usize, 8usize, 40usize, 300usize, [0usize, 5]);
@@ -295,5 +306,39 @@ fn decode_attention_over_selected_positions_matches_a_float64_reference() {
                 }
             }
         }
+    }
+}
+
+/// Top-k over a window of thousands of positions, with negative, positive, -inf and repeated
+/// scores: the selection holds every position scoring above the k-th largest score and the rest
+/// at it, k distinct positions.
+#[test]
+fn selection_over_a_long_window_takes_the_k_largest() {
+    let mut rng = Rng::new(94);
+    let (batch, positions, k) = (2usize, 5000usize, 300usize);
+    let g = Geometry { kv_lora_rank: 64, rope_head_dim: 32, index_head_dim: 64, ..Geometry::default() };
+    let mut cache = LatentCache::new(g).unwrap();
+    let n = batch * positions;
+    cache.append_host(batch, positions, &vec![0.5; n * 64], &vec![0.5; n * 32], Some(&vec![0.5; n * 64])).unwrap();
+    let donor = cache.capture_donor_rows().unwrap();
+    // Scores from a small set (many ties), some -inf (unseen positions).
+    let scores: Vec<f32> = (0..n)
+        .map(|_| match rng.next() % 50 {
+            0 => f32::NEG_INFINITY,
+            r => (r as f32 - 25.0) * 0.75,
+        })
+        .collect();
+    let indices = donor.select(&Array::from_slice(&scores, &[batch as i32, 1, positions as i32]), k).unwrap().unwrap();
+    let got = host(&indices);
+    for b in 0..batch {
+        let row = &scores[b * positions..][..positions];
+        let chosen: BTreeSet<usize> = got[b * k..][..k].iter().map(|&p| p as usize).collect();
+        assert_eq!(chosen.len(), k, "row {b}: k distinct positions");
+        let mut sorted: Vec<f32> = row.to_vec();
+        sorted.sort_by(|x, y| y.partial_cmp(x).unwrap());
+        let kth = sorted[k - 1];
+        assert!(chosen.iter().all(|&p| p < positions && row[p] >= kth), "row {b}: nothing below the k-th score");
+        let above = (0..positions).filter(|&p| row[p] > kth).count();
+        assert_eq!(chosen.iter().filter(|&&p| row[p] > kth).count(), above, "row {b}: every score above the k-th");
     }
 }
