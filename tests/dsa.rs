@@ -211,98 +211,100 @@ fn selection_falls_back_to_dense_and_refuses_misuse() {
     );
 }
 
-/// Attention over selected positions in a decode step (one query per row, every row holding at
-/// least k positions) over float, 16-bit and packed latents, in both layouts: against float64
-/// over the values the model says each row holds. On CUDA (16-bit and packed latents) and on
-/// Apple GPUs (float storage) it is the split-K kernel over the gathered positions, and each
-/// case checks that it ran; elsewhere MLX's ops.
+/// Attention over selected positions in a decode step (one query per row) over float, 16-bit and
+/// packed latents, in both layouts, rows whole and padded: against float64 over the values the
+/// model says each row holds. Where rows span the window, on CUDA (16-bit and packed latents)
+/// and on Apple GPUs (float storage), it is the split-K kernel over the gathered positions, and
+/// each case checks that it ran (and, for padded rows, that MLX's ops did); elsewhere MLX's ops.
 #[test]
 fn decode_attention_over_selected_positions_matches_a_float64_reference() {
     let _counting = COUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     use StorageMode::*;
     let mut rng = Rng::new(93);
-    let (rank, rope, heads, k, tokens, pads) = (128usize, 64usize, 8usize, 40usize, 300usize, [0usize, 5]);
+    let (rank, rope, heads, k, tokens) = (128usize, 64usize, 8usize, 40usize, 300usize);
     let signed = |rng: &mut Rng, n: usize| -> Vec<f32> { positive(rng, n).iter().map(|v| 2.0 * v - 1.2).collect() };
     // Queries exact in every float dtype (multiples of 1/32 in [-2, 2]).
     let exact =
         |rng: &mut Rng, n: usize| -> Vec<f32> { (0..n).map(|_| ((rng.next() >> 40) % 129) as f32 / 32.0 - 2.0).collect() };
-    for (latent_mode, rope_mode) in [(F32, F32), (Bf16, Bf16), (F16, F16), (Q8, Bf16), (Fp8, Bf16)] {
-        for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
-            let what = format!("{latent_mode:?} latent, {rope_mode:?} rope, {layout:?}");
-            let g = Geometry {
-                kv_lora_rank: rank,
-                rope_head_dim: rope,
-                index_head_dim: 0,
-                latent_storage: latent_mode,
-                rope_storage: rope_mode,
-                layout,
-                ..Geometry::default()
-            };
-            let mut cache = LatentCache::new(g).unwrap();
-            let mut model = Model::with_modes([rank, rope, 0], [latent_mode, rope_mode, F32]);
-            model.ragged = layout == LayoutKind::Ragged;
-            let data = [signed(&mut rng, 2 * tokens * rank), signed(&mut rng, 2 * tokens * rope), vec![]];
-            cache.append_host_padded(2, tokens, &pads, &data[0], &data[1], None).unwrap();
-            model.append_padded(2, tokens, &pads, &data);
-            let donor = cache.capture_donor_rows().unwrap();
-            // k distinct positions of each row, in no order, as window positions.
-            let left = model.left_pad();
-            let mut selected = Vec::new();
-            for (b, &pad) in left.iter().enumerate() {
-                let mut rows: Vec<usize> = (0..model.len(b)).collect();
-                for i in 0..k {
-                    let j = i + (rng.next() as usize) % (rows.len() - i);
-                    rows.swap(i, j);
-                }
-                selected.push(rows[..k].iter().map(|&j| pad + j).collect::<Vec<_>>());
+    let modes = [(F32, F32), (Bf16, Bf16), (F16, F16), (Q8, Bf16), (Fp8, Bf16)];
+    let layouts = [LayoutKind::RightJustified, LayoutKind::Ragged];
+    for ((latent_mode, rope_mode), layout, pads) in
+        modes.iter().flat_map(|&m| layouts.iter().flat_map(move |&l| [(m, l, [0usize, 0]), (m, l, [0, 5])]))
+    {
+        let what = format!("{latent_mode:?} latent, {rope_mode:?} rope, {layout:?}, pads {pads:?}");
+        let g = Geometry {
+            kv_lora_rank: rank,
+            rope_head_dim: rope,
+            index_head_dim: 0,
+            latent_storage: latent_mode,
+            rope_storage: rope_mode,
+            layout,
+            ..Geometry::default()
+        };
+        let mut cache = LatentCache::new(g).unwrap();
+        let mut model = Model::with_modes([rank, rope, 0], [latent_mode, rope_mode, F32]);
+        model.ragged = layout == LayoutKind::Ragged;
+        let data = [signed(&mut rng, 2 * tokens * rank), signed(&mut rng, 2 * tokens * rope), vec![]];
+        cache.append_host_padded(2, tokens, &pads, &data[0], &data[1], None).unwrap();
+        model.append_padded(2, tokens, &pads, &data);
+        let donor = cache.capture_donor_rows().unwrap();
+        // k distinct positions of each row, in no order, as window positions.
+        let left = model.left_pad();
+        let mut selected = Vec::new();
+        for (b, &pad) in left.iter().enumerate() {
+            let mut rows: Vec<usize> = (0..model.len(b)).collect();
+            for i in 0..k {
+                let j = i + (rng.next() as usize) % (rows.len() - i);
+                rows.swap(i, j);
             }
-            let flat: Vec<i32> = selected.iter().flatten().map(|&p| p as i32).collect();
-            let indices = Array::from_slice(&flat, &[2, 1, k as i32]);
-            let dtype = match latent_mode {
-                F32 => mlx_rs::Dtype::Float32,
-                F16 => mlx_rs::Dtype::Float16,
-                _ => mlx_rs::Dtype::Bfloat16,
-            };
-            let (q_latent, q_rope) = (exact(&mut rng, 2 * heads * rank), exact(&mut rng, 2 * heads * rope));
-            let arr =
-                |v: &[f32], w: usize| mlx_ops::astype(&Array::from_slice(v, &[2, heads as i32, 1, w as i32]), dtype).unwrap();
-            let scale = 0.05;
-            let sizes = decode_kernel::Shape { batch: 2, heads, queries: 1, positions: k, rank, rope, scale };
-            let kernel = match latent_mode {
-                F32 | Bf16 | F16 => {
-                    decode_kernel::applies(dtype, dtype, &sizes) || decode_metal::applies(dtype, dtype, &sizes, false)
-                }
-                Q8 => decode_kernel::applies_packed(decode_kernel::Packing::Affine(8), dtype, &sizes),
-                _ => decode_kernel::applies_packed(decode_kernel::Packing::Fp8, dtype, &sizes),
-            };
-            assert!(!cuda_kernel::on_cuda() || kernel || latent_mode == F32, "{what}: the kernel applies on this GPU");
-            let before = decode_kernel::KERNEL.launches();
-            let out =
-                donor.attend_selected(&arr(&q_latent, rank), &arr(&q_rope, rope), scale, MaskMode::Causal, &indices).unwrap();
-            let got = host(&out);
-            assert_eq!(decode_kernel::KERNEL.launches() - before, kernel as usize, "{what}: where a kernel applies it runs");
-            for (b, positions) in selected.iter().enumerate() {
-                let row = &model.rows[b];
-                for h in 0..heads {
-                    let at = b * heads + h;
-                    let dot = |q: &[f32], v: &[f32], w: usize, j: usize| {
-                        (0..w).map(|c| q[at * w + c] as f64 * v[j * w + c] as f64).sum::<f64>()
-                    };
-                    let js: Vec<usize> = positions.iter().map(|&p| p - left[b]).collect();
-                    let s: Vec<f64> = js
-                        .iter()
-                        .map(|&j| {
-                            scale as f64 * (dot(&q_latent, &row.families[0], rank, j) + dot(&q_rope, &row.families[1], rope, j))
-                        })
-                        .collect();
-                    let max = s.iter().cloned().fold(f64::MIN, f64::max);
-                    let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
-                    let total: f64 = e.iter().sum();
-                    for c in 0..rank {
-                        let want: f64 = js.iter().zip(&e).map(|(&j, w)| w / total * row.families[0][j * rank + c] as f64).sum();
-                        let got = got[at * rank + c] as f64;
-                        assert!((got - want).abs() <= 1e-2 * (1.0 + want.abs()), "{what}: out {b},{h},{c}: {got} vs {want}");
-                    }
+            selected.push(rows[..k].iter().map(|&j| pad + j).collect::<Vec<_>>());
+        }
+        let flat: Vec<i32> = selected.iter().flatten().map(|&p| p as i32).collect();
+        let indices = Array::from_slice(&flat, &[2, 1, k as i32]);
+        let dtype = match latent_mode {
+            F32 => mlx_rs::Dtype::Float32,
+            F16 => mlx_rs::Dtype::Float16,
+            _ => mlx_rs::Dtype::Bfloat16,
+        };
+        let (q_latent, q_rope) = (exact(&mut rng, 2 * heads * rank), exact(&mut rng, 2 * heads * rope));
+        let arr = |v: &[f32], w: usize| mlx_ops::astype(&Array::from_slice(v, &[2, heads as i32, 1, w as i32]), dtype).unwrap();
+        let scale = 0.05;
+        let sizes = decode_kernel::Shape { batch: 2, heads, queries: 1, positions: k, rank, rope, scale };
+        let kernel = match latent_mode {
+            F32 | Bf16 | F16 => {
+                decode_kernel::applies(dtype, dtype, &sizes) || decode_metal::applies(dtype, dtype, &sizes, false)
+            }
+            Q8 => decode_kernel::applies_packed(decode_kernel::Packing::Affine(8), dtype, &sizes),
+            _ => decode_kernel::applies_packed(decode_kernel::Packing::Fp8, dtype, &sizes),
+        };
+        assert!(!cuda_kernel::on_cuda() || kernel || latent_mode == F32, "{what}: the kernel applies on this GPU");
+        // Padded rows: MLX's ops (they mask a selected position the row lacks).
+        let kernel = kernel && pads == [0, 0];
+        let before = decode_kernel::KERNEL.launches();
+        let out = donor.attend_selected(&arr(&q_latent, rank), &arr(&q_rope, rope), scale, MaskMode::Causal, &indices).unwrap();
+        let got = host(&out);
+        assert_eq!(decode_kernel::KERNEL.launches() - before, kernel as usize, "{what}: where a kernel applies it runs");
+        for (b, positions) in selected.iter().enumerate() {
+            let row = &model.rows[b];
+            for h in 0..heads {
+                let at = b * heads + h;
+                let dot = |q: &[f32], v: &[f32], w: usize, j: usize| {
+                    (0..w).map(|c| q[at * w + c] as f64 * v[j * w + c] as f64).sum::<f64>()
+                };
+                let js: Vec<usize> = positions.iter().map(|&p| p - left[b]).collect();
+                let s: Vec<f64> = js
+                    .iter()
+                    .map(|&j| {
+                        scale as f64 * (dot(&q_latent, &row.families[0], rank, j) + dot(&q_rope, &row.families[1], rope, j))
+                    })
+                    .collect();
+                let max = s.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+                let total: f64 = e.iter().sum();
+                for c in 0..rank {
+                    let want: f64 = js.iter().zip(&e).map(|(&j, w)| w / total * row.families[0][j * rank + c] as f64).sum();
+                    let got = got[at * rank + c] as f64;
+                    assert!((got - want).abs() <= 1e-2 * (1.0 + want.abs()), "{what}: out {b},{h},{c}: {got} vs {want}");
                 }
             }
         }

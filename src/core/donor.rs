@@ -482,19 +482,19 @@ impl Donor {
         mlx_math::swapaxes(&out, 1, 2)
     }
 
-    /// `attend_selected` for a decode step (one query per row) whose rows each hold at least `k`
-    /// visible positions, so that every selected position is visible: each stored part's
-    /// selected positions gathered (`k` a row, as stored), then the split-K kernel over them as
-    /// over a window of `k` positions (on CUDA over 16-bit or packed latents, on Apple GPUs over
-    /// float storage). That replaces about fifteen MLX operations over float32 copies with four
-    /// gathers and the kernel's two. `None` where it does not apply (composed storage, verify
-    /// queries, shorter rows: MLX's ops, which mask the selected positions a row lacks).
+    /// `attend_selected` for a decode step (one query per row) whose rows each span the whole
+    /// window, so that every position the indices can name is visible (no mask is needed):
+    /// each stored part's selected positions gathered (`k` a row, as stored), then the split-K
+    /// kernel over them as over a window of `k` positions (on CUDA over 16-bit or packed latents,
+    /// on Apple GPUs over float storage). That replaces about fifteen MLX operations over float32
+    /// copies with four gathers and the kernel's two. `None` where it does not apply (composed
+    /// storage, verify queries, padded or shorter rows: MLX's ops, which mask the selected
+    /// positions a row lacks).
     fn kernel_selected(&self, q_latent: &Array, q_rope: &Array, scale: f32, indices: &Array) -> Result<Option<Array>> {
         let shape = indices.shape();
         let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
-        let ranges = self.row_ranges();
         if queries != 1
-            || ranges.iter().any(|&(lo, hi)| hi - lo < k)
+            || self.row_ranges().iter().any(|&range| range != (0, self.offset))
             || self.hot_values(Family::Latent).is_some()
             || self.hot_values(Family::Rope).is_some()
             || q_rope.dtype() != q_latent.dtype()
@@ -622,11 +622,8 @@ impl Donor {
     /// `decode_metal`. `None` where it does not apply.
     fn metal_decode(&self, q: &Query) -> Result<Option<Array>> {
         let Query { q_latent, q_rope, scale, mode, extra, .. } = *q;
-        let g = &self.geometry;
-        let float = matches!(g.latent_storage, StorageMode::F32 | StorageMode::Bf16 | StorageMode::F16);
-        if !float
-            || g.rope_storage != g.latent_storage
-            || extra.is_some()
+        let Some((storage, None)) = self.kernel_storage() else { return Ok(None) };
+        if extra.is_some()
             || mode == MaskMode::Array
             || self.hot_values(Family::Latent).is_some()
             || self.hot_values(Family::Rope).is_some()
@@ -635,9 +632,9 @@ impl Donor {
             return Ok(None);
         }
         let (latent, rope) = (&self.parts(Family::Latent)[0], &self.parts(Family::Rope)[0]);
-        let kernel = KernelInputs { storage: latent.dtype(), packing: None, q };
+        let kernel = KernelInputs { storage, packing: None, q };
         let causal = mode == MaskMode::Causal;
-        if !decode_metal::applies(latent.dtype(), q_latent.dtype(), &kernel.shape(self, self.offset), causal) {
+        if !decode_metal::applies(storage, q_latent.dtype(), &kernel.shape(self, self.offset), causal) {
             return Ok(None);
         }
         decode_metal::attend(q_latent, q_rope, latent, rope, &self.row_ranges(), scale, causal).map(Some)

@@ -266,7 +266,7 @@ pub unsafe extern "C" fn latent_cache_donor_select(
 /// query reading only its `k` positions from `indices` (`[B, Lq, k]` int32, from
 /// `latent_cache_donor_select`); selected positions the query does not see are masked out.
 /// `*out` `[B, H, Lq, kv_lora_rank]` float32, lazily; reads k positions, not the window. For a
-/// decode step (`Lq` 1) whose rows each hold at least `k` positions, the selected positions are
+/// decode step (`Lq` 1) whose rows each span the window (no padding), the selected positions are
 /// gathered as stored and attended by the split-K kernel where `latent_cache_donor_attend`
 /// would take it (MLX's CUDA backend; Apple GPUs, as that function says).
 /// Returns what `latent_cache_donor_attend` returns (`mode` `NONE` or `CAUSAL`), and `SHAPE`
