@@ -233,8 +233,7 @@ pub fn sources() -> (&'static str, &'static str, &'static str) {
 
 /// The splits `positions` are divided into for `batch` rows of `rows` (head, query) rows: about
 /// `TARGET_THREADGROUPS` threadgroups, at least `MIN_TILES_PER_SPLIT` tiles each.
-#[doc(hidden)]
-pub fn splits(batch: usize, rows: usize, positions: usize) -> usize {
+fn splits(batch: usize, rows: usize, positions: usize) -> usize {
     let groups = rows.div_ceil(ROWS_PER_GROUP);
     let tiles = positions.div_ceil(POSITIONS_PER_TILE);
     let most = (tiles / MIN_TILES_PER_SPLIT).clamp(1, MAX_SPLITS);
