@@ -12,7 +12,7 @@ mod common;
 
 use common::model::{Model, Rng};
 use latent_cache::core::donor::MaskMode;
-use latent_cache::core::{cuda_kernel, decode_kernel, decode_metal, decode_wgmma};
+use latent_cache::core::{cuda_kernel, decode_kernel, decode_metal, decode_wgmma, metal_kernel};
 use latent_cache::core::{mlx_math, mlx_ops};
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::{Array, Dtype};
@@ -160,6 +160,11 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     let metal = |mode: MaskMode| {
         packing.is_none() && case.hot_window == 0 && decode_metal::applies(dtype, dtype, &sizes, mode == MaskMode::Causal)
     };
+    if metal_kernel::on_metal() && packing.is_none() && case.hot_window == 0 && case.rank % 32 == 0 && case.rope % 32 == 0 {
+        // There the Metal kernel must be the one tested: a failed check at its first use turns it
+        // off (see stderr), which must fail here rather than pass through MLX's ops.
+        assert!(metal(MaskMode::None) && metal(MaskMode::Causal), "the Metal kernel applies to {sizes:?}");
+    }
     // On a compute capability 9.0 GPU the partial pass is the wgmma one where its widths fit (16-bit
     // float storage only: with a packed latent, composed storage's hot pass).
     let wgmma = on_cuda

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use common::model::{Model, Rng};
 use latent_cache::core::donor::MaskMode;
-use latent_cache::core::{cuda_kernel, decode_kernel, decode_metal, dsa_kernel, mlx_ops};
+use latent_cache::core::{cuda_kernel, decode_kernel, decode_metal, dsa_kernel, metal_kernel, mlx_ops};
 use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::Array;
 
@@ -278,6 +278,8 @@ fn decode_attention_over_selected_positions_matches_a_float64_reference() {
             _ => decode_kernel::applies_packed(decode_kernel::Packing::Fp8, dtype, &sizes),
         };
         assert!(!cuda_kernel::on_cuda() || kernel || latent_mode == F32, "{what}: the kernel applies on this GPU");
+        let float = matches!(latent_mode, F32 | Bf16 | F16);
+        assert!(!metal_kernel::on_metal() || kernel || !float, "{what}: the Metal kernel applies (see stderr for its check)");
         // Padded rows: MLX's ops (they mask a selected position the row lacks).
         let kernel = kernel && pads == [0, 0];
         let before = decode_kernel::KERNEL.launches();
