@@ -493,24 +493,18 @@ impl Donor {
     fn kernel_selected(&self, q_latent: &Array, q_rope: &Array, scale: f32, indices: &Array) -> Result<Option<Array>> {
         let shape = indices.shape();
         let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
+        let query = Query { q_latent, q_rope, scale, mode: MaskMode::None, extra: None, queries };
         if queries != 1
             || self.row_ranges().iter().any(|&range| range != (0, self.offset))
             || self.hot_values(Family::Latent).is_some()
-            || self.hot_values(Family::Rope).is_some()
-            || q_rope.dtype() != q_latent.dtype()
+            || !self.kernel_takes(&query)
         {
             return Ok(None);
         }
-        let query = Query { q_latent, q_rope, scale, mode: MaskMode::None, extra: None, queries };
         let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
         let kernel = KernelInputs { storage, packing, q: &query };
-        let sizes = kernel.shape(self, k);
-        let metal = packing.is_none() && decode_metal::applies(storage, q_latent.dtype(), &sizes, false);
-        let cuda = match packing {
-            None => decode_kernel::applies(storage, q_latent.dtype(), &sizes),
-            Some(packing) => decode_kernel::applies_packed(packing, q_latent.dtype(), &sizes),
-        };
-        if !metal && !cuda {
+        let metal = packing.is_none() && decode_metal::applies(storage, q_latent.dtype(), &kernel.shape(self, k), false);
+        if !metal && !kernel.applies(self, k) {
             return Ok(None);
         }
         let flat = mlx_ops::reshape(indices, &[batch, k, 1])?;
@@ -540,6 +534,15 @@ impl Donor {
             (StorageMode::Fp8, StorageMode::Bf16) => (Dtype::Bfloat16, Some(decode_kernel::Packing::Fp8)),
             _ => return None,
         })
+    }
+
+    /// Whether the split-K kernels take `q` at all: no mask array, queries of one dtype, and a
+    /// rope that is not composed (its hot and compact positions would need joining per row).
+    fn kernel_takes(&self, q: &Query) -> bool {
+        q.extra.is_none()
+            && q.mode != MaskMode::Array
+            && self.hot_values(Family::Rope).is_none()
+            && q.q_rope.dtype() == q.q_latent.dtype()
     }
 
     /// `row_mask` without the head axis: `[B, 1 or Lq, T]`.
@@ -597,15 +600,10 @@ impl Donor {
     /// position once for 64 head-query pairs (packed ones as stored, decoded tile by tile).
     /// Composed storage takes `kernel_composed`. `None` where it does not apply.
     fn kernel_decode(&self, q: &Query) -> Result<Option<Array>> {
-        let Query { q_latent, q_rope, scale, mode, extra, .. } = *q;
+        let Query { q_latent, q_rope, scale, mode, .. } = *q;
         // (Float32 storage is the Metal kernel's only: `applies` refuses it on CUDA.)
         let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
-        // A composed rope would need its hot and compact positions joined per row first.
-        if extra.is_some()
-            || mode == MaskMode::Array
-            || self.hot_values(Family::Rope).is_some()
-            || q_rope.dtype() != q_latent.dtype()
-        {
+        if !self.kernel_takes(q) {
             return Ok(None);
         }
         let kernel = KernelInputs { storage, packing, q };
@@ -621,14 +619,9 @@ impl Donor {
     /// (latent and rope in the queries' dtype, not composed): the split-K kernel of
     /// `decode_metal`. `None` where it does not apply.
     fn metal_decode(&self, q: &Query) -> Result<Option<Array>> {
-        let Query { q_latent, q_rope, scale, mode, extra, .. } = *q;
+        let Query { q_latent, q_rope, scale, mode, .. } = *q;
         let Some((storage, None)) = self.kernel_storage() else { return Ok(None) };
-        if extra.is_some()
-            || mode == MaskMode::Array
-            || self.hot_values(Family::Latent).is_some()
-            || self.hot_values(Family::Rope).is_some()
-            || q_rope.dtype() != q_latent.dtype()
-        {
+        if !self.kernel_takes(q) || self.hot_values(Family::Latent).is_some() {
             return Ok(None);
         }
         let (latent, rope) = (&self.parts(Family::Latent)[0], &self.parts(Family::Rope)[0]);
@@ -780,16 +773,21 @@ impl KernelInputs<'_> {
         }
     }
 
+    /// Whether the CUDA kernel reads this latent over `positions` positions of `donor`'s rows.
+    fn applies(&self, donor: &Donor, positions: usize) -> bool {
+        let (shape, dtype) = (self.shape(donor, positions), self.q.q_latent.dtype());
+        match self.packing {
+            None => decode_kernel::applies(self.storage, dtype, &shape),
+            Some(packing) => decode_kernel::applies_packed(packing, dtype, &shape),
+        }
+    }
+
     /// The latent's stored `parts` (`positions` of them) as the kernel reads them, where it
     /// applies.
     fn latent<'p>(&self, parts: &'p [Array], positions: usize, donor: &Donor) -> Option<decode_kernel::Latent<'p>> {
-        let (shape, dtype) = (self.shape(donor, positions), self.q.q_latent.dtype());
-        match self.packing {
-            None if decode_kernel::applies(self.storage, dtype, &shape) => Some(decode_kernel::Latent::Float(&parts[0])),
-            Some(packing) if decode_kernel::applies_packed(packing, dtype, &shape) => {
-                Some(decode_kernel::Latent::Packed { parts, packing })
-            }
-            _ => None,
-        }
+        self.applies(donor, positions).then(|| match self.packing {
+            None => decode_kernel::Latent::Float(&parts[0]),
+            Some(packing) => decode_kernel::Latent::Packed { parts, packing },
+        })
     }
 }
