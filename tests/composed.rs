@@ -16,6 +16,7 @@ use common::composed_rule::{boundary, composed_layer, BLOCK};
 
 use common::core_check::widths;
 use common::model::{Model, Rng};
+
 use latent_cache::core::persist;
 use latent_cache::{ErrorKind, Family, Geometry, LatentCache, LayoutKind, StorageMode};
 

@@ -20,8 +20,9 @@ use common::composed_rule::{composed_layer, BLOCK};
 
 use common::core_check::widths;
 use common::model::Rng;
-use latent_cache::core::donor::MaskMode;
-use latent_cache::core::mlx_ops;
+use latent_cache::core::attention::MaskMode;
+
+use latent_cache::core::mlx::ops;
 use latent_cache::StorageMode::{Bf16, Fp8, F16, F32, Q4, Q8};
 use latent_cache::{ErrorKind, Family, Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::{Array, Dtype};
@@ -608,7 +609,7 @@ fn ragged_rows_ending_apart_keep_the_hot_side_bounded() {
 
 /// An array's values as float32, row-major (views and transposes through a contiguous copy).
 fn host(a: &Array) -> Vec<f32> {
-    mlx_ops::to_host(&mlx_ops::contiguous(&mlx_ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
+    ops::to_host(&ops::contiguous(&ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
 }
 
 fn array(v: &[f32], shape: &[usize]) -> Array {

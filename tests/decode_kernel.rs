@@ -11,9 +11,13 @@
 mod common;
 
 use common::model::{Model, Rng};
-use latent_cache::core::donor::MaskMode;
-use latent_cache::core::{cuda_kernel, decode_kernel, decode_metal, decode_wgmma, metal_kernel};
-use latent_cache::core::{mlx_math, mlx_ops};
+use latent_cache::core::attention::MaskMode;
+
+use latent_cache::core::kernels::cuda;
+use latent_cache::core::kernels::launch;
+use latent_cache::core::kernels::metal;
+use latent_cache::core::mlx::math;
+use latent_cache::core::mlx::ops;
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::{Array, Dtype};
 
@@ -49,8 +53,8 @@ fn uniform(rng: &mut Rng, n: usize, amplitude: f32) -> Vec<f32> {
 
 /// `v` rounded to the dtype the queries are given in (round to nearest even), as MLX's cast does.
 fn narrowed(v: &[f32], dtype: Dtype) -> Vec<f32> {
-    let a = mlx_ops::astype(&Array::from_slice(v, &[v.len() as i32]), dtype).unwrap();
-    mlx_ops::to_host(&mlx_ops::astype(&a, Dtype::Float32).unwrap()).unwrap()
+    let a = ops::astype(&Array::from_slice(v, &[v.len() as i32]), dtype).unwrap();
+    ops::to_host(&ops::astype(&a, Dtype::Float32).unwrap()).unwrap()
 }
 
 /// Runs `case` and says whether the kernel computed it.
@@ -60,11 +64,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         StorageMode::F32 => Dtype::Float32,
         _ => Dtype::Bfloat16,
     };
-    let packing = match case.mode {
-        StorageMode::Q8 | StorageMode::Q4 => Some(decode_kernel::Packing::Affine(case.mode.bits())),
-        StorageMode::Fp8 => Some(decode_kernel::Packing::Fp8),
-        _ => None,
-    };
+    let packing = case.mode.packing();
     let rope_mode = if packing.is_some() { StorageMode::Bf16 } else { case.mode };
     let widths = [case.rank, case.rope, 0];
     let modes = [case.mode, rope_mode, StorageMode::F32];
@@ -136,19 +136,26 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
                     t[(row * w + c) * lq + i] = x;
                 }
                 let dims = [batch as i32, h as i32, w as i32, lq as i32];
-                mlx_math::swapaxes(&Array::from_slice(&t, &dims), 2, 3).unwrap()
+                math::swapaxes(&Array::from_slice(&t, &dims), 2, 3).unwrap()
             }
         };
-        mlx_ops::astype(&a, dtype).unwrap()
+        ops::astype(&a, dtype).unwrap()
     };
     let scale = case.scale_by / ((case.rank + case.rope) as f32).sqrt();
-    let sizes =
-        decode_kernel::Shape { batch, heads: h, queries: lq, positions: donor.offset(), rank: case.rank, rope: case.rope, scale };
-    let on_cuda = match packing {
-        None => decode_kernel::applies(dtype, dtype, &sizes),
-        Some(packing) => decode_kernel::applies_packed(packing, dtype, &sizes),
+    let sizes = cuda::mla_decode::Shape {
+        batch,
+        heads: h,
+        queries: lq,
+        positions: donor.offset(),
+        rank: case.rank,
+        rope: case.rope,
+        scale,
     };
-    if let Some(capability) = cuda_kernel::compute_capability() {
+    let on_cuda = match packing {
+        None => cuda::mla_decode::applies(dtype, dtype, &sizes),
+        Some(packing) => cuda::mla_decode::applies_packed(packing, dtype, &sizes),
+    };
+    if let Some(capability) = launch::compute_capability() {
         assert_ne!(capability, (0, 0), "MLX's device info gives the GPU's compute capability");
     }
     if hopper() && case.scale_by == 1.0 && case.mode != StorageMode::F32 {
@@ -158,9 +165,9 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     }
     // On an Apple GPU: the Metal kernel, over float storage that is not composed.
     let metal = |mode: MaskMode| {
-        packing.is_none() && case.hot_window == 0 && decode_metal::applies(dtype, dtype, &sizes, mode == MaskMode::Causal)
+        packing.is_none() && case.hot_window == 0 && metal::mla_decode::applies(dtype, dtype, &sizes, mode == MaskMode::Causal)
     };
-    if metal_kernel::on_metal() && packing.is_none() && case.hot_window == 0 && case.rank % 32 == 0 && case.rope % 32 == 0 {
+    if metal::on_metal() && packing.is_none() && case.hot_window == 0 && case.rank % 32 == 0 && case.rope % 32 == 0 {
         // There the Metal kernel must be the one tested: a failed check at its first use turns it
         // off (see stderr), which must fail here rather than pass through MLX's ops.
         assert!(metal(MaskMode::None) && metal(MaskMode::Causal), "the Metal kernel applies to {sizes:?}");
@@ -169,17 +176,17 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     // float storage only: with a packed latent, composed storage's hot pass).
     let wgmma = on_cuda
         && (packing.is_none() || case.hot_window > 0)
-        && decode_wgmma::KERNEL.enabled()
-        && cuda_kernel::compute_capability() == Some((9, 0))
+        && cuda::mla_decode_wgmma::KERNEL.enabled()
+        && launch::compute_capability() == Some((9, 0))
         && case.rank % 128 == 0
         && case.rope % 32 == 0;
     for mode in [MaskMode::None, MaskMode::Causal] {
         let kernel = on_cuda || metal(mode);
         let tolerance = if kernel { KERNEL_TOLERANCE } else { FALLBACK_TOLERANCE };
-        let before = decode_kernel::KERNEL.launches();
-        let before_wgmma = decode_wgmma::KERNEL.launches();
+        let before = cuda::mla_decode::KERNEL.launches();
+        let before_wgmma = cuda::mla_decode_wgmma::KERNEL.launches();
         let out = donor.attend(&arr(&q_latent, case.rank), &arr(&q_rope, case.rope), scale, mode, None).unwrap();
-        let got = mlx_ops::to_host(&out).unwrap();
+        let got = ops::to_host(&out).unwrap();
         let what = format!(
             "{:?} {}+{} {h} heads x {lq} queries {:?} pads {:?} hot window {} (converted {:?}) {mode:?}",
             case.mode,
@@ -190,8 +197,12 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
             case.hot_window,
             cache.converted_positions()
         );
-        assert_eq!(decode_kernel::KERNEL.launches() - before, kernel as usize, "{what}: where a kernel applies it runs");
-        assert_eq!(decode_wgmma::KERNEL.launches() - before_wgmma, wgmma as usize, "{what}: the wgmma pass where it applies");
+        assert_eq!(cuda::mla_decode::KERNEL.launches() - before, kernel as usize, "{what}: where a kernel applies it runs");
+        assert_eq!(
+            cuda::mla_decode_wgmma::KERNEL.launches() - before_wgmma,
+            wgmma as usize,
+            "{what}: the wgmma pass where it applies"
+        );
         assert_eq!(out.shape(), &shape(case.rank));
         for b in 0..batch {
             let row = &model.rows[b];
@@ -290,15 +301,15 @@ fn decode_and_verify_queries_match_a_float64_reference() {
     // On a compute capability 9.0 GPU, every case with the same values twice: with the wgmma
     // partial pass (where it applies), then with the mma.sync one. (This file's only test: the
     // process-wide switch is not shared with another test.)
-    let passes: &[bool] = if cuda_kernel::compute_capability() == Some((9, 0)) { &[true, false] } else { &[true] };
+    let passes: &[bool] = if launch::compute_capability() == Some((9, 0)) { &[true, false] } else { &[true] };
     for &wgmma in passes {
-        decode_wgmma::KERNEL.set_enabled(wgmma);
+        cuda::mla_decode_wgmma::KERNEL.set_enabled(wgmma);
         rng = Rng::new(91);
         for c in &cases {
             run(c, &mut rng);
         }
     }
-    decode_wgmma::KERNEL.set_enabled(true);
+    cuda::mla_decode_wgmma::KERNEL.set_enabled(true);
     // The scale is compiled into the kernel, for a few scales per process: attentions with
     // further scales run MLX's ops, as exactly as the fallback does.
     let mut scales: Vec<usize> = cases.iter().map(|c| c.rank + c.rope).collect();
@@ -309,10 +320,10 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         let c = Case { scale_by: 1.0 + k as f32 / 16.0, ..case(Bf16, 64, 16, (8, 1), RightJustified, &[0, 1], 50, 1) };
         ran += run(&c, &mut rng) as usize;
     }
-    assert_eq!(ran, if hopper() { decode_kernel::scale_limit() - scales.len() } else { 0 }, "kernels past the set of scales");
+    assert_eq!(ran, if hopper() { cuda::mla_decode::scale_limit() - scales.len() } else { 0 }, "kernels past the set of scales");
 }
 
 /// Whether this is a Hopper-class GPU, where every case here fits the kernel's tiles.
 fn hopper() -> bool {
-    cuda_kernel::cuda_device() && cuda_kernel::shared_memory_limit() >= 227 * 1024
+    launch::cuda_device() && launch::shared_memory_limit() >= 227 * 1024
 }

@@ -6,8 +6,9 @@
 mod common;
 
 use common::model::{Model, Rng};
-use latent_cache::core::donor::MaskMode;
-use latent_cache::core::mlx_ops;
+use latent_cache::core::attention::MaskMode;
+
+use latent_cache::core::mlx::ops;
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::Array;
 
@@ -82,7 +83,7 @@ fn check_in(cache: &LatentCache, model: &Model, rng: &mut Rng, mode: MaskMode, w
     let q_latent = normal(rng, batch * heads * lq * WIDTHS[0]);
     let q_rope = normal(rng, batch * heads * lq * WIDTHS[1]);
     let extra_mask = normal(rng, batch * lq * t);
-    let arr = |v: &[f32], shape: &[i32]| mlx_ops::astype(&Array::from_slice(v, shape), dtype).unwrap();
+    let arr = |v: &[f32], shape: &[i32]| ops::astype(&Array::from_slice(v, shape), dtype).unwrap();
     let (b_, h_, q_) = (batch as i32, heads as i32, lq as i32);
     let mask_array = Array::from_slice(&extra_mask, &[b_, 1, q_, t as i32]);
     let scale = 0.09;
@@ -96,7 +97,7 @@ fn check_in(cache: &LatentCache, model: &Model, rng: &mut Rng, mode: MaskMode, w
         )
         .unwrap();
     assert_eq!(out.shape(), &[b_, h_, q_, WIDTHS[0] as i32]);
-    let got = mlx_ops::to_host(&out).unwrap();
+    let got = ops::to_host(&out).unwrap();
     let pads = model.left_pad();
     for b in 0..batch {
         for h in 0..heads {
@@ -161,8 +162,8 @@ fn a_donor_outlives_its_cache_and_refuses_bad_queries() {
     assert_eq!(donor.row_ends(), keep.as_slice());
     let q = |w: usize| Array::from_slice(&normal(&mut Rng::new(1), 2 * w), &[2, 1, 1, w as i32]);
     let out = donor.attend(&q(WIDTHS[0]), &q(WIDTHS[1]), 0.1, MaskMode::None, None).unwrap();
-    let got = mlx_ops::to_host(&out).unwrap();
-    let (ql, qr) = (mlx_ops::to_host(&q(WIDTHS[0])).unwrap(), mlx_ops::to_host(&q(WIDTHS[1])).unwrap());
+    let got = ops::to_host(&out).unwrap();
+    let (ql, qr) = (ops::to_host(&q(WIDTHS[0])).unwrap(), ops::to_host(&q(WIDTHS[1])).unwrap());
     for b in 0..2 {
         let want = reference(&model, b, &ql[b * 128..][..128], &qr[b * 64..][..64], 0.1, false, 1, 0, |_| 0.0);
         for (g, w) in got[b * 128..][..128].iter().zip(&want) {
@@ -198,7 +199,7 @@ fn sixty_four_heads_at_batch_8_over_16k_positions() {
     let q = |width: usize| Array::from_slice(&vec![0.125f32; batch * 64 * width], &[batch as i32, 64, 1, width as i32]);
     let out = donor.attend(&q(512), &q(64), 0.0625, MaskMode::None, None).unwrap();
     assert_eq!(out.shape(), &[8, 64, 1, 512]);
-    let got = mlx_ops::to_host(&out).unwrap();
+    let got = ops::to_host(&out).unwrap();
     assert!(got.iter().all(|&v| (v - 0.25).abs() < 1e-6), "every output channel is the stored value");
 }
 
@@ -289,7 +290,7 @@ fn attention_over_composed_rows_reads_hot_positions_exactly() {
         let mask: Vec<f32> = (0..tokens).map(|p| if (p >= boundary) == hot { 0.0 } else { f32::NEG_INFINITY }).collect();
         let mask = Array::from_slice(&mask, &[1, 1, 1, tokens as i32]);
         let out = donor.attend(&q(WIDTHS[0]), &q(WIDTHS[1]), 0.1, MaskMode::Array, Some(&mask)).unwrap();
-        let got = mlx_ops::to_host(&out).unwrap();
+        let got = ops::to_host(&out).unwrap();
         for (c, (g, w)) in got.iter().zip(want.iter()).enumerate() {
             assert!((g - w).abs() <= 8e-3, "hot {hot} channel {c}: {g} vs {w}");
         }

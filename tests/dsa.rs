@@ -8,8 +8,12 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::model::{Model, Rng};
-use latent_cache::core::donor::MaskMode;
-use latent_cache::core::{cuda_kernel, decode_kernel, decode_metal, dsa_kernel, metal_kernel, mlx_ops};
+use latent_cache::core::attention::MaskMode;
+
+use latent_cache::core::kernels::cuda;
+use latent_cache::core::kernels::launch;
+use latent_cache::core::kernels::metal;
+use latent_cache::core::mlx::ops;
 use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::Array;
 
@@ -65,7 +69,7 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                     let q_index = positive(&mut rng, batch * heads * queries * WIDTHS[2]);
                     let weights = positive(&mut rng, batch * queries * heads);
                     let arr = |v: &[f32], s: &[usize]| Array::from_slice(v, &s.iter().map(|&d| d as i32).collect::<Vec<_>>());
-                    let before = dsa_kernel::KERNEL.launches();
+                    let before = cuda::dsa_scores::KERNEL.launches();
                     let scores = donor
                         .index_scores(
                             &arr(&q_index, &[batch, heads, queries, WIDTHS[2]]),
@@ -73,8 +77,8 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                             mode,
                         )
                         .unwrap();
-                    let kernel = cuda_kernel::on_cuda() && index_storage == StorageMode::Bf16;
-                    let ran = dsa_kernel::KERNEL.launches() - before;
+                    let kernel = launch::on_cuda() && index_storage == StorageMode::Bf16;
+                    let ran = cuda::dsa_scores::KERNEL.launches() - before;
                     assert_eq!(ran, kernel as usize, "{what}: the kernel for 16-bit keys on CUDA");
                     let got_scores = host(&scores);
                     let indices = donor.select(&scores, k).unwrap().expect("the window holds more than k positions");
@@ -173,7 +177,7 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
 
 /// An array's values as float32, row-major (views and transposes through a contiguous copy).
 fn host(a: &Array) -> Vec<f32> {
-    mlx_ops::to_host(&mlx_ops::contiguous(&mlx_ops::astype(a, mlx_rs::Dtype::Float32).unwrap()).unwrap()).unwrap()
+    ops::to_host(&ops::contiguous(&ops::astype(a, mlx_rs::Dtype::Float32).unwrap()).unwrap()).unwrap()
 }
 
 #[test]
@@ -267,25 +271,25 @@ fn decode_attention_over_selected_positions_matches_a_float64_reference() {
             _ => mlx_rs::Dtype::Bfloat16,
         };
         let (q_latent, q_rope) = (exact(&mut rng, 2 * heads * rank), exact(&mut rng, 2 * heads * rope));
-        let arr = |v: &[f32], w: usize| mlx_ops::astype(&Array::from_slice(v, &[2, heads as i32, 1, w as i32]), dtype).unwrap();
+        let arr = |v: &[f32], w: usize| ops::astype(&Array::from_slice(v, &[2, heads as i32, 1, w as i32]), dtype).unwrap();
         let scale = 0.05;
-        let sizes = decode_kernel::Shape { batch: 2, heads, queries: 1, positions: k, rank, rope, scale };
+        let sizes = cuda::mla_decode::Shape { batch: 2, heads, queries: 1, positions: k, rank, rope, scale };
         let kernel = match latent_mode {
             F32 | Bf16 | F16 => {
-                decode_kernel::applies(dtype, dtype, &sizes) || decode_metal::applies(dtype, dtype, &sizes, false)
+                cuda::mla_decode::applies(dtype, dtype, &sizes) || metal::mla_decode::applies(dtype, dtype, &sizes, false)
             }
-            Q8 => decode_kernel::applies_packed(decode_kernel::Packing::Affine(8), dtype, &sizes),
-            _ => decode_kernel::applies_packed(decode_kernel::Packing::Fp8, dtype, &sizes),
+            Q8 => cuda::mla_decode::applies_packed(latent_cache::core::model::storage_mode::Packing::Affine(8), dtype, &sizes),
+            _ => cuda::mla_decode::applies_packed(latent_cache::core::model::storage_mode::Packing::Fp8, dtype, &sizes),
         };
-        assert!(!cuda_kernel::on_cuda() || kernel || latent_mode == F32, "{what}: the kernel applies on this GPU");
+        assert!(!launch::on_cuda() || kernel || latent_mode == F32, "{what}: the kernel applies on this GPU");
         let float = matches!(latent_mode, F32 | Bf16 | F16);
-        assert!(!metal_kernel::on_metal() || kernel || !float, "{what}: the Metal kernel applies (see stderr for its check)");
+        assert!(!metal::on_metal() || kernel || !float, "{what}: the Metal kernel applies (see stderr for its check)");
         // Padded rows: MLX's ops (they mask a selected position the row lacks).
         let kernel = kernel && pads == [0, 0];
-        let before = decode_kernel::KERNEL.launches();
+        let before = cuda::mla_decode::KERNEL.launches();
         let out = donor.attend_selected(&arr(&q_latent, rank), &arr(&q_rope, rope), scale, MaskMode::Causal, &indices).unwrap();
         let got = host(&out);
-        assert_eq!(decode_kernel::KERNEL.launches() - before, kernel as usize, "{what}: where a kernel applies it runs");
+        assert_eq!(cuda::mla_decode::KERNEL.launches() - before, kernel as usize, "{what}: where a kernel applies it runs");
         for (b, positions) in selected.iter().enumerate() {
             let row = &model.rows[b];
             for h in 0..heads {

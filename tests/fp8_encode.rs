@@ -8,7 +8,10 @@ mod common;
 
 use common::codec_ref;
 use common::model::Rng;
-use latent_cache::core::{cuda_kernel, fp8_kernel, mlx_ops};
+
+use latent_cache::core::kernels::cuda;
+use latent_cache::core::kernels::launch;
+use latent_cache::core::mlx::ops;
 use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
 
@@ -59,16 +62,20 @@ fn fp8_appends_read_back_the_documented_encoding_bit_for_bit() {
             };
             let (latent, rope, keys) = (make(R), make(P), make(K));
             let arr = |v: &[f32], w: usize| {
-                mlx_ops::astype(&Array::from_slice(v, &[batch as i32, tokens as i32, w as i32]), input).unwrap()
+                ops::astype(&Array::from_slice(v, &[batch as i32, tokens as i32, w as i32]), input).unwrap()
             };
-            let before = fp8_kernel::KERNEL.launches();
+            let before = cuda::fp8_encode::KERNEL.launches();
             cache.append(&arr(&latent, R), &arr(&rope, P), Some(&arr(&keys, K))).unwrap();
-            let expected = fp8_kernel::applies(1) as usize * 2;
-            if cuda_kernel::cuda_device() && cuda_kernel::shared_memory_limit() >= 227 * 1024 {
+            let expected = cuda::fp8_encode::applies(1) as usize * 2;
+            if launch::cuda_device() && launch::shared_memory_limit() >= 227 * 1024 {
                 // A Hopper-class GPU: the kernel must be the encoding tested here.
                 assert_eq!(expected, 2, "the FP8 kernel applies on this GPU");
             }
-            assert_eq!(fp8_kernel::KERNEL.launches() - before, expected, "where the kernel applies, both FP8 families use it");
+            assert_eq!(
+                cuda::fp8_encode::KERNEL.launches() - before,
+                expected,
+                "where the kernel applies, both FP8 families use it"
+            );
             for b in 0..batch {
                 written[0][b].extend_from_slice(&latent[b * tokens * R..(b + 1) * tokens * R]);
                 written[1][b].extend_from_slice(&keys[b * tokens * K..(b + 1) * tokens * K]);

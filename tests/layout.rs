@@ -1,5 +1,5 @@
 //! The row layout on its own: pure integer logic, no MLX.
-use latent_cache::core::layout::{LayoutKind, Rollback, RowLayout};
+use latent_cache::core::layout::row_layout::{LayoutKind, Rollback, RowLayout};
 use latent_cache::ErrorKind;
 
 fn layout(rows: &[usize]) -> RowLayout {

@@ -3,10 +3,9 @@
 //! float64 computation: padded, ragged and causal rows, strided views, empty splits, every float
 //! storage dtype, GLM-5.2's widths. These machines have no Apple GPU; this is the kernels' logic
 //! checked, not Metal's compiler (`tests/decode_kernel.rs` runs them on an Apple GPU).
+use latent_cache::core::kernels::metal;
 use std::path::Path;
 use std::process::Command;
-
-use latent_cache::core::decode_metal;
 
 /// A kernel function as MLX's `metal_kernel` writes one: the template arguments, then each
 /// input's pointer with its shape and strides, the outputs, and the body. (MLX passes shapes
@@ -23,7 +22,7 @@ fn function(name: &str, template: &str, inputs: &[(&str, &str)], outputs: &[&str
 
 #[test]
 fn metal_decode_kernels_agree_with_float64_in_emulation() {
-    let (header, partial, combine) = decode_metal::sources();
+    let (header, partial, combine) = metal::mla_decode::sources();
     let dir = std::env::temp_dir().join(format!("latent-cache-metal-emulation-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let source = format!(

@@ -9,8 +9,10 @@
 //! Python with mlx and mlx-lm at `LATENT_CACHE_MLX_LM_PYTHONPATH`.
 use std::collections::{BTreeSet, HashMap};
 
-use latent_cache::core::donor::{Donor, MaskMode};
-use latent_cache::core::{mlx_math, mlx_ops};
+use latent_cache::core::attention::{Donor, MaskMode};
+
+use latent_cache::core::mlx::math;
+use latent_cache::core::mlx::ops;
 use latent_cache::{Geometry, LatentCache, LayoutKind};
 use mlx_rs::{Array, Dtype};
 
@@ -18,7 +20,7 @@ const TOPK: usize = 6;
 
 /// An array's values as float32, row-major.
 fn host(a: &Array) -> Vec<f32> {
-    mlx_ops::to_host(&mlx_ops::contiguous(&mlx_ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
+    ops::to_host(&ops::contiguous(&ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
 }
 
 /// Elementwise within `tol * (1 + |want|)`; -inf only where mlx-lm has -inf. Prints the
@@ -37,8 +39,8 @@ fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 /// `[B, 1, T, w]` positions `from..to` of an mlx-lm cache array as `[B, N, w]`, the append shape.
 fn positions(a: &Array, from: usize, to: usize) -> Array {
     let s: Vec<usize> = a.shape().iter().map(|&d| d as usize).collect();
-    let part = mlx_ops::slice(a, &[0, 0, from, 0], &[s[0], 1, to, s[3]]).unwrap();
-    mlx_ops::reshape(&part, &[s[0], to - from, s[3]]).unwrap()
+    let part = ops::slice(a, &[0, 0, from, 0], &[s[0], 1, to, s[3]]).unwrap();
+    ops::reshape(&part, &[s[0], to - from, s[3]]).unwrap()
 }
 
 /// The selected positions each query sees (finite mlx-lm score), ours against mlx-lm's: equal
@@ -63,8 +65,8 @@ fn check_step(donor: &Donor, f: &HashMap<String, Array>, step: &str, tol: f32) {
     let get = |key: &str| f.get(key).unwrap_or_else(|| panic!("{key} missing from mlx-lm's file"));
     let mode = if step == "p" { MaskMode::Causal } else { MaskMode::None };
     // mlx-lm attends in value-head space at prefill: its output is ours through its unembed_out.
-    let unembed = mlx_math::swapaxes(get("unembed_out"), -1, -2).unwrap();
-    let finish = |out: Array| if step == "p" { mlx_math::matmul(&out, &unembed).unwrap() } else { out };
+    let unembed = math::swapaxes(get("unembed_out"), -1, -2).unwrap();
+    let finish = |out: Array| if step == "p" { math::matmul(&out, &unembed).unwrap() } else { out };
     for run in ["dense", "sparse"] {
         let key = |name: &str| format!("{run}.{step}.{name}");
         let (q_latent, q_rope) = (get(&key("q_latent")), get(&key("q_rope")));

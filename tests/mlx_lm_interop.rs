@@ -3,6 +3,7 @@
 //! mlx-lm's `save_prompt_cache` writes (every value checked here). Needs Python with mlx and
 //! mlx-lm: `make test` installs them and runs this with `--ignored`, pointing
 //! `LATENT_CACHE_MLX_LM_PYTHONPATH` at them.
+
 use latent_cache::core::persist;
 use latent_cache::{Family, Geometry, LatentCache};
 

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::model::Rng;
-use latent_cache::core::mlxbun::{self, MlxbunInfo};
+use latent_cache::core::persist::mlxbun;
+use latent_cache::core::persist::mlxbun::MlxbunInfo;
 use latent_cache::ffi::latent_cache_status as Status;
 use latent_cache::ffi::mlxbun::*;
 use latent_cache::ffi::set::{latent_cache_set_free, latent_cache_set_layer_count};
@@ -140,7 +141,7 @@ fn with_header(bytes: &[u8], edit: impl Fn(&str) -> String) -> Vec<u8> {
     assert!(26 + text.len() <= start, "the edit fits before the data");
     let mut out = bytes.to_vec();
     out[10..14].copy_from_slice(&(text.len() as u32).to_le_bytes());
-    out[18..26].copy_from_slice(&latent_cache::core::wyhash::wyhash(text.as_bytes(), 0).to_le_bytes());
+    out[18..26].copy_from_slice(&latent_cache::core::persist::wyhash::wyhash(text.as_bytes(), 0).to_le_bytes());
     out[26..start].fill(0);
     out[26..26 + text.len()].copy_from_slice(text.as_bytes());
     out

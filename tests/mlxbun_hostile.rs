@@ -1,7 +1,8 @@
 //! Hostile files of the seed's cache-file format (mlx-bun's MLXBUNKV2): overflowing sizes, caches
 //! that disagree, overlapping tensors, malformed headers. Each is refused with nothing created.
-use latent_cache::core::mlxbun;
-use latent_cache::core::wyhash::{tensor_hash, wyhash};
+
+use latent_cache::core::persist::mlxbun;
+use latent_cache::core::persist::wyhash::{tensor_hash, wyhash};
 use latent_cache::ErrorKind;
 
 const ALIGN: usize = 16384;

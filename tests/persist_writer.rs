@@ -5,6 +5,7 @@
 mod common;
 
 use common::model::Rng;
+
 use latent_cache::core::persist;
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 

@@ -4,7 +4,7 @@ mod common;
 
 use common::core_check::{assert_matches, model_of};
 use common::model::{Model, Rng};
-use latent_cache::core::set::{change_all, merge_all};
+use latent_cache::core::cache::set::{change_all, merge_all};
 use latent_cache::{ErrorKind, Geometry, LatentCache, LayoutKind};
 
 fn geometry(layout: LayoutKind) -> Geometry {

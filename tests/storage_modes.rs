@@ -7,7 +7,8 @@ mod common;
 use common::check::{append_host, assert_equal, last_error};
 use common::codec_ref::{error_bound, stored};
 use common::model::{Model, Rng};
-use latent_cache::core::mlx_ops;
+
+use latent_cache::core::mlx::ops;
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::{latent_cache_config, latent_cache_config_default};
@@ -151,7 +152,7 @@ fn borrowed(a: mlx_array) -> std::mem::ManuallyDrop<Array> {
 /// strides), evaluated under the library's evaluation lock: the tests run on several threads,
 /// and MLX's evaluations must not overlap.
 fn host(a: &Array) -> Vec<f32> {
-    mlx_ops::to_host(&mlx_ops::contiguous(&mlx_ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
+    ops::to_host(&ops::contiguous(&ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
 }
 
 #[test]
@@ -187,12 +188,10 @@ fn packed_parts_are_what_mlx_dequantizes_to_the_state() {
         let state = host(&borrowed(latent));
         let (values, scales) = (borrowed(packed.values), borrowed(packed.scales));
         let decoded = match s {
-            S::Q8 | S::Q4 => {
-                host(&mlx_ops::dequantize(&values, &scales, &borrowed(packed.biases), 64, packed.bits as i32).unwrap())
-            }
+            S::Q8 | S::Q4 => host(&ops::dequantize(&values, &scales, &borrowed(packed.biases), 64, packed.bits as i32).unwrap()),
             S::Fp8 => {
-                let codes = mlx_ops::reshape(&mlx_ops::from_fp8(&values, Dtype::Float32).unwrap(), &[2, 5, 2, 128]).unwrap();
-                host(&mlx_ops::multiply(&codes, &mlx_ops::reshape(&scales, &[2, 5, 2, 1]).unwrap()).unwrap())
+                let codes = ops::reshape(&ops::from_fp8(&values, Dtype::Float32).unwrap(), &[2, 5, 2, 128]).unwrap();
+                host(&ops::multiply(&codes, &ops::reshape(&scales, &[2, 5, 2, 1]).unwrap()).unwrap())
             }
             _ => host(&values),
         };
@@ -216,9 +215,8 @@ fn bf16_and_f16_arrays_are_appended_in_every_mode() {
         for input in [Dtype::Bfloat16, Dtype::Float16] {
             let cache = new(&config(widths, [s, s, S::F32])).unwrap();
             let data: [Vec<f32>; 3] = std::array::from_fn(|f| samples(&mut rng, 2 * 3 * widths[f], false));
-            let arrays: Vec<Array> = (0..2)
-                .map(|f| mlx_ops::astype(&Array::from_slice(&data[f], &[2, 3, widths[f] as i32]), input).unwrap())
-                .collect();
+            let arrays: Vec<Array> =
+                (0..2).map(|f| ops::astype(&Array::from_slice(&data[f], &[2, 3, widths[f] as i32]), input).unwrap()).collect();
             let none = mlx_array { ctx: std::ptr::null_mut() };
             let status = unsafe {
                 latent_cache_append_latent(

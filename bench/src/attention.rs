@@ -8,15 +8,16 @@
 //! the step reads (for bandwidth).
 use std::time::Instant;
 
-use latent_cache::core::donor::{Donor, MaskMode};
-use latent_cache::core::eval::eval;
-use latent_cache::core::mlx_ops;
-use latent_cache::core::{decode_kernel, decode_wgmma, dsa_kernel};
+use latent_cache::core::attention::{Donor, MaskMode};
+use latent_cache::core::mlx::eval::eval;
+
 use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
 
 use crate::modes::{ModeSet, MODE_SETS};
 use crate::systems::WIDTHS;
+use latent_cache::core::kernels::cuda;
+use latent_cache::core::mlx::ops;
 
 /// GLM-5.2's attention: 64 query heads (qk_nope 192 + rope 64 wide before absorption); its
 /// indexer: 32 heads of width 128, top-2048.
@@ -68,9 +69,9 @@ fn filled(set: &ModeSet, batch: usize, context: usize) -> LatentCache {
     let mut done = 0;
     while done < context {
         // Each chunk scaled differently, so positions (and index scores) stay distinct.
-        let factor = mlx_ops::scalar(1.0 + done as f32 / context as f32);
+        let factor = ops::scalar(1.0 + done as f32 / context as f32);
         let take = n.min(context - done);
-        let part = |a: &Array, w: usize| mlx_ops::multiply(&mlx_ops::slice(a, &[0, 0, 0], &[batch, take, w]).unwrap(), &factor);
+        let part = |a: &Array, w: usize| ops::multiply(&ops::slice(a, &[0, 0, 0], &[batch, take, w]).unwrap(), &factor);
         let [l, r, k] = [(&chunk[0], RANK), (&chunk[1], ROPE), (&chunk[2], INDEX)].map(|(a, w)| part(a, w).unwrap());
         cache.append(&l, &r, Some(&k)).unwrap();
         cache.eval().unwrap();
@@ -111,9 +112,8 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
     let donor: Donor = cache.capture_donor_rows().unwrap();
     // Queries in the dtype an engine forms them in: float32 for the f32 mode, bfloat16 else.
     let dtype = if set.storage[0] == StorageMode::F32 { Dtype::Float32 } else { Dtype::Bfloat16 };
-    let q = |shape: &[usize], seed| {
-        mlx_ops::astype(&mlx_ops::multiply(&uniform(shape, seed), &mlx_ops::scalar(0.05)).unwrap(), dtype).unwrap()
-    };
+    let q =
+        |shape: &[usize], seed| ops::astype(&ops::multiply(&uniform(shape, seed), &ops::scalar(0.05)).unwrap(), dtype).unwrap();
     let (q_latent, q_rope) = (q(&[batch, HEADS, 1, RANK], 1), q(&[batch, HEADS, 1, ROPE], 2));
     let (q_index, weights) = (q(&[batch, INDEX_HEADS, 1, INDEX], 3), q(&[batch, 1, INDEX_HEADS], 4));
     eval([&q_latent, &q_rope, &q_index, &weights]).unwrap();
@@ -125,12 +125,12 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
     let dense = time(runs.0, runs.1, || eval([&attend()]).unwrap());
     out.push(record(set.name, "attention", batch, context, dense, runs.1, batch * context * attended));
     // Where the split-K kernel ran (and which partial pass), the labelled variants below.
-    let (launched, launched_wgmma) = (decode_kernel::KERNEL.launches(), decode_wgmma::KERNEL.launches());
+    let (launched, launched_wgmma) = (cuda::mla_decode::KERNEL.launches(), cuda::mla_decode_wgmma::KERNEL.launches());
     eval([&attend()]).unwrap();
-    let wgmma = decode_wgmma::KERNEL.launches() > launched_wgmma;
-    if decode_kernel::KERNEL.launches() > launched {
+    let wgmma = cuda::mla_decode_wgmma::KERNEL.launches() > launched_wgmma;
+    if cuda::mla_decode::KERNEL.launches() > launched {
         // Labelled variant: the same call with the split-K kernel off (MLX's ops, the fallback).
-        decode_kernel::KERNEL.set_enabled(false);
+        cuda::mla_decode::KERNEL.set_enabled(false);
         let t = time(runs.0, runs.1, || eval([&attend()]).unwrap());
         let name = format!("{} (MLX ops, kernel off)", set.name);
         out.push(record(&name, "attention", batch, context, t, runs.1, batch * context * attended));
@@ -141,19 +141,19 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
             t.map(|v| v / REPEAT as f64)
         };
         for (enabled, name) in [(false, name.as_str()), (true, set.name)] {
-            decode_kernel::KERNEL.set_enabled(enabled);
+            cuda::mla_decode::KERNEL.set_enabled(enabled);
             out.push(record(name, "attention_amortized", batch, context, amortized(), runs.1 / 5, batch * context * attended));
         }
-        decode_kernel::KERNEL.set_enabled(true);
+        cuda::mla_decode::KERNEL.set_enabled(true);
         if wgmma {
             // Labelled variant on a Hopper GPU: the kernel with its mma.sync partial pass (the one
             // other GPUs run) instead of the wgmma one.
-            decode_wgmma::KERNEL.set_enabled(false);
+            cuda::mla_decode_wgmma::KERNEL.set_enabled(false);
             let name = format!("{} (mma.sync kernel, wgmma off)", set.name);
             let t = time(runs.0, runs.1, || eval([&attend()]).unwrap());
             out.push(record(&name, "attention", batch, context, t, runs.1, batch * context * attended));
             out.push(record(&name, "attention_amortized", batch, context, amortized(), runs.1 / 5, batch * context * attended));
-            decode_wgmma::KERNEL.set_enabled(true);
+            cuda::mla_decode_wgmma::KERNEL.set_enabled(true);
         }
     }
     if sparse {
@@ -190,14 +190,14 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
             runs.1,
             batch * context * per_position(Family::IndexKeys),
         ));
-        let launched = dsa_kernel::KERNEL.launches();
+        let launched = cuda::dsa_scores::KERNEL.launches();
         step();
-        if dsa_kernel::KERNEL.launches() > launched {
+        if cuda::dsa_scores::KERNEL.launches() > launched {
             // Labelled variant: the index scores by MLX's ops (the kernel off).
-            dsa_kernel::KERNEL.set_enabled(false);
+            cuda::dsa_scores::KERNEL.set_enabled(false);
             let t = time(runs.0, runs.1, step);
             out.push(record(&format!("{} (MLX-ops index scores)", set.name), "attention_dsa", batch, context, t, runs.1, bytes));
-            dsa_kernel::KERNEL.set_enabled(true);
+            cuda::dsa_scores::KERNEL.set_enabled(true);
         }
     }
 }
@@ -218,7 +218,7 @@ fn points_of(quick: bool, gpu: bool) -> [(usize, &'static [usize]); 2] {
 pub fn run(quick: bool, gpu: bool, points: Option<&[(usize, usize)]>, only: Option<&str>) -> Vec<String> {
     // The attention's output is evaluated on this thread, as mlx-lm's is and as an engine's
     // step evaluates it (inside its own evaluation); not through the library's evaluation thread.
-    latent_cache::core::eval::set_evaluation_thread(false);
+    latent_cache::core::mlx::eval::set_evaluation_thread(false);
     // (warmup, samples), as bench/mlx_lm_attention_bench.py.
     let runs = match (quick, gpu) {
         (true, _) => (1, 5),

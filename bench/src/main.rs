@@ -326,7 +326,7 @@ fn main() {
             .map(|i| Maker { make: Box::new(move || Box::new(modes::OursMode::new(&modes::MODE_SETS[i]))), runs_alone: false })
             .chain(std::iter::once(Maker { make: Box::new(|| Box::new(modes::OursMode::bf16_inputs())), runs_alone: false }))
             .chain(
-                latent_cache::core::fp8_kernel::applies(1)
+                latent_cache::core::kernels::cuda::fp8_encode::applies(1)
                     .then(|| Maker { make: Box::new(|| Box::new(modes::OursMode::fp8_ops())), runs_alone: false }),
             )
             .collect(),

@@ -4,12 +4,13 @@
 //! (no values built), take the latent's and rope's stored parts, evaluate once. For float32 the
 //! parts are the plain views, so the f32 row is the library's usual decode step. Plus each
 //! mode's accuracy on Gaussian and heavy-tailed values.
-use latent_cache::core::eval::eval;
-use latent_cache::core::fp8_kernel;
+use latent_cache::core::mlx::eval::eval;
+
 use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 use mlx_rs::Array;
 
 use crate::systems::{geometry, is_dsa, Inputs, Step, System, LAYERS};
+use latent_cache::core::kernels::cuda;
 
 /// A configuration of the three families' modes, named as the report shows it.
 pub struct ModeSet {
@@ -98,7 +99,7 @@ impl OursMode {
         };
         let key = given.arrays[0].as_ptr().ctx as usize;
         if converted.as_ref().map(|(k, _)| *k) != Some(key) {
-            let arrays = given.arrays.each_ref().map(|a| latent_cache::core::mlx_ops::astype(a, *dtype).unwrap());
+            let arrays = given.arrays.each_ref().map(|a| latent_cache::core::mlx::ops::astype(a, *dtype).unwrap());
             eval(arrays.iter()).unwrap();
             *converted = Some((key, arrays));
         }
@@ -136,9 +137,9 @@ impl System for OursMode {
 impl OursMode {
     /// One forward's appends and the parts it keeps, unevaluated.
     fn step_outputs(&mut self, given: &Inputs, step: Step) -> Vec<Array> {
-        fp8_kernel::KERNEL.set_enabled(!self.fp8_ops);
+        cuda::fp8_encode::KERNEL.set_enabled(!self.fp8_ops);
         let outputs = self.appended(given, step);
-        fp8_kernel::KERNEL.set_enabled(true);
+        cuda::fp8_encode::KERNEL.set_enabled(true);
         outputs
     }
 
@@ -167,7 +168,7 @@ impl OursMode {
 pub fn op_counts() -> Vec<String> {
     let mut sets: Vec<OursMode> = MODE_SETS.iter().map(OursMode::new).collect();
     sets.push(OursMode::bf16_inputs());
-    if fp8_kernel::applies(1) {
+    if cuda::fp8_encode::applies(1) {
         sets.push(OursMode::fp8_ops());
     }
     let fill = Inputs::new(1, 64, 0.5);

@@ -6,9 +6,11 @@
 use std::path::Path;
 use std::time::Instant;
 
-use latent_cache::core::{eval::eval, mlxbun, persist};
+use latent_cache::core::mlx::eval::eval;
 
 use crate::systems::{model_layers, Inputs};
+use latent_cache::core::persist;
+use latent_cache::core::persist::mlxbun;
 
 fn seconds(f: impl FnOnce()) -> f64 {
     let start = Instant::now();

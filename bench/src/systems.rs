@@ -1,8 +1,9 @@
 //! The systems under test, behind one trait so every scenario drives them identically:
 //! this library through its Rust API and through its C ABI (the mlx_array path), and the seed's
 //! reference strategy (concatenate every family on every append, copy on every trim).
-use latent_cache::core::eval::eval;
-use latent_cache::core::mlx_ops;
+use latent_cache::core::mlx::eval::eval;
+
+use latent_cache::core::mlx::ops;
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
@@ -366,7 +367,7 @@ impl System for Concat {
             for f in 0..Concat::families(l) {
                 let stored = layer[f].as_ref().unwrap();
                 let shape = stored.shape();
-                let kept = mlx_ops::slice(stored, &[0, 0, 0], &[shape[0] as usize, new_offset, shape[2] as usize]).unwrap();
+                let kept = ops::slice(stored, &[0, 0, 0], &[shape[0] as usize, new_offset, shape[2] as usize]).unwrap();
                 // The seed copies on trim: materialize the prefix as a new array.
                 let copy = mlx_rs::ops::add(&kept, Array::from_f32(0.0)).unwrap();
                 outputs.push(copy.clone());

@@ -4,7 +4,7 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    if let Ok((layers, _)) = latent_cache::core::mlxbun::load_from_bytes(data) {
+    if let Ok((layers, _)) = latent_cache::core::persist::mlxbun::load_from_bytes(data) {
         assert!(!layers.is_empty(), "a load returns at least one layer");
     }
 });

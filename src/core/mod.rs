@@ -1,38 +1,31 @@
 //! The core: plain Rust over mlx-rs, returning `Result`; it knows nothing of C.
+//!
+//! Rooms, bottom-up (each imports only rooms listed before it):
+//!
+//! | room | what it is for |
+//! |---|---|
+//! | [`error`] | `CacheError`, `ErrorKind`, `Result` |
+//! | [`layout`] | rows as integers: row layout, composed boundaries, padded-prefill records |
+//! | [`mlx`] | the one door to MLX: checked operations, evaluation, the memory limit |
+//! | [`model`] | a layer's geometry, families, storage modes as facts, model presets |
+//! | [`kernels`] | our CUDA and Metal kernels (sources in real files), each optional |
+//! | [`storage`] | positions as MLX arrays: buffers written in place, codecs, the hot side |
+//! | [`cache`] | `LatentCache`: one layer's API, rounds, rows, prefills, composed storage, sets |
+//! | [`attention`] | donor rows and attention over them: dense, DSA, through the kernels |
+//! | [`persist`] | files: mlx-lm's safetensors format and the seed's `.mlxbun` |
+pub mod attention;
 pub mod cache;
-pub mod boundary;
-pub mod checksum;
-pub mod codec;
-pub mod composed;
-pub mod cuda_kernel;
-pub mod decode_kernel;
-pub mod decode_metal;
-pub mod decode_wgmma;
-pub mod donor;
-pub mod dsa_kernel;
 pub mod error;
-pub mod eval;
-pub mod families;
-pub mod fp8_kernel;
-pub mod geometry;
+pub mod kernels;
 pub mod layout;
-pub mod memory;
-pub mod metal_kernel;
-pub mod mlx_math;
-pub mod mlx_ops;
-pub mod mlxbun;
+pub mod mlx;
+pub mod model;
 pub mod persist;
-pub mod prefill;
-pub mod rows;
-pub mod safetensors;
-pub mod set;
 pub mod storage;
-pub mod tensor_bytes;
-pub mod wyhash;
 
-pub use cache::{LatentCache, LatentState};
-pub use codec::StorageMode;
+pub use cache::{Change, LatentCache, LatentState};
 pub use error::{CacheError, ErrorKind, Result};
-pub use families::Families;
-pub use geometry::{Family, Geometry, Role};
-pub use layout::{LayoutKind, RowLayout};
+pub use layout::row_layout::{LayoutKind, RowLayout};
+pub use model::families::Families;
+pub use model::geometry::{Family, Geometry, Role};
+pub use model::storage_mode::StorageMode;

@@ -15,7 +15,9 @@ use super::handle::with_cache;
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use super::storage::latent_cache_storage;
-use crate::core::{eval, mlx_ops, LatentState};
+use crate::core::mlx::eval;
+use crate::core::mlx::ops;
+use crate::core::LatentState;
 
 /// Borrows a caller's array for the call without taking ownership.
 unsafe fn borrow(array: mlx_array, name: &str) -> FfiResult<ManuallyDrop<Array>> {
@@ -263,7 +265,7 @@ pub unsafe extern "C" fn latent_cache_array_from_host(
     ffi_boundary! {
         let data = unsafe { in_slice(data, data_len, "data") }?;
         let out = out_ptr(out, "out")?;
-        let array = mlx_ops::from_host(data, &[batch, tokens, width], "data")?;
+        let array = ops::from_host(data, &[batch, tokens, width], "data")?;
         unsafe { write(out, give(array)) };
         Ok(())
     }
@@ -288,7 +290,7 @@ pub unsafe extern "C" fn latent_cache_array_from_host_shape(
         if shape.is_empty() || shape.len() > 8 {
             return Err(Failure::new(latent_cache_status::Shape, format!("ndim is {}; 1 to 8 extents are taken", shape.len())));
         }
-        let array = mlx_ops::from_host(data, shape, "data")?;
+        let array = ops::from_host(data, shape, "data")?;
         unsafe { write(out, give(array)) };
         Ok(())
     }
@@ -308,7 +310,7 @@ pub unsafe extern "C" fn latent_cache_array_to_host(
     ffi_boundary! { unsafe {
         let written = out_ptr(written, "written")?;
         let array = borrow(array, "array")?;
-        let values = mlx_ops::to_host(&mlx_ops::contiguous(&mlx_ops::astype(&array, mlx_rs::Dtype::Float32)?)?)?;
+        let values = ops::to_host(&ops::contiguous(&ops::astype(&array, mlx_rs::Dtype::Float32)?)?)?;
         copy_out(out, out_len, &values, written, "out")
     } }
 }

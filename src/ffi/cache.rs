@@ -8,7 +8,8 @@ use super::family::family;
 use super::handle::{latent_cache, with_cache, Handle, Release};
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
-use crate::core::{Family, LatentCache};
+use crate::core::Family;
+use crate::core::LatentCache;
 
 /// Creates an empty cache with the geometry in `*config`.
 ///

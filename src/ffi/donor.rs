@@ -13,7 +13,7 @@ use super::error::{set_last_error, Failure, FfiResult};
 use super::handle::{latent_cache, next_token, with_cache};
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
-use crate::core::donor::{Donor, MaskMode};
+use crate::core::attention::{Donor, MaskMode};
 
 /// A snapshot of a cache's rows (`latent_cache_capture_donor_rows`). Opaque; a token released
 /// with `latent_cache_donor_free`, never reused.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::error::Failure;
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
-use crate::core::eval::{set_eval_lock, set_evaluation_thread, EvalLock};
+use crate::core::mlx::eval::{set_eval_lock, set_evaluation_thread, EvalLock};
 
 /// A lock or unlock callback; receives the `ctx` given to `latent_cache_set_eval_lock`.
 pub type latent_cache_lock_fn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;

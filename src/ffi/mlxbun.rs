@@ -8,7 +8,8 @@ use super::panic::ffi_boundary;
 use super::persist::path;
 use super::set::{latent_cache_set, register_set, with_set_layers};
 use super::status::latent_cache_status;
-use crate::core::mlxbun::{self, MlxbunInfo};
+use crate::core::persist::mlxbun;
+use crate::core::persist::mlxbun::MlxbunInfo;
 
 /// What a file of the seed's format says besides the caches. Every pointer is borrowed for the
 /// call; a NULL string is left out of the file.

@@ -9,6 +9,7 @@ use super::handle::{latent_cache, with_cache, Handle};
 use super::panic::ffi_boundary;
 use super::set::{latent_cache_set, register_set, with_set_layers};
 use super::status::latent_cache_status;
+
 use crate::core::persist;
 use crate::core::LatentCache;
 

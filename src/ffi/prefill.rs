@@ -5,7 +5,7 @@ use super::handle::{latent_cache, with_cache};
 use super::panic::ffi_boundary;
 use super::set::{latent_cache_set, with_layers};
 use super::status::latent_cache_status;
-use crate::core::set::change_all;
+use crate::core::cache::set::change_all;
 use crate::core::LatentCache;
 
 /// The three optional per-row vectors of a prepare, each `rows` long or NULL (absent).

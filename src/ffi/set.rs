@@ -12,7 +12,8 @@ use super::error::{set_last_error, Failure, FfiResult};
 use super::handle::{latent_cache, next_token, Handle, Release};
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
-use crate::core::set::{change_all, glm52_layers, make_all, merge_all};
+use crate::core::cache::set::{change_all, make_all, merge_all};
+use crate::core::model::presets::glm52_layers;
 use crate::core::LatentCache;
 
 /// A model's caches as one handle. Opaque: a token from `latent_cache_set_new` (or
@@ -65,7 +66,7 @@ pub(crate) fn with_set_layers<T>(
     f: impl FnOnce(&mut [&mut LatentCache]) -> FfiResult<T>,
 ) -> FfiResult<T> {
     with_layers(ptr, |layers| {
-        crate::core::set::check_agree(layers)?;
+        crate::core::cache::set::check_agree(layers)?;
         f(layers)
     })
 }
@@ -289,7 +290,7 @@ pub unsafe extern "C" fn latent_cache_set_extract_row(
     ffi_boundary! {
         let out = out_ptr(out, "out")?;
         let caches = with_layers(set, |layers| {
-            crate::core::set::check_agree(layers)?;
+            crate::core::cache::set::check_agree(layers)?;
             Ok(make_all(layers.len(), |i| layers[i].extract_row(row))?)
         })?;
         unsafe { write(out, register_set(caches)) };

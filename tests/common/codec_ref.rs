@@ -5,7 +5,7 @@
 //! them). `error_bound` gives each mode's documented worst case against the float32 input.
 #![allow(dead_code)]
 
-use latent_cache::core::mlx_ops;
+use latent_cache::core::mlx::ops;
 use latent_cache::StorageMode;
 use mlx_rs::{Array, Dtype};
 
@@ -48,10 +48,10 @@ fn mlx_affine(values: &[f32], width: usize, bits: i32) -> Vec<f32> {
     // Built on the library's stream and evaluated by the library: tests run on several threads,
     // and the library evaluates on a thread of its own, which cannot see a test thread's stream.
     let x = Array::from_slice(values, &[(values.len() / width) as i32, width as i32]);
-    let x = mlx_ops::astype(&x, Dtype::Bfloat16).unwrap();
-    let parts = mlx_ops::quantize(&x, 64, bits).unwrap();
-    let back = mlx_ops::dequantize(&parts[0], &parts[1], &parts[2], 64, bits).unwrap();
-    mlx_ops::to_host(&mlx_ops::astype(&back, Dtype::Float32).unwrap()).unwrap()
+    let x = ops::astype(&x, Dtype::Bfloat16).unwrap();
+    let parts = ops::quantize(&x, 64, bits).unwrap();
+    let back = ops::dequantize(&parts[0], &parts[1], &parts[2], 64, bits).unwrap();
+    ops::to_host(&ops::astype(&back, Dtype::Float32).unwrap()).unwrap()
 }
 
 /// The largest error `mode` may make on any value of `values` (one position's group or block

@@ -7,13 +7,13 @@
 //! bit, the compact model below its boundary and the hot model from it on.
 #![allow(dead_code)]
 
-use latent_cache::core::mlx_ops;
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind};
 use mlx_rs::Dtype;
 
 use super::composed_rule::{boundary, BLOCK};
 use super::core_check::widths;
 use super::model::Model;
+use latent_cache::core::mlx::ops;
 
 pub fn bits(values: &[f32]) -> Vec<u32> {
     values.iter().map(|v| v.to_bits()).collect()
@@ -161,7 +161,7 @@ impl Reference {
             let w = self.compact.widths[f];
             let composed = self.g.is_composed(family);
             let view = state.get(family).unwrap();
-            let window = mlx_ops::to_host(&mlx_ops::astype(view, Dtype::Float32).unwrap()).unwrap();
+            let window = ops::to_host(&ops::astype(view, Dtype::Float32).unwrap()).unwrap();
             for row in 0..self.rows() {
                 let got = bits(&cache.read_row(family, row).unwrap());
                 let lo = (row * offset + cache.left_pad()[row]) * w;

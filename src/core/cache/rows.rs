@@ -1,0 +1,273 @@
+//! Speculative rounds and batch row operations on `LatentCache`: rollback (equal drops move the
+//! offset; unequal drops move ragged row ends, or shift right-justified rows in place), filter,
+//! extract and merge. Every rebuild assembles new storage from row pieces, evaluated during the
+//! call, and is committed only once it exists.
+use crate::core::cache::{Change, LatentCache, RowMove};
+use crate::core::error::{fail, Result};
+use crate::core::layout::row_layout::{Relayout, Rollback, RowLayout};
+use crate::core::storage::buffers::{RowPiece, MIN_CAPACITY};
+
+impl LatentCache {
+    /// A change that keeps storage and sets the layout to `layout`.
+    pub(crate) fn relabel(&self, layout: RowLayout) -> Change {
+        let (reserved, prefill, maintaining) = (self.reserved, self.prefill.clone(), self.maintaining);
+        Change { layout, pending: None, reserved, prefill, hot: None, maintaining }
+    }
+
+    /// Applies a prepared change.
+    pub fn apply(&mut self, change: Change) {
+        if let Some(pending) = change.pending {
+            self.storage.commit(pending);
+        }
+        if let (Some(hot), Some(change)) = (&mut self.hot, change.hot) {
+            hot.apply(change);
+        }
+        self.layout = change.layout;
+        self.reserved = change.reserved;
+        self.prefill = change.prefill;
+        self.maintaining = change.maintaining;
+        self.settle();
+    }
+
+    /// Records every row's position count; appends and reads then behave as usual.
+    pub fn spec_round_begin(&mut self) -> Result<()> {
+        let change = self.prepare_round_begin()?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_round_begin(&self) -> Result<Change> {
+        if self.in_prefill() {
+            return fail!(State, "a speculative round cannot begin inside a prefill (call prefill_finalize first)");
+        }
+        let mut layout = self.layout.clone();
+        layout.begin_round()?;
+        Ok(self.relabel(layout))
+    }
+
+    /// Keeps everything appended in the round.
+    pub fn spec_round_commit(&mut self) -> Result<()> {
+        let change = self.prepare_round_commit()?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_round_commit(&self) -> Result<Change> {
+        let mut layout = self.layout.clone();
+        layout.commit_round()?;
+        Ok(self.relabel(layout))
+    }
+
+    /// Row `b` keeps the first `keep[b]` positions it appended in the round. Equal drops move the
+    /// offset; unequal drops move ragged row ends, or shift right-justified rows in place (kept
+    /// values are exact).
+    pub fn spec_round_rollback(&mut self, keep: &[usize]) -> Result<()> {
+        let change = self.prepare_rollback(keep)?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_rollback(&self, keep: &[usize]) -> Result<Change> {
+        self.prepare_plan(self.layout.plan_rollback(keep)?)
+    }
+
+    pub(crate) fn prepare_plan(&self, plan: Rollback) -> Result<Change> {
+        match plan {
+            Rollback::Trim(n) => {
+                let mut layout = self.layout.clone();
+                layout.trim(n);
+                layout.finish_rollback();
+                Ok(self.relabel(layout))
+            }
+            Rollback::Ends(layout) => Ok(self.relabel(layout)),
+            Rollback::Relayout(plan) => self.prepare_relayout(&plan),
+        }
+    }
+
+    /// Rollback with one keep count for every row.
+    pub fn spec_round_rollback_all(&mut self, keep: usize) -> Result<()> {
+        let change = self.prepare_rollback_all(keep)?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_rollback_all(&self, keep: usize) -> Result<Change> {
+        if self.batch_size() == 0 && keep > 0 && self.in_spec_round() {
+            return fail!(OutOfRange, "the round appended nothing; cannot keep {keep}");
+        }
+        self.prepare_rollback(&vec![keep; self.batch_size()])
+    }
+
+    /// Drops the last `n` positions of every row (see `trim`), as a change.
+    pub fn prepare_trim(&self, n: usize, bypass: bool) -> Result<Change> {
+        self.layout.check_trim(n, bypass)?;
+        self.check_composed_trim(n, bypass)?;
+        let mut layout = self.layout.clone();
+        layout.trim(n);
+        Ok(self.relabel(layout))
+    }
+
+    fn prepare_relayout(&self, plan: &Relayout) -> Result<Change> {
+        let new = &plan.layout;
+        let pieces: Vec<RowPiece<'_>> = (0..plan.rows.len())
+            .map(|b| {
+                let lo = new.left_pad()[b];
+                let at = |pos: usize| (pos as isize + plan.shift[b]) as usize;
+                let hi = new.row_ends()[b];
+                RowPiece { source: &self.storage, row: plan.rows[b], lo: at(lo), hi: at(hi), dest_row: b, dest_lo: lo }
+            })
+            .collect();
+        let same_rows = plan.rows.iter().enumerate().all(|(b, &row)| b == row) && plan.rows.len() == self.batch_size();
+        let in_place = same_rows && new.offset() <= self.storage.capacity();
+        let moves: Vec<RowMove<'_>> = pieces
+            .iter()
+            .map(|p| RowMove { source: self, row: p.row, lo: p.lo, hi: p.hi, dest_row: p.dest_row, dest_lo: p.dest_lo })
+            .collect();
+        let converted = self.converted_positions();
+        let converted = plan.rows.iter().map(|&r| converted.get(r).copied().unwrap_or(0)).collect();
+        let hot = self.prepare_hot_rows(&moves, new, converted, in_place)?;
+        let pending = if in_place {
+            // A rollback: only the rows that shift move, in place, and only their positions.
+            let moving: Vec<RowPiece<'_>> = pieces.into_iter().filter(|p| p.lo != p.dest_lo && p.hi > p.lo).collect();
+            self.storage.prepare_move(&moving)?
+        } else {
+            let capacity = self.storage.capacity().max(new.offset());
+            self.storage.prepare_assemble(plan.rows.len(), capacity, &pieces)?
+        };
+        let mut layout = plan.layout.clone();
+        layout.finish_rollback();
+        Ok(Change { pending: Some(pending), hot, ..self.relabel(layout) })
+    }
+
+    /// Keeps rows `rows` in that order and drops the padding no kept row needs.
+    pub fn filter_rows(&mut self, rows: &[usize]) -> Result<()> {
+        let change = self.prepare_filter(rows)?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_filter(&self, rows: &[usize]) -> Result<Change> {
+        let plan = self.layout.plan_filter(rows)?;
+        let mut change = self.prepare_relayout(&plan)?;
+        change.prefill = self.prefill.as_ref().map(|p| p.keep_rows(rows));
+        Ok(change)
+    }
+
+    /// Makes room for `tokens` positions per row now (see `reserve`), as a change.
+    pub fn prepare_reserve(&self, tokens: usize) -> Result<Change> {
+        let max = self.geometry.max_tokens;
+        if tokens > i32::MAX as usize || (max != 0 && tokens > max) {
+            return fail!(Capacity, "cannot reserve {tokens} positions (max_tokens {max}, and at most INT32_MAX)");
+        }
+        let pending = match self.batch_size() {
+            0 => {
+                self.storage.check_row(tokens)?;
+                None
+            }
+            _ => self.storage.prepare_reserve(tokens, self.offset())?,
+        };
+        let reserved = self.reserved.max(tokens);
+        Ok(Change { pending, reserved, ..self.relabel(self.layout.clone()) })
+    }
+
+    /// A new single-row cache holding exactly row `row`'s valid positions.
+    pub fn extract_row(&self, row: usize) -> Result<LatentCache> {
+        if row >= self.batch_size() {
+            return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
+        }
+        let mut out = LatentCache::new(self.geometry)?;
+        // A row leaving mid-prefill leaves with its prompt's positions, without its right padding.
+        let (lo, hi) = (self.layout.left_pad()[row], self.prefill_valid_end(row));
+        out.fill_from(&[(self, row, lo, hi)], &[hi - lo])?;
+        Ok(out)
+    }
+
+    /// Fills this empty cache from `(source, row, lo, hi)` pieces, one per new row, with the
+    /// given row lengths (laid out as this cache's layout rebuilds rows). Room for the
+    /// reservation, or for one growth step.
+    fn fill_from(&mut self, rows: &[(&LatentCache, usize, usize, usize)], lengths: &[usize]) -> Result<()> {
+        let layout = RowLayout::packed(self.layout.kind(), lengths);
+        let mut capacity = (layout.offset() + MIN_CAPACITY).max(self.reserved);
+        if self.geometry.max_tokens != 0 {
+            capacity = capacity.min(self.geometry.max_tokens).max(layout.offset());
+        }
+        let pieces: Vec<RowPiece<'_>> = rows
+            .iter()
+            .enumerate()
+            .map(|(b, &(source, row, lo, hi))| RowPiece {
+                source: &source.storage,
+                row,
+                lo,
+                hi,
+                dest_row: b,
+                dest_lo: layout.left_pad()[b],
+            })
+            .collect();
+        let moves: Vec<RowMove<'_>> = rows
+            .iter()
+            .zip(&pieces)
+            .map(|(&(source, ..), p)| RowMove {
+                source,
+                row: p.row,
+                lo: p.lo,
+                hi: p.hi,
+                dest_row: p.dest_row,
+                dest_lo: p.dest_lo,
+            })
+            .collect();
+        // A row keeps its boundary, within the positions it brings.
+        let converted = rows
+            .iter()
+            .zip(lengths)
+            .map(|(&(source, row, ..), &len)| source.converted_positions().get(row).copied().unwrap_or(0).min(len))
+            .collect();
+        let hot = self.prepare_hot_rows(&moves, &layout, converted, false)?;
+        let pending = self.storage.prepare_assemble(rows.len(), capacity, &pieces)?;
+        self.storage.commit(pending);
+        if let (Some(side), Some(change)) = (&mut self.hot, hot) {
+            side.apply(change);
+        }
+        self.layout.adopt(layout);
+        self.settle();
+        Ok(())
+    }
+
+    /// Fills this empty cache with every row of every source, in order, right-justified to the
+    /// longest. A source without rows contributes one empty row. Sources are not changed.
+    pub fn merge_rows(&mut self, sources: &[&LatentCache]) -> Result<()> {
+        if sources.is_empty() {
+            return fail!(InvalidArgument, "merge needs at least one source");
+        }
+        if self.batch_size() != 0 || self.in_spec_round() || self.prefill.is_some() {
+            return fail!(State, "the merge destination must be empty, outside a round and outside a prefill");
+        }
+        let mut rows = Vec::new();
+        let mut lengths = Vec::new();
+        for (i, source) in sources.iter().enumerate() {
+            // Geometry, limit, storage, layout and role: not only the signature string.
+            if source.geometry != self.geometry {
+                return fail!(
+                    InvalidArgument,
+                    "source {i} is {} but the destination is {}",
+                    source.geometry.describe(),
+                    self.geometry.describe()
+                );
+            }
+            if source.batch_size() == 0 {
+                rows.push((*source, 0, 0, 0));
+                lengths.push(0);
+            }
+            for (row, &pad) in source.left_pad().iter().enumerate() {
+                // A source mid-prefill gives its rows' prompts, as `extract_row` does.
+                let end = source.prefill_valid_end(row);
+                rows.push((*source, row, pad, end));
+                lengths.push(end - pad);
+            }
+        }
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        if self.geometry.max_tokens != 0 && longest > self.geometry.max_tokens {
+            return fail!(Capacity, "a merged row of {longest} positions exceeds max_tokens ({})", self.geometry.max_tokens);
+        }
+        self.fill_from(&rows, &lengths)
+    }
+}

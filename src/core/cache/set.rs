@@ -1,0 +1,93 @@
+//! A model's caches moved together: every set-wide operation prepares each layer's change first
+//! (the step that may fail, and allocates) and applies them only once every layer prepared, so a
+//! failure on any layer leaves every layer as it was. Layers that disagree about their rows (a
+//! caller drove one layer alone) are reported instead of being changed.
+use crate::core::cache::Change;
+use crate::core::cache::LatentCache;
+use crate::core::error::{fail, Result};
+
+/// Refuses a set-wide call on layers whose rows or rounds differ.
+pub fn check_agree(layers: &[&mut LatentCache]) -> Result<()> {
+    check_layers_agree(&layers.iter().map(|l| &**l).collect::<Vec<_>>())
+}
+
+fn check_layers_agree(layers: &[&LatentCache]) -> Result<()> {
+    let Some(first) = layers.first() else {
+        return Ok(());
+    };
+    for (i, layer) in layers.iter().enumerate().skip(1) {
+        if layer.prefill != first.prefill {
+            return fail!(State, "layer {i} and layer 0 differ in their open prefill: a layer was driven alone");
+        }
+        if layer.row_offsets() != first.row_offsets() || layer.in_spec_round() != first.in_spec_round() {
+            return fail!(
+                State,
+                "layer {i} holds rows {:?}{} but layer 0 holds {:?}{}: a layer was driven alone",
+                layer.row_offsets(),
+                if layer.in_spec_round() { " in a round" } else { "" },
+                first.row_offsets(),
+                if first.in_spec_round() { " in a round" } else { "" }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Prepares `prepare(layer)` on every layer, then applies them all; the first failure is
+/// returned with no layer changed.
+pub fn change_all(layers: &mut [&mut LatentCache], prepare: impl Fn(&LatentCache) -> Result<Change>) -> Result<()> {
+    check_agree(layers)?;
+    let mut changes = Vec::with_capacity(layers.len());
+    for (i, layer) in layers.iter().enumerate() {
+        changes.push(prepare(layer).map_err(|mut err| {
+            err.message = format!("layer {i}: {}", err.message);
+            err
+        })?);
+    }
+    for (layer, change) in layers.iter_mut().zip(changes) {
+        layer.apply(change);
+    }
+    Ok(())
+}
+
+/// `count` new caches made by `make(i)`; the first failure is returned and every cache made so
+/// far dropped (whatever `make` reads is not changed).
+pub fn make_all(count: usize, make: impl Fn(usize) -> Result<LatentCache>) -> Result<Vec<LatentCache>> {
+    (0..count)
+        .map(|i| {
+            make(i).map_err(|mut err| {
+                err.message = format!("layer {i}: {}", err.message);
+                err
+            })
+        })
+        .collect()
+}
+
+/// Fills the empty layers `destination` with every row of every source set, in order
+/// (`sources[k][i]` is source `k`'s layer `i`), layer by layer as `LatentCache::merge_rows`
+/// does; merged into new caches first, swapped in only when every layer merged.
+pub fn merge_all(destination: &mut [&mut LatentCache], sources: &[Vec<&LatentCache>]) -> Result<()> {
+    check_agree(destination)?;
+    for (k, source) in sources.iter().enumerate() {
+        if source.len() != destination.len() {
+            return fail!(InvalidArgument, "source {k} has {} layers; the destination has {}", source.len(), destination.len());
+        }
+        check_layers_agree(source).map_err(|mut err| {
+            err.message = format!("source {k}: {}", err.message);
+            err
+        })?;
+    }
+    let merged = make_all(destination.len(), |i| {
+        let mut layer = LatentCache::new(destination[i].geometry)?;
+        if destination[i].batch_size() != 0 || destination[i].in_spec_round() || destination[i].in_prefill() {
+            return fail!(State, "the merge destination must be empty, outside a round and outside a prefill");
+        }
+        layer.reserved = destination[i].reserved;
+        layer.merge_rows(&sources.iter().map(|s| s[i]).collect::<Vec<_>>())?;
+        Ok(layer)
+    })?;
+    for (layer, new) in destination.iter_mut().zip(merged) {
+        **layer = new;
+    }
+    Ok(())
+}
