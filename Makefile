@@ -68,6 +68,7 @@ test: build check-header lint test-rust test-c test-valgrind check-symbols test-
 
 test-rust: deps
 	cargo test --release -p latent-cache
+	cargo test --release -p latent-cache-bench --bins
 
 # Files exchanged with mlx-lm itself (its save_prompt_cache / load_prompt_cache), on PyPI's
 # mlx and mlx-lm of the versions the benchmarks use.

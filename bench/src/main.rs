@@ -1,4 +1,4 @@
-//! `latent-cache-bench [--quick] [--gpu] [--modes] [--points BxT,...] [--no-concat] [--c-first] [--out FILE]`:
+//! `latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --attention] [--points BxT,...] [--no-concat] [--c-first] [--out FILE]`:
 //! decode steps, speculative rounds and chunked prefill for this library (Rust API, C ABI) and
 //! the seed's concatenate strategy, on a GLM-5.2-shaped model, in one process. Writes one JSON
 //! record per (system, scenario, batch, context) to FILE (default target/bench/rust.json).
@@ -20,6 +20,8 @@
 //!   1K and 4K positions per row (and 16K with `--gpu`: 25 GB per system).
 //! - `--attention`: one layer's decode attention through the read path per storage mode, and
 //!   DSA's sparse step (see `attention.rs`); mlx-lm's peer is bench/mlx_lm_attention_bench.py.
+//!   `--only NAME` runs one of its parts.
+//! - `--help`: this usage. An unknown flag is refused with it (exit status 2) before anything runs.
 mod attention;
 mod modes;
 mod persist;
@@ -296,7 +298,66 @@ struct Maker {
     runs_alone: bool,
 }
 
+/// Flags the driver takes, and whether each is followed by a value.
+const FLAGS: [(&str, bool); 11] = [
+    ("--quick", false),
+    ("--gpu", false),
+    ("--modes", false),
+    ("--rounds", false),
+    ("--persist", false),
+    ("--attention", false),
+    ("--no-concat", false),
+    ("--c-first", false),
+    ("--points", true),
+    ("--out", true),
+    ("--only", true),
+];
+
+const USAGE: &str = "usage: latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --attention [--only NAME]]
+                          [--points BxT,...] [--no-concat] [--c-first] [--out FILE]
+(see the top of bench/src/main.rs for what each flag does)";
+
+/// Refuses what the driver does not know before anything runs: an unknown flag, a flag without
+/// its value, or `--points` that are not `BATCHxCONTEXT,...`. `--help` prints the usage.
+/// `Ok(true)` when the usage was asked for.
+fn check_args(args: &[String]) -> Result<bool, String> {
+    let mut i = 1;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        if arg == "--help" || arg == "-h" {
+            return Ok(true);
+        }
+        let Some(&(_, takes_value)) = FLAGS.iter().find(|(flag, _)| *flag == arg) else {
+            return Err(format!("unknown argument {arg:?}"));
+        };
+        if takes_value {
+            let Some(value) = args.get(i + 1).filter(|v| !v.starts_with("--")) else {
+                return Err(format!("{arg} needs a value"));
+            };
+            let point =
+                |p: &str| p.split_once('x').is_some_and(|(b, c)| b.parse::<usize>().is_ok() && c.parse::<usize>().is_ok());
+            if arg == "--points" && !value.split(',').all(point) {
+                return Err(format!("--points wants BATCHxCONTEXT,..., got {value:?}"));
+            }
+            i += 1;
+        }
+        i += 1;
+    }
+    Ok(false)
+}
+
 fn main() {
+    match check_args(&std::env::args().collect::<Vec<_>>()) {
+        Ok(false) => {}
+        Ok(true) => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(why) => {
+            eprintln!("latent-cache-bench: {why}\n{USAGE}");
+            std::process::exit(2);
+        }
+    }
     let cfg = config();
     let mut out = Vec::new();
     if std::env::args().any(|a| a == "--attention") {
@@ -381,4 +442,29 @@ fn main() {
         std::fs::create_dir_all(dir).unwrap();
     }
     std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_args;
+
+    fn check(line: &str) -> Result<bool, String> {
+        check_args(&std::iter::once("bench").chain(line.split_whitespace()).map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn known_flags_pass_and_help_is_usage() {
+        assert_eq!(check(""), Ok(false));
+        assert_eq!(check("--attention --only bf16 --quick --out x.json"), Ok(false));
+        assert_eq!(check("--points 1x1024,8x4096 --no-concat --c-first --gpu"), Ok(false));
+        assert_eq!(check("--help"), Ok(true));
+        assert_eq!(check("--quick -h"), Ok(true));
+    }
+
+    #[test]
+    fn unknown_flags_and_missing_values_are_refused() {
+        for line in ["--bogus", "--quick extra", "--out", "--out --quick", "--points 1x", "--points 8", "--only"] {
+            assert!(check(line).is_err(), "{line:?} was accepted");
+        }
+    }
 }
