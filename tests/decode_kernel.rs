@@ -6,7 +6,7 @@
 //! pairs past one 64-row block. On MLX's CUDA backend this is the split-K
 //! kernel's test (each case checks that the kernel ran, and on a compute capability 9.0 GPU runs
 //! with its wgmma partial pass and with the mma.sync one); on an Apple GPU it is the Metal
-//! kernel's test for float storage that is not composed (`decode_metal`; each such case checks
+//! kernel's test for float storage that is not composed (`metal::mla_decode`; each such case checks
 //! that it ran); elsewhere the same cases check the MLX-ops path, which the kernels fall back to.
 mod common;
 
@@ -183,7 +183,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     for mode in [MaskMode::None, MaskMode::Causal] {
         let kernel = on_cuda || metal(mode);
         let tolerance = if kernel { KERNEL_TOLERANCE } else { FALLBACK_TOLERANCE };
-        let before = cuda::mla_decode::KERNEL.launches();
+        let (before, before_metal) = (cuda::mla_decode::KERNEL.launches(), metal::mla_decode::KERNEL.launches());
         let before_wgmma = cuda::mla_decode_wgmma::KERNEL.launches();
         let out = donor.attend(&arr(&q_latent, case.rank), &arr(&q_rope, case.rope), scale, mode, None).unwrap();
         let got = ops::to_host(&out).unwrap();
@@ -197,7 +197,14 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
             case.hot_window,
             cache.converted_positions()
         );
-        assert_eq!(cuda::mla_decode::KERNEL.launches() - before, kernel as usize, "{what}: where a kernel applies it runs");
+        // Each backend counts its own kernel's launches: the one that applies ran, the other did not.
+        assert_eq!(
+            cuda::mla_decode::KERNEL.launches() - before,
+            on_cuda as usize,
+            "{what}: where the CUDA kernel applies it runs"
+        );
+        let metal_ran = metal::mla_decode::KERNEL.launches() - before_metal;
+        assert_eq!(metal_ran, metal(mode) as usize, "{what}: where the Metal kernel applies it runs");
         assert_eq!(
             cuda::mla_decode_wgmma::KERNEL.launches() - before_wgmma,
             wgmma as usize,

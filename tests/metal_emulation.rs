@@ -1,40 +1,51 @@
-//! The Metal decode kernels' sources (`decode_metal`), as MLX would assemble them, run in a C++
-//! emulation of Metal's threadgroups and SIMD groups (`tests/metal_emulation/`) against a
-//! float64 computation: padded, ragged and causal rows, strided views, empty splits, every float
+//! The Metal decode kernels' sources (`src/core/kernels/metal/src/*.metal`, the very files the
+//! library ships, included by path), as MLX would assemble them, run in a C++ emulation of
+//! Metal's threadgroups and SIMD groups (`tests/metal_emulation/`) against a float64 computation: padded, ragged and causal rows, strided views, empty splits, every float
 //! storage dtype, GLM-5.2's widths. These machines have no Apple GPU; this is the kernels' logic
 //! checked, not Metal's compiler (`tests/decode_kernel.rs` runs them on an Apple GPU).
-use latent_cache::core::kernels::metal;
 use std::path::Path;
 use std::process::Command;
 
 /// A kernel function as MLX's `metal_kernel` writes one: the template arguments, then each
 /// input's pointer with its shape and strides, the outputs, and the body. (MLX passes shapes
-/// and strides only where the body names them; the emulation passes them always.)
-fn function(name: &str, template: &str, inputs: &[(&str, &str)], outputs: &[&str], body: &str) -> String {
+/// and strides only where the body names them; the emulation passes them always.) The body is
+/// the kernel's `.metal` file, included where MLX puts it.
+fn function(name: &str, template: &str, inputs: &[(&str, &str)], outputs: &[&str], body: &Path) -> String {
     let mut params: Vec<String> = inputs
         .iter()
         .flat_map(|(n, t)| [format!("const {t}* {n}"), format!("const int* {n}_shape"), format!("const int64_t* {n}_strides")])
         .collect();
     params.extend(outputs.iter().map(|n| format!("float* {n}")));
     params.push("const Attributes& lc_attributes".into());
-    format!("template <{template}>\nvoid {name}({}) {{\n  LC_ATTRIBUTES(lc_attributes)\n{body}\n}}\n", params.join(", "))
+    let body = body.display();
+    format!(
+        "template <{template}>\nvoid {name}({}) {{\n  LC_ATTRIBUTES(lc_attributes)\n#include \"{body}\"\n}}\n",
+        params.join(", ")
+    )
 }
 
 #[test]
 fn metal_decode_kernels_agree_with_float64_in_emulation() {
-    let (header, partial, combine) = metal::mla_decode::sources();
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/core/kernels/metal/src");
     let dir = std::env::temp_dir().join(format!("latent-cache-metal-emulation-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let source = format!(
-        "#include \"metal_shim.h\"\n{header}\n{}\n{}",
+        "#include \"metal_shim.h\"\n#include \"{}\"\n{}\n{}",
+        sources.join("mla_decode.h.metal").display(),
         function(
             "lc_partial",
             "int R, int P, int H, int LQ, bool CAUSAL, typename TS",
             &[("q_latent", "TS"), ("q_rope", "TS"), ("latent", "TS"), ("rope", "TS"), ("ranges", "int"), ("scale", "float")],
             &["o_part", "ml"],
-            partial
+            &sources.join("mla_decode_partial.metal")
         ),
-        function("lc_combine", "int R, int H, int MAX_SPLITS", &[("o_part", "float"), ("ml", "float")], &["out"], combine),
+        function(
+            "lc_combine",
+            "int R, int H, int MAX_SPLITS",
+            &[("o_part", "float"), ("ml", "float")],
+            &["out"],
+            &sources.join("mla_decode_combine.metal")
+        ),
     );
     std::fs::write(dir.join("kernels.inc"), source).unwrap();
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/metal_emulation");

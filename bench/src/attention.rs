@@ -16,7 +16,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::modes::{ModeSet, MODE_SETS};
 use crate::systems::WIDTHS;
-use latent_cache::core::kernels::cuda;
+use latent_cache::core::kernels::{cuda, metal};
 use latent_cache::core::mlx::ops;
 
 /// GLM-5.2's attention: 64 query heads (qk_nope 192 + rope 64 wide before absorption); its
@@ -124,13 +124,17 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
     let attend = || donor.attend(&q_latent, &q_rope, scale, MaskMode::None, None).unwrap();
     let dense = time(runs.0, runs.1, || eval([&attend()]).unwrap());
     out.push(record(set.name, "attention", batch, context, dense, runs.1, batch * context * attended));
-    // Where the split-K kernel ran (and which partial pass), the labelled variants below.
-    let (launched, launched_wgmma) = (cuda::mla_decode::KERNEL.launches(), cuda::mla_decode_wgmma::KERNEL.launches());
+    // Where the split-K kernel ran (either backend's, each counting its own launches; and which
+    // partial pass), the labelled variants below.
+    let decode = [&cuda::mla_decode::KERNEL, &metal::mla_decode::KERNEL];
+    let decode_launches = || decode.iter().map(|k| k.launches()).sum::<usize>();
+    let decode_enabled = |enabled| decode.iter().for_each(|k| k.set_enabled(enabled));
+    let (launched, launched_wgmma) = (decode_launches(), cuda::mla_decode_wgmma::KERNEL.launches());
     eval([&attend()]).unwrap();
     let wgmma = cuda::mla_decode_wgmma::KERNEL.launches() > launched_wgmma;
-    if cuda::mla_decode::KERNEL.launches() > launched {
+    if decode_launches() > launched {
         // Labelled variant: the same call with the split-K kernel off (MLX's ops, the fallback).
-        cuda::mla_decode::KERNEL.set_enabled(false);
+        decode_enabled(false);
         let t = time(runs.0, runs.1, || eval([&attend()]).unwrap());
         let name = format!("{} (MLX ops, kernel off)", set.name);
         out.push(record(&name, "attention", batch, context, t, runs.1, batch * context * attended));
@@ -141,10 +145,10 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
             t.map(|v| v / REPEAT as f64)
         };
         for (enabled, name) in [(false, name.as_str()), (true, set.name)] {
-            cuda::mla_decode::KERNEL.set_enabled(enabled);
+            decode_enabled(enabled);
             out.push(record(name, "attention_amortized", batch, context, amortized(), runs.1 / 5, batch * context * attended));
         }
-        cuda::mla_decode::KERNEL.set_enabled(true);
+        decode_enabled(true);
         if wgmma {
             // Labelled variant on a Hopper GPU: the kernel with its mma.sync partial pass (the one
             // other GPUs run) instead of the wgmma one.

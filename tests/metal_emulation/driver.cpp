@@ -1,4 +1,4 @@
-// Runs the library's Metal decode kernels (src/core/decode_metal.rs, through the emulation in
+// Runs the library's Metal decode kernels (src/core/kernels/metal/src/*.metal, through the emulation in
 // metal_shim.h) over small attentions with padded, ragged and causal rows, strided views and
 // empty splits, and compares each output with a float64 computation of the same formula.
 // Prints one line a case; exits 1 if any differs by more than rounding.

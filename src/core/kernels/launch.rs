@@ -1,95 +1,21 @@
-//! The library's own GPU kernels on MLX's CUDA backend: made through MLX's custom-kernel API
-//! (mlx-c's `mlx_fast_cuda_kernel_*`; MLX compiles each source with NVRTC at its first
-//! evaluation and caches it), applied lazily on the library's stream like any MLX operation.
-//! The kernels themselves live with what they compute (`decode_kernel`, `codec`'s FP8 encoding).
-//! `Source`, `Launch` and `Switch` describe the Metal kernels too (`metal_kernel`).
+//! What every backend's kernels share: a kernel's source (`Source`) and launch (`Launch`)
+//! descriptions, the table of kernel objects made once per process (`made_once`), and the
+//! `Switch` each kernel keeps to be turned off and to count its launches. Making and applying a
+//! kernel is each backend's own (`cuda::launch`, `metal::launch`).
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use mlx_rs::{Array, Dtype};
-use once_cell::sync::Lazy;
+use mlx_rs::Dtype;
 
 use crate::core::error::{fail, Result};
-use crate::core::mlx::ops;
 
-/// The default device's compute capability when it is a GPU driven by MLX's CUDA backend.
-static CUDA_CAPABILITY: Lazy<Option<(usize, usize)>> = Lazy::new(|| {
-    let mut cuda = false;
-    // SAFETY: a plain query writing one bool.
-    unsafe { mlx_sys::mlx_cuda_is_available(&mut cuda) };
-    if !cuda || !matches!(mlx_rs::Device::default().get_type(), Ok(mlx_rs::DeviceType::Gpu)) {
-        return None;
-    }
-    // SAFETY: the device and info objects are made and freed here; the keys are C strings.
-    unsafe {
-        let mut device = mlx_sys::mlx_device_new();
-        mlx_sys::mlx_get_default_device(&mut device);
-        let mut info = mlx_sys::mlx_device_info_new();
-        let (mut major, mut minor) = (0usize, 0usize);
-        let ok = mlx_sys::mlx_device_info_get(&mut info, device) == 0
-            && mlx_sys::mlx_device_info_get_size(&mut major, info, c"compute_capability_major".as_ptr()) == 0
-            && mlx_sys::mlx_device_info_get_size(&mut minor, info, c"compute_capability_minor".as_ptr()) == 0;
-        mlx_sys::mlx_device_info_free(info);
-        mlx_sys::mlx_device_free(device);
-        Some(if ok { (major, minor) } else { (0, 0) })
-    }
-});
-
-/// The CUDA GPU's compute capability ((0, 0) where MLX's device info lacks it); `None` off CUDA.
-pub fn compute_capability() -> Option<(usize, usize)> {
-    *CUDA_CAPABILITY
-}
-
-/// Whether the default device is a GPU driven by MLX's CUDA backend, whatever its generation.
-pub fn cuda_device() -> bool {
-    CUDA_CAPABILITY.is_some()
-}
-
-/// Whether the library's kernels run here: a CUDA GPU of compute capability 8.0 or later (they
-/// use bfloat16 tensor-core `mma.sync`, `cp.async` and `ldmatrix`).
-pub fn on_cuda() -> bool {
-    matches!(*CUDA_CAPABILITY, Some((major, _)) if major >= 8)
-}
-
-/// The dynamic shared memory one block may opt into on this GPU (the CUDA programming guide's
-/// figures by compute capability): 227 KiB on 9.0 and 10.x, 163 KiB on 8.0 and 8.7, 99 KiB on
-/// the others from 8.6 on; none where the kernels do not run.
-pub fn shared_memory_limit() -> usize {
-    match *CUDA_CAPABILITY {
-        Some((9, 0)) | Some((10, _)) => 227 * 1024,
-        Some((8, 0)) | Some((8, 7)) => 163 * 1024,
-        Some((major, _)) if major >= 8 => 99 * 1024,
-        _ => 0,
-    }
-}
-
-/// The library's kernels' row-ranges input, int32 `[lo_0, hi_0, lo_1, ...]`: `None` where every
-/// row spans the window `[0, positions)` (the usual decode step), so the kernel reads no ranges
-/// and no array is made on the host, which on MLX's CUDA backend costs an evaluation whose kernel
-/// reads it about 30 us (measured on an H200).
-pub(crate) fn ranges_array(ranges: &[(usize, usize)], positions: usize) -> Option<Array> {
-    if ranges.iter().all(|&(lo, hi)| lo == 0 && hi == positions) {
-        return None;
-    }
-    let bounds: Vec<i32> = ranges.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
-    Some(ops::indices(&bounds, &[bounds.len()]))
-}
-
-/// A compiled-on-first-use kernel object (mlx-c's handle), made once per kernel and shared
-/// memory size and kept for the process: making one copies its source, and MLX compiles each
-/// source once however many objects name it.
-pub(crate) struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
-
-// SAFETY: the handle is immutable once made; applying it only reads it (MLX's kernel function is
-// a const closure), and the library applies kernels from one thread at a time or under its lock.
-unsafe impl Send for Kernel {}
-unsafe impl Sync for Kernel {}
+// The CUDA device queries lived here before each backend had its own launch module; callers
+// (attention, the kernel tests) still name them here.
+pub use crate::core::kernels::cuda::launch::{compute_capability, cuda_device, on_cuda, shared_memory_limit};
 
 /// Kernels made so far: name, shared memory, the kernel.
 pub(crate) type Made<K> = Mutex<Vec<(&'static str, usize, &'static K)>>;
-
-static KERNELS: Lazy<Made<Kernel>> = Lazy::new(|| Mutex::new(Vec::new()));
 
 pub(crate) fn cstr(s: &str) -> CString {
     CString::new(s).expect("kernel names and sources hold no NUL")
@@ -97,6 +23,9 @@ pub(crate) fn cstr(s: &str) -> CString {
 
 /// A kernel's source: its name, the names its body gives its inputs and outputs, a header (before
 /// MLX's signature) and the body.
+///
+/// MLX looks for `<input>_shape`, `<input>_strides` (and on Metal the thread attributes' names)
+/// in the body to decide what the signature passes, so the sources' comments name none of them.
 pub(crate) struct Source {
     pub name: &'static str,
     pub inputs: &'static [&'static str],
@@ -110,7 +39,8 @@ pub(crate) struct Source {
 
 /// The kernel object of `source` with `shared` bytes of dynamic shared memory from `made`, or
 /// made by `make` (given mlx-c vectors of the input and output names; `None` where MLX made no
-/// kernel) and kept for the process: for this module and `metal_kernel`.
+/// kernel) and kept for the process: making one copies its source, and MLX compiles each source
+/// once however many objects name it.
 pub(crate) fn made_once<K: Sync>(
     made: &Made<K>,
     source: &'static Source,
@@ -143,44 +73,6 @@ pub(crate) fn made_once<K: Sync>(
     Ok(k)
 }
 
-/// The kernel of `source` with `shared` bytes of dynamic shared memory, made on first use.
-pub(crate) fn kernel(source: &'static Source, shared: usize) -> Result<&'static Kernel> {
-    let Source { name, header, body, contiguous, .. } = *source;
-    made_once(&KERNELS, source, shared, |ins, outs| {
-        // SAFETY: a plain mlx-c constructor; it copies the names and strings it is given.
-        let k = unsafe {
-            mlx_sys::mlx_fast_cuda_kernel_new(
-                cstr(name).as_ptr(),
-                ins,
-                outs,
-                cstr(body).as_ptr(),
-                cstr(header).as_ptr(),
-                contiguous,
-                shared as i32,
-            )
-        };
-        (!k.ctx.is_null()).then_some(Kernel(k))
-    })
-}
-
-/// The mlx-c handles of one launch, freed on every path.
-struct Launched {
-    config: mlx_sys::mlx_fast_cuda_kernel_config,
-    inputs: mlx_sys::mlx_vector_array,
-    outputs: mlx_sys::mlx_vector_array,
-}
-
-impl Drop for Launched {
-    fn drop(&mut self) {
-        // SAFETY: each handle was made by its mlx-c constructor and is freed once, here.
-        unsafe {
-            mlx_sys::mlx_fast_cuda_kernel_config_free(self.config);
-            mlx_sys::mlx_vector_array_free(self.inputs);
-            mlx_sys::mlx_vector_array_free(self.outputs);
-        }
-    }
-}
-
 /// One launch: output shapes and dtypes, grid and block in threads, template arguments.
 pub(crate) struct Launch<'a> {
     pub outputs: &'a [(&'a [i32], Dtype)],
@@ -190,53 +82,9 @@ pub(crate) struct Launch<'a> {
     pub bools: &'a [(&'a str, bool)],
 }
 
-/// Applies a kernel lazily on the library's stream (MLX compiles it at its first evaluation).
-pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array>> {
-    // SAFETY: every handle is owned by `l` and freed when it drops; arrays are borrowed for the
-    // call (mlx-c copies them into its vector) and the outputs are copied into owned Arrays.
-    unsafe {
-        let l = Launched {
-            config: mlx_sys::mlx_fast_cuda_kernel_config_new(),
-            inputs: mlx_sys::mlx_vector_array_new(),
-            outputs: mlx_sys::mlx_vector_array_new(),
-        };
-        let mut rc = 0;
-        for (shape, dtype) in launch.outputs {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(l.config, shape.as_ptr(), shape.len(), *dtype as u32);
-        }
-        let [gx, gy, gz] = launch.grid;
-        let [tx, ty, tz] = launch.block;
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(l.config, gx, gy, gz);
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(l.config, tx, ty, tz);
-        for (n, v) in launch.ints {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(l.config, cstr(n).as_ptr(), *v);
-        }
-        for (n, v) in launch.bools {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(l.config, cstr(n).as_ptr(), *v);
-        }
-        for a in inputs {
-            rc |= mlx_sys::mlx_vector_array_append_value(l.inputs, a.as_ptr());
-        }
-        let mut outputs = l.outputs;
-        if rc != 0 || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel.0, l.inputs, l.config, ops::library_stream()) != 0
-        {
-            return fail!(Backend, "MLX could not apply a kernel of the library");
-        }
-        let mut arrays = Vec::new();
-        for i in 0..mlx_sys::mlx_vector_array_size(outputs) {
-            let mut a = mlx_sys::mlx_array_new();
-            if mlx_sys::mlx_vector_array_get(&mut a, outputs, i) != 0 {
-                mlx_sys::mlx_array_free(a);
-                return fail!(Backend, "a kernel of the library returned no output {i}");
-            }
-            arrays.push(Array::from_ptr(a));
-        }
-        Ok(arrays)
-    }
-}
-
 /// A kernel's process-wide switch (on by default; benchmarks turn it off to compare with MLX's
-/// ops side by side) and how many times it has been chosen (tests check that it ran).
+/// ops side by side) and how many times it has been chosen (tests check that it ran). Each
+/// kernel of each backend has its own, so a launch counts for the kernel that ran and no other.
 pub struct Switch {
     enabled: AtomicBool,
     launches: AtomicUsize,

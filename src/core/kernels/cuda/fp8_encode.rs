@@ -8,10 +8,11 @@
 use mlx_rs::{Array, Dtype};
 
 use crate::core::error::Result;
-use crate::core::kernels::launch;
-use crate::core::kernels::launch::{apply, kernel, Launch, Source, Switch};
+use crate::core::kernels::cuda::launch;
+use crate::core::kernels::cuda::launch::{apply, kernel};
+use crate::core::kernels::launch::{Launch, Source, Switch};
 
-/// This kernel's switch and launch count (see `launch::Switch`).
+/// This kernel's switch and launch count (see `kernels::launch::Switch`).
 pub static KERNEL: Switch = Switch::new();
 
 /// Whether the kernel encodes `blocks` blocks of 128: on CUDA, when there is at least one and
@@ -21,31 +22,11 @@ pub fn applies(blocks: usize) -> bool {
     KERNEL.enabled() && launch::on_cuda() && blocks > 0 && blocks <= (i32::MAX as usize - 255) / 32
 }
 
-const HEADER: &str = r#"
-#include <cuda_fp8.h>
-"#;
+const HEADER: &str = include_str!("src/fp8_encode.cuh");
 
 /// Input `x [rows, tokens, width]` (row-contiguous, any float dtype); outputs `codes` (uint8, as
 /// `x`) and `scale` (float32, `[rows, tokens, width / 128]`).
-const ENCODE: &str = r#"
-  const long long block = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  const long long blocks = static_cast<long long>(x_shape[0]) * x_shape[1] * (x_shape[2] / 128);
-  if (block >= blocks) return;  // whole warps: a warp's 32 lanes share one block
-  const long long base = block * 128 + lane * 4;
-  float v[4];
-  #pragma unroll
-  for (int k = 0; k < 4; k++) v[k] = static_cast<float>(x[base + k]);
-  float m = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-  #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, off));
-  const float s = fmaxf(m, 1e-10f) / 448.0f;
-  unsigned int packed = 0;
-  #pragma unroll
-  for (int k = 0; k < 4; k++) packed |= static_cast<unsigned int>(__nv_fp8_e4m3(v[k] / s).__x) << (8 * k);
-  reinterpret_cast<unsigned int*>(codes)[block * 32 + lane] = packed;
-  if (lane == 0) scale[block] = s;
-"#;
+const ENCODE: &str = include_str!("src/fp8_encode.cu");
 
 static ENCODE_KERNEL: Source = Source {
     name: "latent_cache_fp8_encode",

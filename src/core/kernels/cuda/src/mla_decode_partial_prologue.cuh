@@ -1,0 +1,24 @@
+//! Both partial passes' body, shared middle: threads, split, pointers, strides.
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int split = blockIdx.x, S = gridDim.x, b = blockIdx.y, h0 = blockIdx.z * M;
+  // Split s takes positions [s * chunk, (s + 1) * chunk): whole tiles, S of them covering T.
+  const int T = latent_shape[1], chunk = ((T + S - 1) / S + N - 1) / N * N;
+  const int* rp = reinterpret_cast<const int*>(ranges);
+  const int lo = RANGES ? rp[2 * b] : 0, hi = RANGES ? rp[2 * b + 1] : T;
+  const int begin = max(lo, split * chunk), end = min(hi, (split + 1) * chunk);
+  const float sc = __int_as_float(SCALE) * 1.4426950408889634f;
+
+  const uint16_t* qlat = reinterpret_cast<const uint16_t*>(q_latent);
+  const uint16_t* qrop = reinterpret_cast<const uint16_t*>(q_rope);
+  const int64_t q0 = q_latent_strides[0], q1 = q_latent_strides[1], q2 = q_latent_strides[2], q3 = q_latent_strides[3];
+  const int64_t p0 = q_rope_strides[0], p1 = q_rope_strides[1], p2 = q_rope_strides[2], p3 = q_rope_strides[3];
+  const uint16_t* lat = reinterpret_cast<const uint16_t*>(latent);
+  const uint16_t* rop = reinterpret_cast<const uint16_t*>(rope);
+  const int64_t l0 = latent_strides[0], l1 = latent_strides[1], l2 = latent_strides[2];
+  const int64_t r0s = rope_strides[0], r1s = rope_strides[1], r2s = rope_strides[2];
+  // 16-byte copies where rows are contiguous and aligned (the stored buffers and engines' queries
+  // are); element copies otherwise.
+  auto aligned = [](const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15) == 0; };
+  const bool qvec = q3 == 1 && p3 == 1 && q0 % 8 == 0 && q1 % 8 == 0 && q2 % 8 == 0 && p0 % 8 == 0 &&
+                    p1 % 8 == 0 && p2 % 8 == 0 && aligned(qlat) && aligned(qrop);
+  const bool vec = l2 == 1 && r2s == 1 && l0 % 8 == 0 && l1 % 8 == 0 && r0s % 8 == 0 && r1s % 8 == 0 && aligned(lat) && aligned(rop);
