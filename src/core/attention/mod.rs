@@ -62,7 +62,7 @@ impl LatentCache {
     pub fn capture_donor_rows(&self) -> Result<Donor> {
         let offset = self.offset();
         let families = Families::for_geometry(&self.geometry, |family, _| family);
-        let parts = families.try_map(|_, family| self.storage.packed(family, offset))?;
+        let parts = families.try_map(|_, family| self.storage.stored_parts(family, offset))?;
         let (left_pad, row_ends) = (self.left_pad().to_vec(), self.row_ends().to_vec());
         let hot = self.capture_hot()?;
         Ok(Donor { geometry: self.geometry, offset, left_pad, row_ends, parts, hot, alignment: Default::default() })

@@ -14,7 +14,7 @@ use crate::core::storage::hot::{hot_alignment, hot_from, overlay_hot, same_dtype
 
 /// Whether MLX's quantized matmul takes the batched shapes attention needs on the default
 /// device. MLX 0.32's CUDA backend has no kernel for them (it fails at evaluation, too late to
-/// fall back), so there the quantized families are decoded for the call instead.
+/// fall back), so there the affine families (Q8, Q4) are decoded for the call instead.
 fn batched_quantized_matmul() -> bool {
     !launch::cuda_device()
 }
@@ -25,7 +25,7 @@ impl Donor {
         math::expand_dims(part, 1)
     }
 
-    /// `x` times a quantized family's values (`transpose`: their transpose), read by MLX's
+    /// `x` times an affine family's values (Q8, Q4; `transpose`: their transpose), read by MLX's
     /// quantized matmul from the packed codes. It runs in float32 (the bfloat16 scales and biases
     /// converted, 1/32 of the codes' size or less): with bfloat16 inputs MLX's CPU kernel sums in
     /// bfloat16, which put a uniform average over 200 positions 9% off. `None` for float
@@ -46,7 +46,7 @@ impl Donor {
         }
     }
 
-    /// A family's values `[B, T, width]` (decoded for the quantized modes: O(stored)), with
+    /// A family's values `[B, T, width]` (decoded for the packed modes: O(stored)), with
     /// composed storage's hot positions over the compact ones.
     pub(super) fn decoded(&self, family: Family) -> Result<Array> {
         let mode = self.geometry.storage(family);

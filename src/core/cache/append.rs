@@ -98,7 +98,7 @@ impl LatentCache {
     }
 
     /// `append_latent` without building the returned values: for engines that read the stored
-    /// parts (`packed`) or nothing this step (a quantized mode's decode is never built).
+    /// parts (`stored_parts`) or nothing this step (a packed mode's decode is never built).
     pub fn append(&mut self, latent: &Array, rope: &Array, index_keys: Option<&Array>) -> Result<()> {
         self.append_inner(latent, rope, index_keys, None, false).map(drop)
     }

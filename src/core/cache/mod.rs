@@ -61,7 +61,7 @@ pub(crate) struct RowMove<'a> {
 /// Values of everything stored, as returned by an append and by `state`: latent
 /// `[B, T, kv_lora_rank]`, rope `[B, T, rope_head_dim]`, index keys `[B, T, index_head_dim]` on
 /// a DSA layer. Views in the stored dtype for the float modes; lazy float32 decodes of the
-/// whole window (O(stored) when evaluated) for the quantized ones (see `packed`).
+/// whole window (O(stored) when evaluated) for the packed ones (see `stored_parts`).
 pub type LatentState = Families<Array>;
 
 #[derive(Debug)]

@@ -37,11 +37,18 @@ impl LatentCache {
     }
 
     /// Views of one family's stored parts `[B, T, part_width]` as its mode holds them (see
-    /// `codec::StorageMode::parts`): the values for the float modes; codes, scales (and
-    /// biases) for the quantized ones, for MLX's quantized matmul. No copy, no decode.
-    pub fn packed(&self, family: Family) -> Result<Vec<Array>> {
+    /// `StorageMode::parts`): the values for the float modes; codes and scales (and biases) for
+    /// the packed ones, as MLX's quantized matmul and our kernels read them. No copy, no decode.
+    pub fn stored_parts(&self, family: Family) -> Result<Vec<Array>> {
         self.width(family)?;
-        self.storage.packed(family, self.layout.offset())
+        self.storage.stored_parts(family, self.layout.offset())
+    }
+
+    /// `stored_parts` under its former name, kept while `persist` and the bench still call it
+    /// ("packed" now names only the codes-with-scales modes, Q8, Q4 and FP8).
+    #[doc(hidden)]
+    pub fn packed(&self, family: Family) -> Result<Vec<Array>> {
+        self.stored_parts(family)
     }
 
     /// Row `row`'s valid positions of one family, row-major `[row_offsets[row], width]`.

@@ -12,7 +12,7 @@ use crate::core::model::geometry::Family;
 impl Storage {
     /// Views of one family's stored parts `[rows, offset, part_width]` (before the first
     /// write: empty `[0, 0, part_width]` arrays).
-    pub fn packed(&self, family: Family, offset: usize) -> Result<Parts> {
+    pub fn stored_parts(&self, family: Family, offset: usize) -> Result<Parts> {
         let buffer = self.buffer(family);
         match &buffer.data {
             Some(data) => window(data, &buffer.parts, (0, self.rows), 0, offset),
@@ -21,9 +21,9 @@ impl Storage {
     }
 
     /// One family's stored values `[rows, offset, width]`: a view for the float modes, a lazy
-    /// decode (O(stored) when evaluated) for the quantized ones.
+    /// decode (O(stored) when evaluated) for the packed ones.
     pub fn view(&self, family: Family, offset: usize) -> Result<Array> {
-        self.buffer(family).decode(&self.packed(family, offset)?)
+        self.buffer(family).decode(&self.stored_parts(family, offset)?)
     }
 
     /// Views of every family's stored window.
@@ -50,7 +50,7 @@ impl Storage {
     }
 
     /// Values `[rows, offset, width]` of a prepared state, before it is committed: views for
-    /// the float modes, lazy decodes for the quantized ones.
+    /// the float modes, lazy decodes for the packed ones.
     pub fn pending_views(&self, pending: &Pending, offset: usize) -> Result<Families<Array>> {
         self.buffers
             .as_ref()
