@@ -38,6 +38,8 @@ pub enum MaskMode {
     Array,
 }
 
+/// One cache's rows as captured for attention (see the module doc): it outlives the cache and
+/// never changes.
 pub struct Donor {
     geometry: Geometry,
     offset: usize,

@@ -9,6 +9,10 @@
 //! its size is about `hot_window` plus a block per row, however far apart rows end, not the
 //! history. Converting a block is then only moving a row's boundary: nothing is copied or
 //! re-encoded, and the compact values are exactly what a cache of the compact mode alone holds.
+//!
+//! This file moves the precision boundaries (settling, trims, how far an append may go before
+//! one moves), prepares the hot side's change for appends and row rebuilds, and adopts a loaded
+//! hot side. Reading composed values is `read`'s; the maintenance calls are `maintenance`'s.
 use mlx_rs::Array;
 
 use super::{LatentCache, RowMove};
