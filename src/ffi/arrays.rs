@@ -217,7 +217,7 @@ pub unsafe extern "C" fn latent_cache_packed_state(
     ffi_boundary! { unsafe {
         let out = out_ptr(out, "out")?;
         let family = self::family(family)?;
-        let (mode, parts) = with_cache(cache, |cache| Ok((cache.storage_mode(family)?, cache.packed(family)?)))?;
+        let (mode, parts) = with_cache(cache, |cache| Ok((cache.storage_mode(family)?, cache.stored_parts(family)?)))?;
         let mut parts = parts.into_iter().map(give);
         let packed = latent_cache_packed {
             storage: latent_cache_storage::of(mode) as u32,

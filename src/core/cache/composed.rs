@@ -9,19 +9,22 @@
 //! its size is about `hot_window` plus a block per row, however far apart rows end, not the
 //! history. Converting a block is then only moving a row's boundary: nothing is copied or
 //! re-encoded, and the compact values are exactly what a cache of the compact mode alone holds.
-use mlx_rs::{Array, Dtype};
+//!
+//! This file moves the precision boundaries (settling, trims, how far an append may go before
+//! one moves), prepares the hot side's change for appends and row rebuilds, and adopts a loaded
+//! hot side. Reading composed values is `read`'s; the maintenance calls are `maintenance`'s.
+use mlx_rs::Array;
 
-use crate::core::cache::{Change, LatentCache, LatentState, RowMove};
+use super::{LatentCache, RowMove};
 use crate::core::error::{fail, Result};
-use crate::core::layout::row_layout::RowLayout;
-use crate::core::model::families::Families;
-use crate::core::model::geometry::Family;
-
 use crate::core::layout::boundary;
 use crate::core::layout::prefill::valid_end;
+use crate::core::layout::row_layout::RowLayout;
 use crate::core::mlx::ops;
-use crate::core::storage::buffers::{Pending, RowPiece, MIN_CAPACITY};
-use crate::core::storage::hot::{hot_storage, overlay_hot, Hot, HotCapture, HotChange};
+use crate::core::model::families::Families;
+use crate::core::model::geometry::Family;
+use crate::core::storage::buffers::{RowPiece, MIN_CAPACITY};
+use crate::core::storage::hot::{hot_storage, Hot, HotChange};
 
 impl LatentCache {
     /// Each row's settled length under `layout`: its positions that nothing in progress can take
@@ -52,7 +55,7 @@ impl LatentCache {
     }
 
     /// Each row's first hot window position under `layout` with `converted`.
-    fn hot_starts_of(layout: &RowLayout, converted: &[usize]) -> Vec<usize> {
+    pub(super) fn hot_starts_of(layout: &RowLayout, converted: &[usize]) -> Vec<usize> {
         boundary::hot_starts(layout.left_pad(), converted, layout.row_ends())
     }
 
@@ -190,79 +193,6 @@ impl LatentCache {
         Ok(Some(HotChange { replace: Some(hot_storage(&self.geometry)), pending: Some(pending), bases, converted }))
     }
 
-    /// The dtype a composed family reads in: the hot mode's where its compact mode reads the
-    /// same, float32 otherwise (a decoded FP8 value is not a bfloat16 one).
-    pub(crate) fn composed_dtype(&self, family: Family) -> Dtype {
-        let hot = self.geometry.hot_storage.read_dtype();
-        match self.geometry.storage(family).read_dtype() == hot {
-            true => hot,
-            false => Dtype::Float32,
-        }
-    }
-
-    /// Values of a composed family at rows `[rows.0, rows.1)`, positions `[lo, hi)`, in
-    /// `composed_dtype`: the compact values decoded, each row's hot positions from its hot row. Of a
-    /// prepared state when `pending` gives one (main, hot, bases and boundaries as prepared).
-    fn composed_window(
-        &self,
-        family: Family,
-        rows: (usize, usize),
-        (lo, hi): (usize, usize),
-        pending: Option<(&Pending, &HotChange, &RowLayout)>,
-    ) -> Result<Array> {
-        let hot = self.hot.as_ref().expect("composed caches have a hot side");
-        let dtype = self.composed_dtype(family);
-        if pending.is_none() && self.storage.is_empty() {
-            // Before the first write: the empty view every cache returns.
-            return ops::astype(&self.storage.view(family, 0)?, dtype);
-        }
-        let cold = ops::astype(&self.storage.window_in(pending.map(|p| p.0), family, rows, lo, hi)?, dtype)?;
-        let (store, hot_pending, bases, converted, layout) = match pending {
-            Some((_, change, layout)) => {
-                let store = change.replace.as_ref().unwrap_or(&hot.storage);
-                (store, change.pending.as_ref(), &change.bases, &change.converted, layout)
-            }
-            None => (&hot.storage, None, &hot.bases, &hot.converted, &self.layout),
-        };
-        let capacity = match hot_pending {
-            Some(p) => p.capacity(),
-            None if store.is_empty() => 0,
-            None => store.capacity(),
-        };
-        if capacity == 0 || hi <= lo {
-            return Ok(cold);
-        }
-        let values = ops::astype(&store.window_in(hot_pending, family, rows, 0, capacity)?, dtype)?;
-        let starts = Self::hot_starts_of(layout, converted);
-        overlay_hot(&cold, &values, &bases[rows.0..rows.1], &starts[rows.0..rows.1], (lo, hi))
-    }
-
-    /// One family's values over the whole window `[rows, offset, width]` (see `LatentState`):
-    /// composed families overlay their hot positions on the decoded compact ones.
-    pub(crate) fn family_view(&self, family: Family, pending: Option<(&Pending, &HotChange, &RowLayout)>) -> Result<Array> {
-        let layout = pending.map_or(&self.layout, |p| p.2);
-        let window = (0, layout.batch_size());
-        match (self.geometry.is_composed(family), pending) {
-            (true, _) => self.composed_window(family, window, (0, layout.offset()), pending),
-            (false, Some((main, _, _))) => self.storage.window_in(Some(main), family, window, 0, layout.offset()),
-            (false, None) => self.storage.view(family, layout.offset()),
-        }
-    }
-
-    /// Every family's values of a prepared append (composed caches).
-    pub(crate) fn composed_views(&self, main: &Pending, hot: &HotChange, after: &RowLayout) -> Result<LatentState> {
-        Families::for_geometry(&self.geometry, |family, _| family).try_map(|_, f| self.family_view(f, Some((main, hot, after))))
-    }
-
-    /// Row `row`'s positions `[lo, hi)` of a composed family, as float32 on the host.
-    pub(crate) fn read_composed_row(&self, family: Family, row: usize, lo: usize, hi: usize) -> Result<Vec<f32>> {
-        if hi <= lo {
-            return Ok(Vec::new());
-        }
-        let values = self.composed_window(family, (row, row + 1), (lo, hi), None)?;
-        ops::to_host(&ops::astype(&values, Dtype::Float32)?)
-    }
-
     /// Refuses a trim of `n` positions (without bypass) that would leave converted positions a
     /// fresh cache given the remaining positions would hold hot.
     pub(crate) fn check_composed_trim(&self, n: usize, bypass: bool) -> Result<()> {
@@ -280,95 +210,6 @@ impl LatentCache {
             );
         }
         Ok(())
-    }
-
-    /// Starts prefill maintenance (the seed's `beginPrefill`). Moving a boundary here copies and
-    /// re-encodes nothing, and boundaries follow each row's settled length whatever the chunks,
-    /// so there is nothing to defer: a chunked prefill holds the same state as one append at
-    /// every step, and its hot side stays the size of the window. The calls keep the seed's
-    /// protocol and its checks (refused when maintenance is already open).
-    pub fn prefill_begin(&mut self) -> Result<()> {
-        let change = self.prepare_prefill_begin()?;
-        self.apply(change);
-        Ok(())
-    }
-
-    pub fn prepare_prefill_begin(&self) -> Result<Change> {
-        if self.maintaining {
-            return fail!(State, "prefill maintenance is already open (prefill_begin was called twice)");
-        }
-        Ok(Change { maintaining: true, ..self.relabel(self.layout.clone()) })
-    }
-
-    /// Fixes each listed row's precision boundary at its current length, its request's prompt
-    /// end (the seed's `commitPrefill`): where its settled length puts it, which a sibling's
-    /// later chunks do not move. Refused outside maintenance or for a row the cache does not hold.
-    pub fn prefill_commit(&mut self, rows: &[usize]) -> Result<()> {
-        let change = self.prepare_prefill_commit(rows)?;
-        self.apply(change);
-        Ok(())
-    }
-
-    pub fn prepare_prefill_commit(&self, rows: &[usize]) -> Result<Change> {
-        if !self.maintaining {
-            return fail!(State, "prefill_commit needs prefill_begin first");
-        }
-        if let Some(&row) = rows.iter().find(|&&r| r >= self.batch_size()) {
-            return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
-        }
-        Ok(self.relabel(self.layout.clone()))
-    }
-
-    /// Ends prefill maintenance (the seed's `endPrefill`).
-    pub fn prefill_end(&mut self) -> Result<()> {
-        let change = self.prepare_prefill_end()?;
-        self.apply(change);
-        Ok(())
-    }
-
-    pub fn prepare_prefill_end(&self) -> Result<Change> {
-        if !self.maintaining {
-            return fail!(State, "prefill_end needs prefill_begin first");
-        }
-        Ok(Change { maintaining: false, ..self.relabel(self.layout.clone()) })
-    }
-
-    /// Whether prefill maintenance is open.
-    pub fn in_prefill_maintenance(&self) -> bool {
-        self.maintaining
-    }
-
-    /// The hot side for a donor: each composed family's hot rows (views), each row's base and
-    /// first hot position; `None` when not composed.
-    pub(crate) fn capture_hot(&self) -> Result<Option<HotCapture>> {
-        let Some(hot) = &self.hot else { return Ok(None) };
-        let (rows, capacity) = (self.batch_size(), hot.capacity());
-        let mut values = Vec::new();
-        if capacity > 0 {
-            for family in Family::ALL.into_iter().filter(|&f| self.geometry.is_composed(f)) {
-                values.push((family, hot.storage.window_in(None, family, (0, rows), 0, capacity)?));
-            }
-        }
-        let starts = Self::hot_starts_of(&self.layout, &hot.converted);
-        Ok(Some(HotCapture { bases: hot.bases.clone(), starts, values }))
-    }
-
-    /// Takes a loaded hot side (`persist`, which checked it): the hot rows of the composed
-    /// families (`[B, capacity, width]`), each row's base and boundary.
-    pub(crate) fn adopt_hot(&mut self, bases: Vec<usize>, converted: Vec<usize>, values: Vec<(Family, Array)>) {
-        let rows = self.batch_size();
-        let capacity = values.first().map_or(0, |(_, a)| a.shape()[1] as usize);
-        let storage = hot_storage(&self.geometry);
-        let storage = match capacity {
-            0 => storage,
-            _ => {
-                let parts = Families::for_geometry(&self.geometry, |family, _| {
-                    values.iter().find(|(f, _)| *f == family).map_or_else(Vec::new, |(_, a)| vec![a.clone()])
-                });
-                storage.adopt(rows, capacity, parts)
-            }
-        };
-        self.hot = Some(Hot { storage, bases, converted });
     }
 
     /// The most positions the next append may take before some row's boundary moves: counted
@@ -408,5 +249,35 @@ impl LatentCache {
     /// boundary, counted from its first valid position); empty when the cache is not composed.
     pub fn converted_positions(&self) -> Vec<usize> {
         self.hot.as_ref().map(|h| h.converted.clone()).unwrap_or_default()
+    }
+
+    /// The smallest offset a trim may reach and leave state bit-identical to a fresh cache given
+    /// the same positions: 0 for exact and compact storage (every position is encoded on its
+    /// own); with composed storage, the offset below which converted positions would be ones a
+    /// fresh cache holds hot.
+    pub fn minimum_reusable_offset(&self) -> usize {
+        let Some(hot) = &self.hot else { return 0 };
+        match crate::core::layout::boundary::max_reusable_trim(&hot.converted, &self.row_offsets(), self.geometry.hot_window) {
+            Some(n) => self.offset() - n.min(self.layout.shortest_row()),
+            None => 0,
+        }
+    }
+
+    /// Takes a loaded hot side (`persist`, which checked it): the hot rows of the composed
+    /// families (`[B, capacity, width]`), each row's base and boundary.
+    pub(crate) fn adopt_hot(&mut self, bases: Vec<usize>, converted: Vec<usize>, values: Vec<(Family, Array)>) {
+        let rows = self.batch_size();
+        let capacity = values.first().map_or(0, |(_, a)| a.shape()[1] as usize);
+        let storage = hot_storage(&self.geometry);
+        let storage = match capacity {
+            0 => storage,
+            _ => {
+                let parts = Families::for_geometry(&self.geometry, |family, _| {
+                    values.iter().find(|(f, _)| *f == family).map_or_else(Vec::new, |(_, a)| vec![a.clone()])
+                });
+                storage.adopt(rows, capacity, parts)
+            }
+        };
+        self.hot = Some(Hot { storage, bases, converted });
     }
 }

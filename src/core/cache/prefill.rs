@@ -3,8 +3,7 @@
 //! rows, right padding (a shorter prompt padded at its end) dropped at finalize so every row ends
 //! with its prompt's last position. Between the two calls the padding's rows follow filters, and a
 //! row extracted mid-prefill leaves without its right padding.
-use crate::core::cache::Change;
-use crate::core::cache::LatentCache;
+use super::{Change, LatentCache};
 use crate::core::error::{fail, Result};
 use crate::core::layout::prefill::{valid_end, Prefill};
 

@@ -2,7 +2,7 @@
 //! offset; unequal drops move ragged row ends, or shift right-justified rows in place), filter,
 //! extract and merge. Every rebuild assembles new storage from row pieces, evaluated during the
 //! call, and is committed only once it exists.
-use crate::core::cache::{Change, LatentCache, RowMove};
+use super::{Change, LatentCache, RowMove};
 use crate::core::error::{fail, Result};
 use crate::core::layout::row_layout::{Relayout, Rollback, RowLayout};
 use crate::core::storage::buffers::{RowPiece, MIN_CAPACITY};

@@ -1,0 +1,236 @@
+//! Choosing and feeding our kernels (`kernels::cuda`, `kernels::metal`): which storage and
+//! queries the split-K decode kernels take, the stored parts handed to them as stored (packed
+//! latents included), composed storage's two passes, the selected positions of a DSA decode
+//! step, and the CUDA index-score kernel. Every path returns `None` where it does not apply, and
+//! the caller falls back to MLX's operations (`dense`, `sparse`).
+use mlx_rs::{Array, Dtype};
+
+use super::{Donor, MaskMode, Query};
+use crate::core::error::Result;
+use crate::core::kernels::{cuda, metal};
+use crate::core::mlx::{math, ops};
+use crate::core::model::geometry::Family;
+use crate::core::model::storage_mode::{Packing, StorageMode};
+
+impl Donor {
+    /// The latent's stored dtype (or packing) where the split-K kernels may read it: latent and
+    /// rope in one 16-bit float or float32 dtype, or a Q8, Q4 or FP8 latent with bfloat16 rope.
+    fn kernel_storage(&self) -> Option<(Dtype, Option<Packing>)> {
+        StorageMode::kernel_reads(self.geometry.latent_storage, self.geometry.rope_storage)
+    }
+
+    /// Whether the split-K kernels take `q` at all: no mask array, queries of one dtype, and a
+    /// rope that is not composed (its hot and compact positions would need joining per row).
+    fn kernel_takes(&self, q: &Query) -> bool {
+        q.extra.is_none()
+            && q.mode != MaskMode::Array
+            && self.hot_values(Family::Rope).is_none()
+            && q.q_rope.dtype() == q.q_latent.dtype()
+    }
+
+    /// Attention on CUDA without a mask array over 16-bit float storage, or a Q8, Q4 or FP8
+    /// latent with bfloat16 rope: the split-K kernel of `decode_kernel`, which reads each stored
+    /// position once for 64 head-query pairs (packed ones as stored, decoded tile by tile).
+    /// Composed storage takes `kernel_composed`. `None` where it does not apply.
+    pub(super) fn kernel_decode(&self, q: &Query) -> Result<Option<Array>> {
+        let Query { q_latent, q_rope, scale, mode, .. } = *q;
+        // (Float32 storage is the Metal kernel's only: `applies` refuses it on CUDA.)
+        let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
+        if !self.kernel_takes(q) {
+            return Ok(None);
+        }
+        let kernel = KernelInputs { storage, packing, q };
+        let (parts, rope) = (self.parts(Family::Latent), &self.parts(Family::Rope)[0]);
+        if let Some(hot) = self.hot_values(Family::Latent) {
+            return self.kernel_composed(&kernel, hot);
+        }
+        let Some(latent) = kernel.latent(parts, self.offset, self) else { return Ok(None) };
+        cuda::mla_decode::attend(q_latent, q_rope, latent, rope, &self.row_ranges(), scale, mode == MaskMode::Causal).map(Some)
+    }
+
+    /// Attention on an Apple GPU without a mask array over float32, bfloat16 or float16 storage
+    /// (latent and rope in the queries' dtype, not composed): the split-K kernel of
+    /// `decode_metal`. `None` where it does not apply.
+    pub(super) fn metal_decode(&self, q: &Query) -> Result<Option<Array>> {
+        let Query { q_latent, q_rope, scale, mode, .. } = *q;
+        let Some((storage, None)) = self.kernel_storage() else { return Ok(None) };
+        if !self.kernel_takes(q) || self.hot_values(Family::Latent).is_some() {
+            return Ok(None);
+        }
+        let (latent, rope) = (&self.parts(Family::Latent)[0], &self.parts(Family::Rope)[0]);
+        let kernel = KernelInputs { storage, packing: None, q };
+        let causal = mode == MaskMode::Causal;
+        if !metal::mla_decode::applies(storage, q_latent.dtype(), &kernel.shape(self, self.offset), causal) {
+            return Ok(None);
+        }
+        metal::mla_decode::attend(q_latent, q_rope, latent, rope, &self.row_ranges(), scale, causal).map(Some)
+    }
+
+    /// `kernel_decode` over composed storage: each row's compact positions (the packed latent,
+    /// the stored rope) in one pass, its hot ones (the hot latent, the rope at the same
+    /// positions) in another, one combine over both, so the row's softmax spans them. The rope
+    /// is read in place where every row's hot row starts at the same window position (one row,
+    /// or rows filled together); else each row's is sliced to its hot row (O(hot window) a row,
+    /// never the history). `None` where a pass does not apply, where a row holds compact
+    /// positions after its hot ones, or where a causal verify's first query would miss some of
+    /// a row's compact positions (the compact pass is unmasked).
+    fn kernel_composed(&self, k: &KernelInputs, (hot, bases, starts): (&Array, &[usize], &[usize])) -> Result<Option<Array>> {
+        let Query { q_latent, q_rope, scale, mode, queries, .. } = *k.q;
+        let (batch, capacity) = (self.batch_size(), hot.shape()[1] as usize);
+        let verify = mode == MaskMode::Causal && queries > 1;
+        let (mut cold, mut warm) = (Vec::with_capacity(batch), Vec::with_capacity(batch));
+        for (b, (lo, hi)) in self.row_ranges().into_iter().enumerate() {
+            // Positions from `split` on are read hot, those before it compact.
+            let split = starts[b].max(bases[b]).clamp(lo, hi);
+            if (split < hi && hi > bases[b] + capacity) || (verify && split > lo && split + queries > hi + 1) {
+                return Ok(None);
+            }
+            cold.push(if split > lo { (lo, split) } else { (0, 0) });
+            warm.push(if split < hi { (split - bases[b], hi - bases[b]) } else { (0, 0) });
+        }
+        let (cold_len, hot_len) = (cold.iter().map(|r| r.1).max().unwrap_or(0), warm.iter().map(|r| r.1).max().unwrap_or(0));
+        let rope = &self.parts(Family::Rope)[0];
+        let rope_width = rope.shape()[2] as usize;
+        let prefix = |a: &Array, len: usize| ops::slice(a, &[0, 0, 0], &[batch, len, a.shape()[2] as usize]);
+        let cold_parts = self.parts(Family::Latent).iter().map(|p| prefix(p, cold_len)).collect::<Result<Vec<_>>>()?;
+        let cold_rope = prefix(rope, cold_len)?;
+        let hot_latent = prefix(hot, hot_len)?;
+        let hot_rope = match bases.iter().all(|&base| base == bases[0]) {
+            true => ops::slice(rope, &[0, bases[0], 0], &[batch, bases[0] + hot_len, rope_width])?,
+            false => self.rope_at(rope, bases, hot_len)?,
+        };
+        let mut passes = Vec::with_capacity(2);
+        if cold_len > 0 {
+            let Some(latent) = k.latent(&cold_parts, cold_len, self) else { return Ok(None) };
+            passes.push(cuda::mla_decode::Pass { latent, rope: &cold_rope, ranges: cold, causal: false });
+        }
+        if hot_len > 0 {
+            let shape = k.shape(self, hot_len);
+            if !cuda::mla_decode::applies(hot.dtype(), q_latent.dtype(), &shape) {
+                return Ok(None);
+            }
+            passes.push(cuda::mla_decode::Pass {
+                latent: cuda::mla_decode::Latent::Float(&hot_latent),
+                rope: &hot_rope,
+                ranges: warm,
+                causal: mode == MaskMode::Causal,
+            });
+        }
+        cuda::mla_decode::attend_passes(q_latent, q_rope, &passes, scale).map(Some)
+    }
+
+    /// Each row's stored rope from its hot row's first window position on, `len` positions
+    /// (zeros past the window), `[B, len, P]`.
+    fn rope_at(&self, rope: &Array, bases: &[usize], len: usize) -> Result<Array> {
+        let width = rope.shape()[2] as usize;
+        let mut rows = Vec::with_capacity(bases.len());
+        for (b, &base) in bases.iter().enumerate() {
+            let take = len.min(self.offset.saturating_sub(base));
+            let mut row = ops::slice(rope, &[b, base.min(self.offset), 0], &[b + 1, base.min(self.offset) + take, width])?;
+            if take < len {
+                row = math::concatenate(&[&row, &ops::zeros(&[1, len - take, width], rope.dtype())?], 1)?;
+            }
+            rows.push(row);
+        }
+        math::concatenate(&rows.iter().collect::<Vec<_>>(), 0)
+    }
+
+    /// `attend_selected` for a decode step (one query per row) whose rows each span the whole
+    /// window, so that every position the indices can name is visible (no mask is needed):
+    /// each stored part's selected positions gathered (`k` a row, as stored), then the split-K
+    /// kernel over them as over a window of `k` positions (on CUDA over 16-bit or packed latents,
+    /// on Apple GPUs over float storage). That replaces about fifteen MLX operations over float32
+    /// copies with four gathers and the kernel's two. `None` where it does not apply (composed
+    /// storage, verify queries, padded or shorter rows: MLX's ops, which mask the selected
+    /// positions a row lacks).
+    pub(super) fn kernel_selected(&self, q_latent: &Array, q_rope: &Array, scale: f32, indices: &Array) -> Result<Option<Array>> {
+        let shape = indices.shape();
+        let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
+        let query = Query { q_latent, q_rope, scale, mode: MaskMode::None, extra: None, queries };
+        if queries != 1
+            || self.row_ranges().iter().any(|&range| range != (0, self.offset))
+            || self.hot_values(Family::Latent).is_some()
+            || !self.kernel_takes(&query)
+        {
+            return Ok(None);
+        }
+        let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
+        let kernel = KernelInputs { storage, packing, q: &query };
+        let metal = packing.is_none() && metal::mla_decode::applies(storage, q_latent.dtype(), &kernel.shape(self, k), false);
+        if !metal && !kernel.applies(self, k) {
+            return Ok(None);
+        }
+        let flat = ops::reshape(indices, &[batch, k, 1])?;
+        let gather = |family: Family| -> Result<Vec<Array>> {
+            self.parts(family).iter().map(|part| math::take_along_axis(part, &flat, 1)).collect()
+        };
+        let (latent, rope) = (gather(Family::Latent)?, gather(Family::Rope)?);
+        let whole = vec![(0, k); batch];
+        if metal {
+            return metal::mla_decode::attend(q_latent, q_rope, &latent[0], &rope[0], &whole, scale, false).map(Some);
+        }
+        let Some(latent) = kernel.latent(&latent, k, self) else { return Ok(None) };
+        cuda::mla_decode::attend(q_latent, q_rope, latent, &rope[0], &whole, scale, false).map(Some)
+    }
+
+    /// `index_scores` by the library's kernel on CUDA (`dsa_kernel`), from the stored keys as
+    /// they are: 16-bit float storage without composed hot values. `None` where it does not apply.
+    pub(super) fn kernel_index_scores(
+        &self,
+        q_index: &Array,
+        weights: &Array,
+        mode: MaskMode,
+        (heads, queries, width): (usize, usize, usize),
+    ) -> Result<Option<Array>> {
+        let keys = &self.parts(Family::IndexKeys)[0];
+        let float = matches!(self.geometry.storage(Family::IndexKeys), StorageMode::Bf16 | StorageMode::F16);
+        let (batch, positions) = (self.batch_size(), self.offset);
+        if !float
+            || self.hot_values(Family::IndexKeys).is_some()
+            || !cuda::dsa_scores::applies(keys.dtype(), batch, heads, queries, width, positions)
+        {
+            return Ok(None);
+        }
+        Ok(Some(cuda::dsa_scores::index_scores(q_index, weights, keys, &self.row_ranges(), mode == MaskMode::Causal)?))
+    }
+}
+
+/// What `kernel_decode` found: the latent's storage dtype (or its packing) and the query.
+struct KernelInputs<'a> {
+    storage: Dtype,
+    packing: Option<Packing>,
+    q: &'a Query<'a>,
+}
+
+impl KernelInputs<'_> {
+    /// The kernel's sizes over `positions` positions of `donor`'s rows.
+    fn shape(&self, donor: &Donor, positions: usize) -> cuda::mla_decode::Shape {
+        cuda::mla_decode::Shape {
+            batch: donor.batch_size(),
+            heads: self.q.q_latent.shape()[1] as usize,
+            queries: self.q.queries,
+            positions,
+            rank: donor.geometry.kv_lora_rank,
+            rope: donor.geometry.rope_head_dim,
+            scale: self.q.scale,
+        }
+    }
+
+    /// Whether the CUDA kernel reads this latent over `positions` positions of `donor`'s rows.
+    fn applies(&self, donor: &Donor, positions: usize) -> bool {
+        let (shape, dtype) = (self.shape(donor, positions), self.q.q_latent.dtype());
+        match self.packing {
+            None => cuda::mla_decode::applies(self.storage, dtype, &shape),
+            Some(packing) => cuda::mla_decode::applies_packed(packing, dtype, &shape),
+        }
+    }
+
+    /// The latent's stored `parts` (`positions` of them) as the kernel reads them, where it
+    /// applies.
+    fn latent<'p>(&self, parts: &'p [Array], positions: usize, donor: &Donor) -> Option<cuda::mla_decode::Latent<'p>> {
+        self.applies(donor, positions).then(|| match self.packing {
+            None => cuda::mla_decode::Latent::Float(&parts[0]),
+            Some(packing) => cuda::mla_decode::Latent::Packed { parts, packing },
+        })
+    }
+}

@@ -1,0 +1,159 @@
+//! DSA's sparse attention: index scores against the stored index keys, the top-k positions
+//! per query, and attention over the selected positions alone (each gathered as stored, then
+//! decoded: `k` positions a query, never the whole window).
+use mlx_rs::{Array, Dtype};
+
+use super::{Donor, MaskMode};
+use crate::core::error::{fail, Result};
+use crate::core::mlx::{math, ops};
+use crate::core::model::geometry::Family;
+
+impl Donor {
+    /// The values of a family at `indices` (`[B, Lq, k]` window positions), `[B, Lq, k, width]`
+    /// float32: the selected positions' parts are gathered, then decoded (k positions, not T).
+    fn gather(&self, family: Family, indices: &Array) -> Result<Array> {
+        let shape = indices.shape();
+        let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
+        let flat = ops::reshape(indices, &[batch, queries * k, 1])?;
+        let parts =
+            self.parts(family).iter().map(|part| math::take_along_axis(part, &flat, 1)).collect::<Result<Vec<Array>>>()?;
+        let width = self.geometry.width(family).expect("present");
+        let mut values = ops::astype(&self.geometry.storage(family).decode(&parts, width)?, Dtype::Float32)?;
+        if let Some((hot, bases, starts)) = self.hot_values(family) {
+            // Selected hot positions are read from each row's hot row (the index is clamped into
+            // it where the position is compact: that value is not used).
+            let capacity = hot.shape()[1];
+            let minus_base: Vec<i32> = bases.iter().map(|&b| -(b as i32)).collect();
+            let shifted = math::add(&flat, &ops::indices(&minus_base, &[batch, 1, 1]))?;
+            let in_span = math::logical_and(
+                &math::greater_equal(&shifted, &ops::indices(&[0], &[1]))?,
+                &math::less(&shifted, &ops::indices(&[capacity], &[1]))?,
+            )?;
+            let at = math::select(&in_span, &shifted, &ops::indices(&[0], &[1]))?;
+            let hot = ops::astype(&math::take_along_axis(hot, &at, 1)?, Dtype::Float32)?;
+            let row_starts: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
+            let is_hot = math::logical_and(&in_span, &math::greater_equal(&flat, &ops::indices(&row_starts, &[batch, 1, 1]))?)?;
+            values = math::select(&is_hot, &hot, &values)?;
+        }
+        ops::reshape(&values, &[batch, queries, k, width])
+    }
+
+    /// DSA index scores, `[B, Lq, T]` float32: `sum over index heads h of weights[b, q, h] *
+    /// ReLU(q_index[b, h, q] . k[b, t])` against the stored index keys, with positions the query
+    /// does not see (padding, past the row's end, and with `Causal` the later positions) at -inf.
+    /// `q_index` is `[B, Hi, Lq, index_head_dim]`, `weights` `[B, Lq, Hi]` (scaled as the model
+    /// scales them).
+    pub fn index_scores(&self, q_index: &Array, weights: &Array, mode: MaskMode) -> Result<Array> {
+        let Some(width) = self.geometry.width(Family::IndexKeys) else {
+            return fail!(InvalidArgument, "this layer has no DSA index keys");
+        };
+        let (heads, queries) = self.check_query("q_index", q_index, width)?;
+        if weights.shape() != [self.batch_size() as i32, queries, heads] {
+            return fail!(Shape, "weights must be [{}, {queries}, {heads}], got {:?}", self.batch_size(), weights.shape());
+        }
+        if mode == MaskMode::Array {
+            return fail!(InvalidArgument, "index scores take the NONE or CAUSAL mask mode");
+        }
+        self.check_rows(mode, queries as usize)?;
+        let (b, h, lq, t) = (self.batch_size(), heads as usize, queries as usize, self.offset);
+        if let Some(scores) = self.kernel_index_scores(q_index, weights, mode, (h, lq, width))? {
+            return Ok(scores);
+        }
+        let keys = ops::astype(&self.decoded(Family::IndexKeys)?, Dtype::Float32)?;
+        // Every head and query folded into the rows of one product per row, [B, Hi*Lq, 128] x
+        // [B, 128, T]: a head axis broadcast against the keys made MLX's CUDA matmul expand the
+        // keys per head at batch > 1 (60x slower at batch 8, 128K positions).
+        let q = ops::reshape(&ops::astype(q_index, Dtype::Float32)?, &[b, h * lq, width])?;
+        let per_head = ops::maximum(&math::matmul(&q, &math::swapaxes(&keys, -1, -2)?)?, &ops::scalar(0.0))?;
+        let weights = ops::astype(weights, Dtype::Float32)?;
+        let scores = if lq == 1 {
+            // One query: the weighted sum over heads is one more product, [B, 1, Hi] x [B, Hi, T].
+            math::matmul(&weights, &per_head)?
+        } else {
+            // [B, Lq, Hi] -> [B, Hi, Lq, 1] against [B, Hi, Lq, T], summed over heads.
+            let weights = math::expand_dims(&math::swapaxes(&weights, 1, 2)?, 3)?;
+            let per_head = ops::reshape(&per_head, &[b, h, lq, t])?;
+            math::sum(&ops::multiply(&per_head, &weights)?, 1)?
+        };
+        match self.masks(mode, lq) {
+            true => math::add(&scores, &self.query_mask(mode, lq)?),
+            false => Ok(scores),
+        }
+    }
+
+    /// The `k` positions with the highest scores per query (`scores` `[B, Lq, T]` from
+    /// `index_scores`), `[B, Lq, k]` int32 window positions in no particular order; `None` when
+    /// the window holds no more than `k` positions (attend densely, as DeepSeek's indexer does).
+    pub fn select(&self, scores: &Array, k: usize) -> Result<Option<Array>> {
+        if k == 0 {
+            return fail!(InvalidArgument, "top-k needs k of at least 1");
+        }
+        let shape = scores.shape();
+        if shape.len() != 3 || shape[0] as usize != self.batch_size() || shape[2] as usize != self.offset {
+            return fail!(Shape, "scores must be [{}, queries, {}], got {shape:?}", self.batch_size(), self.offset);
+        }
+        if self.offset <= k {
+            return Ok(None);
+        }
+        // The last k of a partition at T - k are the k largest (no negated copy of the scores).
+        let t = self.offset;
+        let order = math::argpartition(scores, (t - k) as i32, -1)?;
+        let top = ops::slice(&order, &[0, 0, t - k], &[shape[0] as usize, shape[1] as usize, t])?;
+        Ok(Some(ops::astype(&top, Dtype::Int32)?))
+    }
+
+    /// Attention over the selected positions alone (`indices` `[B, Lq, k]` from `select`): the
+    /// formula of `attend` with `T` replaced by each query's `k` positions; selected positions
+    /// the query does not see (a row shorter than `k`) are masked out. `[B, H, Lq,
+    /// kv_lora_rank]` float32, lazily; reads `k` positions per query, not the whole window.
+    pub fn attend_selected(
+        &self,
+        q_latent: &Array,
+        q_rope: &Array,
+        scale: f32,
+        mode: MaskMode,
+        indices: &Array,
+    ) -> Result<Array> {
+        let dims = self.check_query("q_latent", q_latent, self.geometry.kv_lora_rank)?;
+        if self.check_query("q_rope", q_rope, self.geometry.rope_head_dim)? != dims {
+            return fail!(Shape, "q_rope's heads and queries {:?} differ from q_latent's", q_rope.shape());
+        }
+        let shape = indices.shape();
+        if shape.len() != 3 || shape[0] as usize != self.batch_size() || shape[1] != dims.1 || indices.dtype() != Dtype::Int32 {
+            return fail!(
+                Shape,
+                "indices must be int32 [{}, {}, k], got {:?} {:?}",
+                self.batch_size(),
+                dims.1,
+                shape,
+                indices.dtype()
+            );
+        }
+        if mode == MaskMode::Array {
+            return fail!(InvalidArgument, "selected attention takes the NONE or CAUSAL mask mode");
+        }
+        self.check_rows(mode, dims.1 as usize)?;
+        if let Some(out) = self.kernel_selected(q_latent, q_rope, scale, indices)? {
+            return Ok(out);
+        }
+        // [B, H, Lq, w] -> [B, Lq, H, w], against [B, Lq, k, w]^T: [B, Lq, H, k].
+        let per_query = |q: &Array, family: Family| -> Result<Array> {
+            let q = math::swapaxes(&ops::astype(q, Dtype::Float32)?, 1, 2)?;
+            math::matmul(&q, &math::swapaxes(&self.gather(family, indices)?, -1, -2)?)
+        };
+        let scores = math::add(&per_query(q_latent, Family::Latent)?, &per_query(q_rope, Family::Rope)?)?;
+        let scores = ops::multiply(&scores, &ops::scalar(scale))?;
+        // Visibility of the selected positions: the row mask gathered at them, [B, Lq, 1, k].
+        let scores = match self.masks(mode, dims.1 as usize) {
+            true => {
+                let mask = self.query_mask(mode, dims.1 as usize)?;
+                let visible = math::expand_dims(&math::take_along_axis(&mask, indices, 2)?, 2)?;
+                math::add(&scores, &visible)?
+            }
+            false => scores,
+        };
+        let probs = math::softmax(&scores, -1)?;
+        let out = math::matmul(&probs, &self.gather(Family::Latent, indices)?)?;
+        math::swapaxes(&out, 1, 2)
+    }
+}

@@ -1,0 +1,228 @@
+//! The stored state: per family, one capacity buffer `[rows, capacity, part_width]` per part of
+//! its storage mode (one for the float modes; codes and scales, with biases for the affine
+//! ones, for the packed modes, see `codec`), written by in-place slice updates and read through
+//! views `[:, :offset]`. Rows and capacity are shared by every family and live here once.
+//! Growth is geometric (or to a reservation), so an append costs O(new positions) amortized,
+//! never O(history); only the new positions are encoded.
+//!
+//! Every mutation is split in two: `prepare_*` builds the new state and may fail; `commit`
+//! swaps it in and cannot fail. Whatever allocates (growth, reserve, row rebuilds) is checked
+//! against MLX's memory limit first and allocated during the call, so a failed allocation is
+//! reported by the call that asked for it, with nothing changed. Only the append's own write is
+//! left lazy, for the engine's once-per-step evaluation.
+//!
+//! This file holds the types, their construction and allocation; `write` the prepared writes
+//! and `commit`; `read` the views, decodes and host reads.
+mod read;
+mod write;
+
+use mlx_rs::Array;
+
+use crate::core::error::{fail, Result};
+use crate::core::mlx::eval::{eval, is_evaluated};
+use crate::core::mlx::memory::check_alloc;
+use crate::core::mlx::ops;
+use crate::core::model::families::Families;
+use crate::core::model::geometry::{Family, Geometry};
+use crate::core::model::storage_mode::{Part, StorageMode};
+
+/// Smallest capacity a buffer grows to: small appends should not reallocate every few tokens.
+pub(crate) const MIN_CAPACITY: usize = 256;
+
+/// Most writes left unevaluated in a row on one buffer before an append evaluates it itself.
+/// Writes are lazy; an engine that never evaluates a family (say, a DSA layer whose index keys
+/// it never reads) would otherwise grow an unbounded graph. Counted across every operation.
+const MAX_LAZY_WRITES: usize = 64;
+
+/// One family's parts, each `[rows, capacity, part_width]`.
+type Parts = Vec<Array>;
+
+/// One family's buffers.
+#[derive(Clone, Debug)]
+struct Buffer {
+    mode: StorageMode,
+    width: usize,
+    parts: Vec<Part>,
+    /// `None` until the first write.
+    data: Option<Parts>,
+    /// Writes chained on `data` since it was last seen evaluated.
+    lazy_writes: usize,
+}
+
+/// Positions `[lo, hi)` of rows `[row_lo, row_hi)` of every part: views, no copy.
+fn window(data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: usize) -> Result<Parts> {
+    data.iter().zip(parts).map(|(d, p)| ops::slice(d, &[rows.0, lo, 0], &[rows.1, hi, p.width])).collect()
+}
+
+impl Buffer {
+    /// The writes chained on this buffer now (0 once MLX has evaluated it).
+    fn chained_writes(&self) -> usize {
+        match &self.data {
+            Some(data) if !data.iter().all(is_evaluated) => self.lazy_writes,
+            _ => 0,
+        }
+    }
+
+    /// Bytes one position of one row holds (none for a family the storage leaves out).
+    fn bytes_per_position(&self) -> usize {
+        match self.parts.is_empty() {
+            true => 0,
+            false => self.mode.bytes_per_position(self.width),
+        }
+    }
+
+    /// Decoded values of stored parts (`read_dtype()` of the mode).
+    fn decode(&self, parts: &[Array]) -> Result<Array> {
+        if parts.is_empty() {
+            return fail!(Backend, "a family this storage leaves out was read");
+        }
+        self.mode.decode(parts, self.width)
+    }
+}
+
+/// Cloning shares the buffers (MLX arrays are reference counted): a clone held while the
+/// original is written makes MLX copy instead of writing in place.
+#[derive(Clone, Debug)]
+pub struct Storage {
+    rows: usize,
+    capacity: usize,
+    buffers: Families<Buffer>,
+}
+
+/// A prepared new state of every family: `(parts, lazy writes)` each.
+pub struct Pending {
+    rows: usize,
+    capacity: usize,
+    data: Families<(Parts, usize)>,
+}
+
+impl Pending {
+    /// Positions per row of the prepared buffers.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Evaluates the prepared state (the caller then commits it, or drops it on failure).
+    pub fn eval(&mut self) -> Result<()> {
+        eval(self.data.iter().flat_map(|(data, _)| data))?;
+        self.data.as_mut().map(|_, (_, lazy)| *lazy = 0);
+        Ok(())
+    }
+}
+
+/// One row's valid range copied from some storage into a new one: `source[row, lo..hi]` lands
+/// at `[dest_row, dest_lo..dest_lo + (hi - lo)]`, in every family.
+pub struct RowPiece<'a> {
+    pub source: &'a Storage,
+    pub row: usize,
+    pub lo: usize,
+    pub hi: usize,
+    pub dest_row: usize,
+    pub dest_lo: usize,
+}
+
+impl Storage {
+    pub fn new(geometry: &Geometry) -> Self {
+        Self::holding(geometry, |_| true)
+    }
+
+    /// Storage of the families `kept` says, of `geometry`'s; the others are held as no parts:
+    /// every write and copy of them is empty, and they must not be read (composed storage's
+    /// hot side keeps only the composed families).
+    pub fn holding(geometry: &Geometry, kept: impl Fn(Family) -> bool) -> Self {
+        let buffers = Families::for_geometry(geometry, |family, width| {
+            let mode = geometry.storage(family);
+            let parts = if kept(family) { mode.parts(width) } else { Vec::new() };
+            Buffer { mode, width, parts, data: None, lazy_writes: 0 }
+        });
+        Storage { rows: 0, capacity: 0, buffers }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Storage holding `parts` (`[rows, positions, part_width]` per family, as `codec` lays
+    /// them out) as its buffers: what a load adopts. The caller checked every shape and dtype.
+    pub fn from_parts(geometry: &Geometry, rows: usize, positions: usize, parts: Families<Vec<Array>>) -> Self {
+        Storage::new(geometry).adopt(rows, positions, parts)
+    }
+
+    /// This (empty) storage holding `parts` as its buffers (none for a family it leaves out).
+    pub fn adopt(mut self, rows: usize, positions: usize, parts: Families<Vec<Array>>) -> Self {
+        self.rows = rows;
+        self.capacity = positions;
+        self.buffers.as_mut().zip(parts).map(|_, (buffer, parts)| buffer.data = Some(parts));
+        self
+    }
+
+    /// The parts one family is stored as (widths and dtypes).
+    pub fn part_specs(geometry: &Geometry, family: Family) -> Vec<Part> {
+        geometry.storage(family).parts(geometry.width(family).expect("callers ask for present families"))
+    }
+
+    /// Bytes the buffers hold (rows x capacity x bytes per position), 0 before the first write.
+    pub fn held_bytes(&self) -> usize {
+        match self.buffers.latent.data {
+            Some(_) => self.rows * self.capacity * self.buffers.iter().map(Buffer::bytes_per_position).sum::<usize>(),
+            None => 0,
+        }
+    }
+
+    /// Checks that `rows x capacity` positions of every family fit in MLX's memory now.
+    fn check_alloc(&self, rows: usize, capacity: usize, what: &str) -> Result<()> {
+        let per_position: usize = self.buffers.iter().map(Buffer::bytes_per_position).sum();
+        check_alloc(rows.checked_mul(capacity).and_then(|n| n.checked_mul(per_position)), what)
+    }
+
+    /// Checks that one row of `capacity` positions would fit now (a reservation before the
+    /// batch size is known).
+    pub fn check_row(&self, capacity: usize) -> Result<()> {
+        self.check_alloc(1, capacity, &format!("reserving {capacity} positions"))
+    }
+
+    /// The capacity to grow to when `needed` positions must fit: at least double the current
+    /// capacity and at least the engine's reservation, never beyond `max_tokens` (0 = unbounded).
+    fn grown_capacity(&self, needed: usize, max_tokens: usize, reserved: usize) -> usize {
+        let mut capacity = needed.max(self.capacity.saturating_mul(2)).max(MIN_CAPACITY).max(reserved);
+        if max_tokens != 0 {
+            capacity = capacity.min(max_tokens).max(needed);
+        }
+        capacity.min(i32::MAX as usize).max(needed)
+    }
+
+    /// Fresh zeroed buffers of `rows x capacity` for every family, allocated now (evaluated).
+    fn allocate(&self, rows: usize, capacity: usize, what: &str) -> Result<Families<Parts>> {
+        self.check_alloc(rows, capacity, what)?;
+        let fresh = self
+            .buffers
+            .as_ref()
+            .try_map(|_, b| b.parts.iter().map(|p| ops::zeros(&[rows, capacity, p.width], p.dtype)).collect::<Result<Parts>>())?;
+        eval(fresh.iter().flatten())?;
+        Ok(fresh)
+    }
+
+    fn buffer(&self, family: Family) -> &Buffer {
+        self.buffers.get(family).expect("callers check the family exists on this layer")
+    }
+
+    /// Whether nothing has been written since the last clear.
+    pub fn is_empty(&self) -> bool {
+        self.buffers.latent.data.is_none()
+    }
+
+    /// Evaluates every buffer (pending writes land in place).
+    pub fn eval(&self) -> Result<()> {
+        eval(self.buffers.iter().filter_map(|b| b.data.as_ref()).flatten())
+    }
+
+    /// Releases every buffer.
+    pub fn clear(&mut self) {
+        self.rows = 0;
+        self.capacity = 0;
+        self.buffers.as_mut().map(|_, buffer| {
+            buffer.data = None;
+            buffer.lazy_writes = 0;
+        });
+    }
+}
