@@ -148,14 +148,14 @@ impl OursMode {
         let mut outputs = Vec::with_capacity(LAYERS * 8);
         for (l, cache) in self.layers.iter_mut().enumerate() {
             if step != Step::Fill && is_dsa(l) {
-                outputs.extend(cache.packed(Family::IndexKeys).unwrap());
+                outputs.extend(cache.stored_parts(Family::IndexKeys).unwrap());
             }
             let keys = is_dsa(l).then_some(&inputs[2]);
             cache.append(&inputs[0], &inputs[1], keys).unwrap();
-            outputs.extend(cache.packed(Family::Latent).unwrap());
-            outputs.extend(cache.packed(Family::Rope).unwrap());
+            outputs.extend(cache.stored_parts(Family::Latent).unwrap());
+            outputs.extend(cache.stored_parts(Family::Rope).unwrap());
             if step == Step::Fill && is_dsa(l) {
-                outputs.extend(cache.packed(Family::IndexKeys).unwrap());
+                outputs.extend(cache.stored_parts(Family::IndexKeys).unwrap());
             }
         }
         outputs

@@ -186,7 +186,7 @@ impl LatentCache {
     /// given row lengths (laid out as this cache's layout rebuilds rows). Room for the
     /// reservation, or for one growth step.
     fn fill_from(&mut self, rows: &[(&LatentCache, usize, usize, usize)], lengths: &[usize]) -> Result<()> {
-        let layout = RowLayout::packed(self.layout.kind(), lengths);
+        let layout = RowLayout::rebuilt(self.layout.kind(), lengths);
         let mut capacity = (layout.offset() + MIN_CAPACITY).max(self.reserved);
         if self.geometry.max_tokens != 0 {
             capacity = capacity.min(self.geometry.max_tokens).max(layout.offset());

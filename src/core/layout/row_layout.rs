@@ -64,12 +64,12 @@ impl RowLayout {
 
     /// A layout of `row_offsets.len()` rows with the given lengths, right-justified.
     pub fn from_row_offsets(row_offsets: &[usize]) -> RowLayout {
-        Self::packed(LayoutKind::RightJustified, row_offsets)
+        Self::rebuilt(LayoutKind::RightJustified, row_offsets)
     }
 
     /// Rows with the given lengths as a rebuild lays them out: right-justified to the longest,
     /// or (ragged) each starting at position 0.
-    pub fn packed(kind: LayoutKind, row_offsets: &[usize]) -> RowLayout {
+    pub fn rebuilt(kind: LayoutKind, row_offsets: &[usize]) -> RowLayout {
         let offset = row_offsets.iter().copied().max().unwrap_or(0);
         let (left_pad, row_end) = match kind {
             LayoutKind::RightJustified => {
@@ -340,7 +340,7 @@ impl RowLayout {
         if self.kind == LayoutKind::Ragged {
             // Kept rows start at position 0: new position j is old position j + left_pad.
             let shift = rows.iter().map(|&r| self.left_pad[r] as isize).collect();
-            return Ok(Relayout { rows: rows.to_vec(), shift, layout: RowLayout::packed(self.kind, &lengths) });
+            return Ok(Relayout { rows: rows.to_vec(), shift, layout: RowLayout::rebuilt(self.kind, &lengths) });
         }
         let drops = vec![0; rows.len()];
         Ok(self.relayout(rows.to_vec(), lengths, &drops))
