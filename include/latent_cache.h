@@ -350,6 +350,11 @@ latent_cache_status latent_cache_projected_bytes(const latent_cache_config *conf
                                                  size_t tokens,
                                                  size_t *out);
 
+// `*out` = the config the cache was made with (or loaded as): its geometry, storage modes,
+// layout, role and composition (`hot_window`, `hot_storage`).
+// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written).
+latent_cache_status latent_cache_get_config(const latent_cache *cache, latent_cache_config *out);
+
 // Creates an empty cache with the geometry in `*config`.
 //
 // - `config`: borrowed for the call; `reserved` fields must be zero.
@@ -666,16 +671,6 @@ latent_cache_status latent_cache_prefill_prepare(latent_cache *cache,
 // `CAPACITY`, `BACKEND`. On failure nothing changed and the prefill stays open.
 latent_cache_status latent_cache_prefill_finalize(latent_cache *cache);
 
-// Set-wide `latent_cache_prefill_prepare` (the same vectors for every layer).
-latent_cache_status latent_cache_set_prefill_prepare(latent_cache_set *set,
-                                                     const size_t *lengths,
-                                                     const size_t *left_padding,
-                                                     const size_t *right_padding,
-                                                     size_t rows);
-
-// Set-wide `latent_cache_prefill_finalize`.
-latent_cache_status latent_cache_set_prefill_finalize(latent_cache_set *set);
-
 // Opens prefill maintenance for a chunked prefill (the seed's `beginPrefill`). Here a
 // boundary move copies nothing and boundaries follow each row's length at every chunk, so a
 // chunked prefill holds the same state as one append and there is nothing to defer: the
@@ -698,33 +693,6 @@ latent_cache_status latent_cache_prefill_commit(latent_cache *cache,
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (no `latent_cache_prefill_begin` before).
 // On failure nothing changed.
 latent_cache_status latent_cache_prefill_end(latent_cache *cache);
-
-// Set-wide `latent_cache_prefill_begin`: every layer or none.
-latent_cache_status latent_cache_set_prefill_begin(latent_cache_set *set);
-
-// Set-wide `latent_cache_prefill_commit`: every layer or none.
-latent_cache_status latent_cache_set_prefill_commit(latent_cache_set *set,
-                                                    const size_t *rows,
-                                                    size_t len);
-
-// Set-wide `latent_cache_prefill_end`: every layer or none.
-latent_cache_status latent_cache_set_prefill_end(latent_cache_set *set);
-
-// Copies each row's precision boundary into `out` (`out_len` entries of room) and the row
-// count into `*written`: how many of the row's valid positions, counted from its first, are
-// read in the compact mode (the rest are hot). Nothing for a cache that is not composed
-// (`*written` = 0).
-// Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
-// `BUFFER_TOO_SMALL`; nothing is written on failure.
-latent_cache_status latent_cache_converted_positions(const latent_cache *cache,
-                                                     size_t *out,
-                                                     size_t out_len,
-                                                     size_t *written);
-
-// `*out` = the config the cache was made with (or loaded as): its geometry, storage modes,
-// layout, role and composition (`hot_window`, `hot_storage`).
-// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written).
-latent_cache_status latent_cache_get_config(const latent_cache *cache, latent_cache_config *out);
 
 // Fills the empty `destination` with every row of every source, in order: a batch source
 // gives all its rows, an empty source that never had rows gives one empty row. Rows are
@@ -800,6 +768,17 @@ latent_cache_status latent_cache_row_ends(const latent_cache *cache,
                                           size_t *out,
                                           size_t out_len,
                                           size_t *written);
+
+// Copies each row's precision boundary into `out` (`out_len` entries of room) and the row
+// count into `*written`: how many of the row's valid positions, counted from its first, are
+// read in the compact mode (the rest are hot). Nothing for a cache that is not composed
+// (`*written` = 0).
+// Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
+// `BUFFER_TOO_SMALL`; nothing is written on failure.
+latent_cache_status latent_cache_converted_positions(const latent_cache *cache,
+                                                     size_t *out,
+                                                     size_t out_len,
+                                                     size_t *written);
 
 // `*out` = the bytes of valid state the cache holds: the sum of `row_offsets` times
 // `bytes_per_token` (the seed's `byteLength`; padding and spare capacity are not counted).
@@ -916,6 +895,27 @@ latent_cache_status latent_cache_set_reset(latent_cache_set *set);
 latent_cache_status latent_cache_set_filter_rows(latent_cache_set *set,
                                                  const size_t *rows,
                                                  size_t rows_len);
+
+// Set-wide `latent_cache_prefill_prepare` (the same vectors for every layer).
+latent_cache_status latent_cache_set_prefill_prepare(latent_cache_set *set,
+                                                     const size_t *lengths,
+                                                     const size_t *left_padding,
+                                                     const size_t *right_padding,
+                                                     size_t rows);
+
+// Set-wide `latent_cache_prefill_finalize`.
+latent_cache_status latent_cache_set_prefill_finalize(latent_cache_set *set);
+
+// Set-wide `latent_cache_prefill_begin`: every layer or none.
+latent_cache_status latent_cache_set_prefill_begin(latent_cache_set *set);
+
+// Set-wide `latent_cache_prefill_commit`: every layer or none.
+latent_cache_status latent_cache_set_prefill_commit(latent_cache_set *set,
+                                                    const size_t *rows,
+                                                    size_t len);
+
+// Set-wide `latent_cache_prefill_end`: every layer or none.
+latent_cache_status latent_cache_set_prefill_end(latent_cache_set *set);
 
 // Fills the empty set `destination` with every row of every source set, in order, layer by
 // layer (rules of `latent_cache_merge_rows`; sources must have as many layers, each with the

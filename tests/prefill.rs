@@ -10,7 +10,6 @@ use common::core_check::{assert_matches, model_of};
 use common::model::{Model, Rng};
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::latent_cache_status as Status;
-use latent_cache::ffi::prefill::*;
 use latent_cache::ffi::set::*;
 use latent_cache::{ErrorKind, Geometry, LatentCache, LayoutKind};
 

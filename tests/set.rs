@@ -231,7 +231,6 @@ fn glm52_preset_is_the_model_with_its_mtp_layer() {
 /// the seed's protocol is checked on every layer alike (misuse changes no layer).
 #[test]
 fn prefill_maintenance_moves_every_layer_together() {
-    use latent_cache::ffi::composed::*;
     use latent_cache::ffi::storage::latent_cache_storage as S;
     let layer = |hot_window: usize| {
         let mut cfg = latent_cache_config_default();

@@ -1,5 +1,9 @@
-//! Argument plumbing: every pointer is checked here before anything is read or changed, and
-//! outputs are written only through these helpers, after the call has succeeded.
+//! Argument plumbing: every pointer (slices, strings, outputs) is checked here before anything
+//! is read or changed, and outputs are written only through these helpers, after the call has
+//! succeeded.
+use std::ffi::{c_char, CStr};
+use std::path::PathBuf;
+
 use super::error::{Failure, FfiResult};
 use super::status::latent_cache_status;
 
@@ -21,6 +25,25 @@ pub(crate) unsafe fn optional_slice<'a, T>(ptr: *const T, len: usize, name: &str
         (true, 0) => Ok(None),
         _ => unsafe { in_slice(ptr, len, name) }.map(Some),
     }
+}
+
+/// An optional borrowed string: NULL is "absent"; otherwise NUL-terminated UTF-8
+/// (`INVALID_ARGUMENT` when not UTF-8).
+pub(crate) unsafe fn optional_str<'a>(ptr: *const c_char, name: &str) -> FfiResult<Option<&'a str>> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: a non-NULL, NUL-terminated string from the caller.
+    let s = unsafe { CStr::from_ptr(ptr) }
+        .to_str()
+        .map_err(|_| Failure::new(latent_cache_status::InvalidArgument, format!("{name} is not UTF-8")))?;
+    Ok(Some(s))
+}
+
+/// The `path` argument of saves and loads: a NUL-terminated UTF-8 string, NULL refused.
+pub(crate) unsafe fn path(ptr: *const c_char) -> FfiResult<PathBuf> {
+    let s = unsafe { optional_str(ptr, "path") }?.ok_or_else(|| Failure::null("path"))?;
+    Ok(PathBuf::from(s))
 }
 
 /// Checks an output pointer is not NULL; returns it for a later `write`.
@@ -57,7 +80,7 @@ pub(crate) unsafe fn copy_out<T: Copy>(ptr: *mut T, len: usize, values: &[T], wr
 
 /// `copy_out` for a string: its bytes and a NUL terminator (which `out_len` counts); `*written`
 /// receives the length without the terminator.
-pub(crate) unsafe fn copy_out_str(out: *mut std::ffi::c_char, out_len: usize, s: &str, written: *mut usize) -> FfiResult {
+pub(crate) unsafe fn copy_out_str(out: *mut c_char, out_len: usize, s: &str, written: *mut usize) -> FfiResult {
     let mut bytes = s.as_bytes().to_vec();
     bytes.push(0);
     unsafe { copy_out(out.cast::<u8>(), out_len, &bytes, written, "out")? };

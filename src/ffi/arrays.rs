@@ -2,50 +2,19 @@
 //! on the same MLX runtime (one libmlx per process), plus the few array helpers an engine
 //! without mlx-c needs (make an array from host floats, free one, evaluate under the library's
 //! evaluation lock).
-use std::mem::ManuallyDrop;
-
-use mlx_rs::Array;
 use mlx_sys::mlx_array;
 
 use super::args::{copy_out, in_slice, out_ptr, write};
 use super::error::{Failure, FfiResult};
 use super::family::family;
-use super::handle::latent_cache;
-use super::handle::with_cache;
+use super::handle::{latent_cache, with_cache};
+use super::mlx_array::{borrow, borrow_optional, empty, free, give, give_optional};
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use super::storage::latent_cache_storage;
 use crate::core::mlx::eval;
 use crate::core::mlx::ops;
 use crate::core::LatentState;
-
-/// Borrows a caller's array for the call without taking ownership.
-unsafe fn borrow(array: mlx_array, name: &str) -> FfiResult<ManuallyDrop<Array>> {
-    if array.ctx.is_null() {
-        return Err(Failure::null(name));
-    }
-    // SAFETY: a non-NULL mlx_array from the caller; ManuallyDrop keeps it the caller's.
-    Ok(ManuallyDrop::new(unsafe { Array::from_ptr(array) }))
-}
-
-/// Borrows an optional array: `ctx == NULL` is "absent" (index keys on a layer without DSA).
-unsafe fn borrow_optional(array: mlx_array, name: &str) -> FfiResult<Option<ManuallyDrop<Array>>> {
-    match array.ctx.is_null() {
-        true => Ok(None),
-        false => unsafe { borrow(array, name) }.map(Some),
-    }
-}
-
-/// Hands an array to the caller, who frees it.
-fn give(array: Array) -> mlx_array {
-    let handle = array.as_ptr();
-    std::mem::forget(array);
-    handle
-}
-
-fn empty() -> mlx_array {
-    mlx_array { ctx: std::ptr::null_mut() }
-}
 
 /// Writes the views of `state` to the non-NULL outputs; the others are dropped.
 unsafe fn hand_out(state: LatentState, latent: *mut mlx_array, rope: *mut mlx_array, index_keys: *mut mlx_array) {
@@ -57,7 +26,7 @@ unsafe fn hand_out(state: LatentState, latent: *mut mlx_array, rope: *mut mlx_ar
             write(rope, give(state.rope));
         }
         if !index_keys.is_null() {
-            write(index_keys, state.index_keys.map_or_else(empty, give));
+            write(index_keys, give_optional(state.index_keys));
         }
     }
 }
@@ -240,10 +209,7 @@ pub unsafe extern "C" fn latent_cache_packed_release(packed: *mut latent_cache_p
         // SAFETY: the caller passes a packed state it owns, or NULL.
         if let Some(packed) = unsafe { packed.as_mut() } {
             for array in [&mut packed.values, &mut packed.scales, &mut packed.biases] {
-                let taken = std::mem::replace(array, empty());
-                if !taken.ctx.is_null() {
-                    drop(unsafe { Array::from_ptr(taken) });
-                }
+                unsafe { free(std::mem::replace(array, empty())) };
             }
         }
     )
@@ -320,10 +286,8 @@ pub unsafe extern "C" fn latent_cache_array_to_host(
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_array_free(array: mlx_array) {
     ffi_boundary!(on_panic = ();
-        if !array.ctx.is_null() {
-            // SAFETY: the caller hands over an array it owns.
-            drop(unsafe { Array::from_ptr(array) });
-        }
+        // SAFETY: the caller hands over an array it owns.
+        unsafe { free(array) }
     )
 }
 

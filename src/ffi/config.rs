@@ -1,11 +1,14 @@
-//! `latent_cache_config`: a layer's geometry as C passes it to `latent_cache_new`.
+//! `latent_cache_config`: a layer's geometry as C passes it to `latent_cache_new`, its
+//! defaults, the bytes it would hold, and the config a cache was made with.
 use super::args::{out_ptr, write};
 use super::error::{Failure, FfiResult};
+use super::handle::{latent_cache, with_cache};
 use super::layout::{latent_cache_layout, layout_kind};
 use super::panic::ffi_boundary;
 use super::role::{latent_cache_role, role};
 use super::status::latent_cache_status;
 use super::storage::{latent_cache_storage, storage_mode};
+use crate::core::model::budget::projected_bytes;
 use crate::core::Geometry;
 
 /// Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
@@ -125,11 +128,25 @@ pub unsafe extern "C" fn latent_cache_projected_bytes(
         let out = out_ptr(out, "out")?;
         // SAFETY: a non-NULL config is a readable latent_cache_config (the caller's promise).
         let config = unsafe { config.as_ref() }.ok_or_else(|| Failure::null("config"))?;
-        let per_token = config.geometry()?.bytes_per_token();
-        let bytes = batch.checked_mul(tokens).and_then(|n| n.checked_mul(per_token)).ok_or_else(|| {
-            Failure::new(latent_cache_status::Capacity, format!("{batch} rows x {tokens} positions overflow size_t"))
-        })?;
+        let bytes = projected_bytes(&config.geometry()?, batch, tokens)?;
         unsafe { write(out, bytes) };
         Ok(())
+    }
+}
+
+/// `*out` = the config the cache was made with (or loaded as): its geometry, storage modes,
+/// layout, role and composition (`hot_window`, `hot_storage`).
+/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_get_config(
+    cache: *const latent_cache,
+    out: *mut latent_cache_config,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        with_cache(cache, |cache| {
+            unsafe { write(out, latent_cache_config::of(cache.geometry())) };
+            Ok(())
+        })
     }
 }

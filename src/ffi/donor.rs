@@ -1,17 +1,15 @@
 //! `latent_cache_donor`: an immutable snapshot of a cache's rows, and GLM-5's absorbed MLA
 //! attention over it (the read path). Donors are tokens in a registry of their own, like caches.
-use std::collections::HashMap;
-use std::mem::ManuallyDrop;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
-use mlx_rs::Array;
 use mlx_sys::mlx_array;
-use once_cell::sync::Lazy;
 
 use super::args::{copy_out, out_ptr, write};
 use super::error::{set_last_error, Failure, FfiResult};
-use super::handle::{latent_cache, next_token, with_cache};
+use super::handle::{latent_cache, with_cache};
+use super::mlx_array::{borrow, borrow_optional, give, give_optional};
 use super::panic::ffi_boundary;
+use super::registry::Registry;
 use super::status::latent_cache_status;
 use crate::core::attention::{Donor, MaskMode};
 
@@ -36,8 +34,6 @@ pub enum latent_cache_mask_mode {
     LatentCacheMaskArray = 2,
 }
 
-/// Live donors by token. A donor's arrays are handles MLX shares between threads; the mutex
-/// keeps calls on one donor one at a time, like calls on one cache.
 /// Converts a `latent_cache_mask_mode` value received as an integer.
 fn mask_mode(value: u32) -> FfiResult<MaskMode> {
     match value {
@@ -48,41 +44,15 @@ fn mask_mode(value: u32) -> FfiResult<MaskMode> {
     }
 }
 
-/// Borrows a caller's array for the call.
-fn borrow(a: mlx_array, name: &str) -> FfiResult<ManuallyDrop<Array>> {
-    if a.ctx.is_null() {
-        return Err(Failure::null(name));
-    }
-    // SAFETY: a non-NULL caller array; ManuallyDrop keeps it the caller's.
-    Ok(ManuallyDrop::new(unsafe { Array::from_ptr(a) }))
-}
-
-/// Hands an array to the caller, who frees it.
-fn give(array: Array) -> mlx_array {
-    let handle = array.as_ptr();
-    std::mem::forget(array);
-    handle
-}
-
-static DONORS: Lazy<RwLock<HashMap<usize, Arc<Mutex<Donor>>>>> = Lazy::new(|| RwLock::new(HashMap::new()));
+/// Live donors by token. A donor's arrays are handles MLX shares between threads; the mutex
+/// keeps calls on one donor one at a time, like calls on one cache.
+static DONORS: Registry<Mutex<Donor>> = Registry::new("latent_cache_donor");
 
 /// Looks up `ptr`, locks its donor and runs `f` on it.
 fn with_donor<T>(ptr: *const latent_cache_donor, f: impl FnOnce(&Donor) -> FfiResult<T>) -> FfiResult<T> {
-    let donor = get(ptr)?;
+    let donor = DONORS.get(ptr, "donor")?;
     let guard = donor.lock().map_err(|_| Failure::new(latent_cache_status::Panic, "this donor was left unusable by a panic"))?;
     f(&guard)
-}
-
-fn get(ptr: *const latent_cache_donor) -> FfiResult<Arc<Mutex<Donor>>> {
-    if ptr.is_null() {
-        return Err(Failure::null("donor"));
-    }
-    DONORS
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&(ptr as usize))
-        .cloned()
-        .ok_or_else(|| Failure::new(latent_cache_status::NullArgument, "donor is not a live latent_cache_donor"))
 }
 
 /// `*out` receives a snapshot of every stored family of `cache` and of its row layout (batch,
@@ -99,9 +69,7 @@ pub unsafe extern "C" fn latent_cache_capture_donor_rows(
     ffi_boundary! {
         let out = out_ptr(out, "out")?;
         let donor = with_cache(cache, |cache| Ok(cache.capture_donor_rows()?))?;
-        let token = next_token();
-        DONORS.write().unwrap_or_else(|p| p.into_inner()).insert(token, Arc::new(Mutex::new(donor)));
-        unsafe { write(out, token as *mut latent_cache_donor) };
+        unsafe { write(out, DONORS.insert(Arc::new(Mutex::new(donor)))) };
         Ok(())
     }
 }
@@ -110,7 +78,7 @@ pub unsafe extern "C" fn latent_cache_capture_donor_rows(
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_donor_free(donor: *mut latent_cache_donor) {
     ffi_boundary!(on_panic = ();
-        if !donor.is_null() && DONORS.write().unwrap_or_else(|p| p.into_inner()).remove(&(donor as usize)).is_none() {
+        if !donor.is_null() && DONORS.remove(donor).is_none() {
             set_last_error("latent_cache_donor_free: not a live latent_cache_donor (double free?)");
         }
     )
@@ -204,11 +172,8 @@ pub unsafe extern "C" fn latent_cache_donor_attend(
     ffi_boundary! {
         let out = out_ptr(out, "out")?;
         let mode = mask_mode(mode)?;
-        let (q_latent, q_rope) = (borrow(q_latent, "q_latent")?, borrow(q_rope, "q_rope")?);
-        let mask = match mask.ctx.is_null() {
-            true => None,
-            false => Some(borrow(mask, "mask")?),
-        };
+        let (q_latent, q_rope) = unsafe { (borrow(q_latent, "q_latent")?, borrow(q_rope, "q_rope")?) };
+        let mask = unsafe { borrow_optional(mask, "mask") }?;
         let result = with_donor(donor, |d| Ok(d.attend(&q_latent, &q_rope, scale, mode, mask.as_deref())?))?;
         unsafe { write(out, give(result)) };
         Ok(())
@@ -233,7 +198,7 @@ pub unsafe extern "C" fn latent_cache_donor_index_scores(
     ffi_boundary! {
         let out = out_ptr(out, "out")?;
         let mode = mask_mode(mode)?;
-        let (q_index, weights) = (borrow(q_index, "q_index")?, borrow(weights, "weights")?);
+        let (q_index, weights) = unsafe { (borrow(q_index, "q_index")?, borrow(weights, "weights")?) };
         let scores = with_donor(donor, |d| Ok(d.index_scores(&q_index, &weights, mode)?))?;
         unsafe { write(out, give(scores)) };
         Ok(())
@@ -255,9 +220,9 @@ pub unsafe extern "C" fn latent_cache_donor_select(
 ) -> latent_cache_status {
     ffi_boundary! {
         let out = out_ptr(out, "out")?;
-        let scores = borrow(scores, "scores")?;
+        let scores = unsafe { borrow(scores, "scores") }?;
         let selected = with_donor(donor, |d| Ok(d.select(&scores, k)?))?;
-        unsafe { write(out, selected.map_or(mlx_array { ctx: std::ptr::null_mut() }, give)) };
+        unsafe { write(out, give_optional(selected)) };
         Ok(())
     }
 }
@@ -284,8 +249,8 @@ pub unsafe extern "C" fn latent_cache_donor_attend_selected(
     ffi_boundary! {
         let out = out_ptr(out, "out")?;
         let mode = mask_mode(mode)?;
-        let (q_latent, q_rope) = (borrow(q_latent, "q_latent")?, borrow(q_rope, "q_rope")?);
-        let indices = borrow(indices, "indices")?;
+        let (q_latent, q_rope) = unsafe { (borrow(q_latent, "q_latent")?, borrow(q_rope, "q_rope")?) };
+        let indices = unsafe { borrow(indices, "indices") }?;
         let result = with_donor(donor, |d| Ok(d.attend_selected(&q_latent, &q_rope, scale, mode, &indices)?))?;
         unsafe { write(out, give(result)) };
         Ok(())

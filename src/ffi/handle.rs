@@ -1,14 +1,10 @@
-//! The opaque `latent_cache` handle. The pointer C holds is a token, not an address: a number
-//! drawn once from a process-wide counter and never reused, looked up in a registry of live
-//! caches. A NULL, foreign or freed handle is refused on every call, even when the allocator has
-//! since reused memory for another cache, and a second `latent_cache_free` touches nothing.
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-
-use once_cell::sync::Lazy;
+//! The opaque `latent_cache` handle: live caches in their registry (see `registry`: tokens,
+//! never reused, so a NULL, foreign or freed handle is refused on every call), each locked for
+//! one call at a time.
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::error::{Failure, FfiResult};
+use super::registry::{Registry, Removal};
 use super::status::latent_cache_status;
 use crate::core::LatentCache;
 
@@ -38,26 +34,8 @@ pub(crate) enum Release {
     OwnedBySet,
 }
 
-/// Tokens step by 16 so they look like aligned pointers to tools that inspect them; the counter
-/// starts at 1 so no token is NULL. A 64-bit counter does not wrap within a process's life.
-const TOKEN_STEP: usize = 16;
-static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(1);
-
-/// A fresh token, never handed out before (caches and sets share the counter).
-pub(crate) fn next_token() -> usize {
-    NEXT_TOKEN.fetch_add(1, Ordering::Relaxed) * TOKEN_STEP
-}
-
 /// Live caches by token.
-static LIVE: Lazy<RwLock<HashMap<usize, Arc<Handle>>>> = Lazy::new(|| RwLock::new(HashMap::new()));
-
-fn live_read() -> std::sync::RwLockReadGuard<'static, HashMap<usize, Arc<Handle>>> {
-    LIVE.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn live_write() -> std::sync::RwLockWriteGuard<'static, HashMap<usize, Arc<Handle>>> {
-    LIVE.write().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+static CACHES: Registry<Handle> = Registry::new("latent_cache (freed, or never created by this library)");
 
 impl Handle {
     /// Registers a cache under a new token; the token is what C holds.
@@ -71,37 +49,23 @@ impl Handle {
     }
 
     fn register_as(cache: LatentCache, owned_by_set: bool) -> (*mut latent_cache, Arc<Handle>) {
-        let token = next_token();
         let handle = Arc::new(Handle { inner: Mutex::new(cache), owned_by_set });
-        live_write().insert(token, handle.clone());
-        (token as *mut latent_cache, handle)
+        (CACHES.insert(handle.clone()), handle)
     }
 
     /// Unregisters a token; its cache is dropped once no call holds it. A set's layer is left
     /// alone unless `by_set`.
     pub(crate) fn release(ptr: *const latent_cache, by_set: bool) -> Release {
-        let mut live = live_write();
-        match live.get(&(ptr as usize)) {
-            None => Release::NotLive,
-            Some(handle) if handle.owned_by_set && !by_set => Release::OwnedBySet,
-            Some(_) => {
-                live.remove(&(ptr as usize));
-                Release::Released
-            }
+        match CACHES.remove_if(ptr, |handle| !handle.owned_by_set || by_set) {
+            Removal::Removed(_) => Release::Released,
+            Removal::NotLive => Release::NotLive,
+            Removal::Kept => Release::OwnedBySet,
         }
     }
 
     /// The live cache behind a token.
     pub(crate) fn get(ptr: *const latent_cache, name: &str) -> FfiResult<Arc<Handle>> {
-        if ptr.is_null() {
-            return Err(Failure::null(name));
-        }
-        live_read().get(&(ptr as usize)).cloned().ok_or_else(|| {
-            Failure::new(
-                latent_cache_status::NullArgument,
-                format!("{name} is not a live latent_cache (freed, or never created by this library)"),
-            )
-        })
+        CACHES.get(ptr, name)
     }
 
     /// Locks the cache for one call.

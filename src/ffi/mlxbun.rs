@@ -1,11 +1,11 @@
-//! The seed's own prompt-cache files (mlx-bun's `MLXBUNKV2` layout, see `core::mlxbun`): a set
-//! saved for, or loaded from, the seed's implementation, and a file's header read on its own.
-use std::ffi::{c_char, CStr};
+//! The seed's own prompt-cache files (mlx-bun's `MLXBUNKV2` layout, see
+//! `core::persist::mlxbun`): a set saved for, or loaded from, the seed's implementation, and a
+//! file's header read on its own.
+use std::ffi::c_char;
 
-use super::args::{copy_out, copy_out_str, in_slice, out_ptr, write};
-use super::error::{Failure, FfiResult};
+use super::args::{copy_out, copy_out_str, in_slice, optional_str, out_ptr, path, write};
+use super::error::FfiResult;
 use super::panic::ffi_boundary;
-use super::persist::path;
 use super::set::{latent_cache_set, register_set, with_set_layers};
 use super::status::latent_cache_status;
 use crate::core::persist::mlxbun;
@@ -27,17 +27,6 @@ pub struct latent_cache_mlxbun_info {
     pub ns: *const c_char,
 }
 
-fn text(ptr: *const c_char, name: &str) -> FfiResult<Option<String>> {
-    if ptr.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: a non-NULL, NUL-terminated string from the caller.
-    let s = unsafe { CStr::from_ptr(ptr) }
-        .to_str()
-        .map_err(|_| Failure::new(latent_cache_status::InvalidArgument, format!("{name} is not UTF-8")))?;
-    Ok(Some(s.to_owned()))
-}
-
 unsafe fn info(info: *const latent_cache_mlxbun_info) -> FfiResult<MlxbunInfo> {
     // SAFETY: NULL or a valid struct from the caller.
     let Some(i) = (unsafe { info.as_ref() }) else {
@@ -45,10 +34,10 @@ unsafe fn info(info: *const latent_cache_mlxbun_info) -> FfiResult<MlxbunInfo> {
     };
     Ok(MlxbunInfo {
         tokens: unsafe { in_slice(i.tokens, i.tokens_len, "info->tokens") }?.to_vec(),
-        model_id: text(i.model_id, "info->model_id")?,
-        config_fingerprint: text(i.config_fingerprint, "info->config_fingerprint")?,
-        tokenizer_hash: text(i.tokenizer_hash, "info->tokenizer_hash")?,
-        ns: text(i.ns, "info->ns")?,
+        model_id: unsafe { optional_str(i.model_id, "info->model_id") }?.map(str::to_owned),
+        config_fingerprint: unsafe { optional_str(i.config_fingerprint, "info->config_fingerprint") }?.map(str::to_owned),
+        tokenizer_hash: unsafe { optional_str(i.tokenizer_hash, "info->tokenizer_hash") }?.map(str::to_owned),
+        ns: unsafe { optional_str(i.ns, "info->ns") }?.map(str::to_owned),
     })
 }
 
@@ -69,7 +58,7 @@ pub unsafe extern "C" fn latent_cache_set_save_mlxbun(
     info: *const latent_cache_mlxbun_info,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let path = self::path(path)?;
+        let path = unsafe { self::path(path) }?;
         let info = unsafe { self::info(info) }?;
         with_set_layers(set, |layers| Ok(mlxbun::save(&layers.iter().map(|l| &**l).collect::<Vec<_>>(), &info, &path)?))
     }
@@ -90,7 +79,7 @@ pub unsafe extern "C" fn latent_cache_set_load_mlxbun(
     out: *mut *mut latent_cache_set,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let path = self::path(path)?;
+        let path = unsafe { self::path(path) }?;
         let out = out_ptr(out, "out")?;
         let (caches, _) = mlxbun::load(&path)?;
         unsafe { write(out, register_set(caches)) };
@@ -110,7 +99,7 @@ pub unsafe extern "C" fn latent_cache_mlxbun_tokens(
     written: *mut usize,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let path = self::path(path)?;
+        let path = unsafe { self::path(path) }?;
         let written = out_ptr(written, "written")?;
         let (_, info) = mlxbun::read_info(&path)?;
         unsafe { copy_out(out, out_len, &info.tokens, written, "out") }
@@ -131,7 +120,7 @@ pub unsafe extern "C" fn latent_cache_mlxbun_header(
     written: *mut usize,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let path = self::path(path)?;
+        let path = unsafe { self::path(path) }?;
         let written = out_ptr(written, "written")?;
         let (text, _) = mlxbun::read_info(&path)?;
         unsafe { copy_out_str(out, out_len, &text, written) }

@@ -1,11 +1,23 @@
-//! The C ABI: a thin layer over the core. It checks every pointer, locks the handle, calls the
-//! core, and turns the result into a status code and a per-thread message. One file per job:
-//! plumbing (`status`, `error`, `panic`, `args`, `handle`) and the exports grouped by purpose.
+//! The C ABI: a thin layer over the core. It checks every pointer, looks the handle up, locks
+//! it, calls the core, and turns the result into a status code and a per-thread message.
 //!
-//! A new export goes into the file of its purpose, its body one `ffi_boundary!` (see `panic`).
-//! cbindgen writes the header in the order of the modules below: the order a user learns the
-//! API (statuses, families, storage modes, layouts and roles, the config, a cache's life and host path, the MLX-array path,
-//! rounds, padded prefills and composed storage's prefill maintenance, rows, queries, the model-level set, saving and loading, the read path, errors, the evaluation lock, the version), so keep it that way.
+//! Plumbing (no exports of its own, except the error and panic boundaries' few):
+//! - `registry`: the token registry behind every opaque handle (caches, sets, donors).
+//! - `handle`: the `latent_cache` handle: its registry and per-call lock.
+//! - `args`: checked pointers in (slices, strings, paths) and outputs written after success.
+//! - `mlx_array`: borrowing a caller's `mlx_array`, giving one back, freeing one.
+//! - `error`, `panic`: the failure type, the per-thread message, the panic boundary.
+//!
+//! Exports, one concept a file, in the order a user learns the API (cbindgen writes the header
+//! in the order of the modules below, so keep it that way): `status`; the enums `family`,
+//! `storage`, `layout`, `role`; `config` (a layer's config, its defaults, its projected bytes, a
+//! cache's config); `cache` (a cache's life and host path); `arrays` (the MLX-array path);
+//! `spec` (speculative rounds); `prefill` (padded prefills and prefill maintenance); `rows`
+//! (merge, extract, filter); `query` (read-only queries, composed storage's boundaries
+//! included); `set` (the model-level set: every set-wide export); `persist` and `mlxbun` (saving
+//! and loading); `donor` (the read path); `last_error`; `eval_lock`; `version`.
+//!
+//! A new export goes into the file of its concept, its body one `ffi_boundary!` (see `panic`).
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)] // the safety contract of every export is in its C docs
 
@@ -20,7 +32,6 @@ pub mod cache;
 pub mod arrays;
 pub mod spec;
 pub mod prefill;
-pub mod composed;
 pub mod rows;
 pub mod query;
 pub mod set;
@@ -32,6 +43,8 @@ pub mod eval_lock;
 pub mod version;
 
 mod args;
+mod mlx_array;
+mod registry;
 pub mod error;
 #[doc(hidden)] // exposed so tests can drive the boundary itself
 pub mod panic;

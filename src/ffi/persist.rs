@@ -1,9 +1,8 @@
 //! Saving and loading: a set or one cache to a file or to bytes, and back (see `core::persist`
 //! for the format, mlx-lm's prompt-cache layout for float storage).
-use std::ffi::{c_char, CStr};
-use std::path::PathBuf;
+use std::ffi::c_char;
 
-use super::args::{in_slice, out_ptr, write};
+use super::args::{in_slice, out_ptr, path, write};
 use super::error::{Failure, FfiResult};
 use super::handle::{latent_cache, with_cache, Handle};
 use super::panic::ffi_boundary;
@@ -12,17 +11,6 @@ use super::status::latent_cache_status;
 
 use crate::core::persist;
 use crate::core::LatentCache;
-
-pub(crate) fn path(ptr: *const c_char) -> FfiResult<PathBuf> {
-    if ptr.is_null() {
-        return Err(Failure::null("path"));
-    }
-    // SAFETY: a non-NULL, NUL-terminated string from the caller.
-    let s = unsafe { CStr::from_ptr(ptr) }
-        .to_str()
-        .map_err(|_| Failure::new(latent_cache_status::InvalidArgument, "path is not UTF-8"))?;
-    Ok(PathBuf::from(s))
-}
 
 /// Hands bytes to the caller (freed with `latent_cache_bytes_free`).
 unsafe fn give_bytes(bytes: Vec<u8>, out: *mut *mut u8, out_len: *mut usize) {
@@ -50,7 +38,7 @@ fn one_layer(mut caches: Vec<LatentCache>) -> FfiResult<LatentCache> {
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_save(set: *const latent_cache_set, path: *const c_char) -> latent_cache_status {
     ffi_boundary! {
-        let path = self::path(path)?;
+        let path = unsafe { self::path(path) }?;
         with_set_layers(set, |layers| Ok(persist::save(&layers.iter().map(|l| &**l).collect::<Vec<_>>(), &path)?))
     }
 }
@@ -64,7 +52,7 @@ pub unsafe extern "C" fn latent_cache_set_save(set: *const latent_cache_set, pat
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_load(path: *const c_char, out: *mut *mut latent_cache_set) -> latent_cache_status {
     ffi_boundary! {
-        let path = self::path(path)?;
+        let path = unsafe { self::path(path) }?;
         let out = out_ptr(out, "out")?;
         let caches = persist::load(&path)?;
         unsafe { write(out, register_set(caches)) };
@@ -110,7 +98,7 @@ pub unsafe extern "C" fn latent_cache_set_load_from_buffer(
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_save(cache: *const latent_cache, path: *const c_char) -> latent_cache_status {
     ffi_boundary! {
-        let path = self::path(path)?;
+        let path = unsafe { self::path(path) }?;
         with_cache(cache, |cache| Ok(persist::save(&[&*cache], &path)?))
     }
 }
@@ -120,7 +108,7 @@ pub unsafe extern "C" fn latent_cache_save(cache: *const latent_cache, path: *co
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_load(path: *const c_char, out: *mut *mut latent_cache) -> latent_cache_status {
     ffi_boundary! {
-        let path = self::path(path)?;
+        let path = unsafe { self::path(path) }?;
         let out = out_ptr(out, "out")?;
         let cache = one_layer(persist::load(&path)?)?;
         unsafe { write(out, Handle::register(cache)) };

@@ -1,22 +1,22 @@
-//! A padded batched prefill (mlx-lm's `BatchKVCache.prepare` / `finalize`), for one cache and
-//! set-wide.
-use super::args::optional_slice;
+//! One cache's prefill calls: a padded batched prefill (mlx-lm's `BatchKVCache.prepare` /
+//! `finalize`) and prefill maintenance (the seed's `beginPrefill` / `commitPrefill` /
+//! `endPrefill`). Their set-wide forms are in `set`.
+use super::args::{in_slice, optional_slice};
+use super::error::FfiResult;
 use super::handle::{latent_cache, with_cache};
 use super::panic::ffi_boundary;
-use super::set::{latent_cache_set, with_layers};
 use super::status::latent_cache_status;
-use crate::core::cache::set::change_all;
-use crate::core::LatentCache;
 
 /// The three optional per-row vectors of a prepare, each `rows` long or NULL (absent).
-type Padding<'a> = (Option<&'a [usize]>, Option<&'a [usize]>, Option<&'a [usize]>);
+pub(crate) type Padding<'a> = (Option<&'a [usize]>, Option<&'a [usize]>, Option<&'a [usize]>);
 
-unsafe fn padding<'a>(
+/// A prepare's vectors (`lengths`, `left_padding`, `right_padding`), each NULL or `rows` long.
+pub(crate) unsafe fn padding<'a>(
     lengths: *const usize,
     left_padding: *const usize,
     right_padding: *const usize,
     rows: usize,
-) -> super::error::FfiResult<Padding<'a>> {
+) -> FfiResult<Padding<'a>> {
     let len = |p: *const usize| if p.is_null() { 0 } else { rows };
     Ok(unsafe {
         (
@@ -74,23 +74,39 @@ pub unsafe extern "C" fn latent_cache_prefill_finalize(cache: *mut latent_cache)
     ffi_boundary! { with_cache(cache, |cache| Ok(cache.prefill_finalize()?)) }
 }
 
-/// Set-wide `latent_cache_prefill_prepare` (the same vectors for every layer).
+/// Opens prefill maintenance for a chunked prefill (the seed's `beginPrefill`). Here a
+/// boundary move copies nothing and boundaries follow each row's length at every chunk, so a
+/// chunked prefill holds the same state as one append and there is nothing to defer: the
+/// calls keep the seed's protocol and its checks, on every layer alike (composed or not).
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (maintenance already open). On failure nothing
+/// changed.
 #[no_mangle]
-pub unsafe extern "C" fn latent_cache_set_prefill_prepare(
-    set: *mut latent_cache_set,
-    lengths: *const usize,
-    left_padding: *const usize,
-    right_padding: *const usize,
-    rows: usize,
+pub unsafe extern "C" fn latent_cache_prefill_begin(cache: *mut latent_cache) -> latent_cache_status {
+    ffi_boundary! { with_cache(cache, |cache| Ok(cache.prefill_begin()?)) }
+}
+
+/// Marks `rows[0..len]` (borrowed for the call) as at their requests' prompt ends (the seed's
+/// `commitPrefill`). Each row's boundary already stands where its length puts it, and a
+/// sibling's later chunks do not move it.
+/// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (a row the cache does not hold),
+/// `INVALID_STATE` (no `latent_cache_prefill_begin` before). On failure nothing changed.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_prefill_commit(
+    cache: *mut latent_cache,
+    rows: *const usize,
+    len: usize,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let (lengths, left, right) = unsafe { padding(lengths, left_padding, right_padding, rows) }?;
-        with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_prefill_prepare(lengths, left, right))?))
+        let rows = unsafe { in_slice(rows, len, "rows") }?;
+        with_cache(cache, |cache| Ok(cache.prefill_commit(rows)?))
     }
 }
 
-/// Set-wide `latent_cache_prefill_finalize`.
+/// Closes prefill maintenance (the seed's `endPrefill`). A prompt prefilled in one append or in
+/// chunks of any sizes (with siblings' forwards split between them) holds bit-identical state.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (no `latent_cache_prefill_begin` before).
+/// On failure nothing changed.
 #[no_mangle]
-pub unsafe extern "C" fn latent_cache_set_prefill_finalize(set: *mut latent_cache_set) -> latent_cache_status {
-    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, LatentCache::prepare_prefill_finalize)?)) }
+pub unsafe extern "C" fn latent_cache_prefill_end(cache: *mut latent_cache) -> latent_cache_status {
+    ffi_boundary! { with_cache(cache, |cache| Ok(cache.prefill_end()?)) }
 }

@@ -1,6 +1,6 @@
-//! Read-only queries: the row layout and the numbers derived from the geometry. Each writes one
-//! output and returns `OK`, or `NULL_ARGUMENT` when the cache or the output pointer is NULL
-//! (the output is then untouched).
+//! Read-only queries of one cache: its row layout (offsets, padding, ends, composed storage's
+//! precision boundaries) and the numbers derived from its geometry. Each writes its outputs only
+//! on success; a NULL cache or output pointer is `NULL_ARGUMENT`.
 use super::args::{copy_out, out_ptr, write};
 use super::error::FfiResult;
 use super::handle::{latent_cache, with_cache};
@@ -88,6 +88,22 @@ pub unsafe extern "C" fn latent_cache_row_ends(
     written: *mut usize,
 ) -> latent_cache_status {
     ffi_boundary! { unsafe { query_rows(cache, out, out_len, written, |cache| cache.row_ends().to_vec()) } }
+}
+
+/// Copies each row's precision boundary into `out` (`out_len` entries of room) and the row
+/// count into `*written`: how many of the row's valid positions, counted from its first, are
+/// read in the compact mode (the rest are hot). Nothing for a cache that is not composed
+/// (`*written` = 0).
+/// Returns `OK`, `NULL_ARGUMENT` (cache or written NULL, or out NULL with out_len > 0),
+/// `BUFFER_TOO_SMALL`; nothing is written on failure.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_converted_positions(
+    cache: *const latent_cache,
+    out: *mut usize,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! { unsafe { query_rows(cache, out, out_len, written, LatentCache::converted_positions) } }
 }
 
 /// `*out` = the bytes of valid state the cache holds: the sum of `row_offsets` times

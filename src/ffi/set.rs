@@ -1,18 +1,18 @@
-//! `latent_cache_set`: one handle for a model's layers. Set-wide calls change every layer or
-//! none (see `core::set`); each layer is also lent as an ordinary `latent_cache*` for the
-//! per-layer calls of a forward (appends, reads).
-use std::collections::HashMap;
-use std::sync::{Arc, MutexGuard, RwLock};
-
-use once_cell::sync::Lazy;
+//! `latent_cache_set`: one handle for a model's layers, and every set-wide call (rounds, trims,
+//! rows, prefills; saving and loading a set are in `persist` and `mlxbun`). Set-wide calls
+//! change every layer or none (see `core::cache::set`); each layer is also lent as an ordinary
+//! `latent_cache*` for the per-layer calls of a forward (appends, reads).
+use std::sync::{Arc, MutexGuard};
 
 use super::args::{copy_out, in_slice, out_ptr, write};
 use super::config::latent_cache_config;
 use super::error::{set_last_error, Failure, FfiResult};
-use super::handle::{latent_cache, next_token, Handle, Release};
+use super::handle::{latent_cache, Handle, Release};
 use super::panic::ffi_boundary;
+use super::prefill::padding;
+use super::registry::Registry;
 use super::status::latent_cache_status;
-use crate::core::cache::set::{change_all, make_all, merge_all};
+use crate::core::cache::set::{change_all, check_agree, extract_row_all, merge_all, new_all};
 use crate::core::model::presets::glm52_layers;
 use crate::core::LatentCache;
 
@@ -27,7 +27,8 @@ struct SetHandle {
     layers: Vec<(usize, Arc<Handle>)>,
 }
 
-static SETS: Lazy<RwLock<HashMap<usize, Arc<SetHandle>>>> = Lazy::new(|| RwLock::new(HashMap::new()));
+/// Live sets by token.
+static SETS: Registry<SetHandle> = Registry::new("latent_cache_set");
 
 /// Registers caches as a new set's layers.
 pub(crate) fn register_set(caches: Vec<LatentCache>) -> *mut latent_cache_set {
@@ -38,20 +39,11 @@ pub(crate) fn register_set(caches: Vec<LatentCache>) -> *mut latent_cache_set {
             (token as usize, handle)
         })
         .collect();
-    let token = next_token();
-    SETS.write().unwrap_or_else(|p| p.into_inner()).insert(token, Arc::new(SetHandle { layers }));
-    token as *mut latent_cache_set
+    SETS.insert(Arc::new(SetHandle { layers }))
 }
 
 fn get(ptr: *const latent_cache_set, name: &str) -> FfiResult<Arc<SetHandle>> {
-    if ptr.is_null() {
-        return Err(Failure::null(name));
-    }
-    SETS.read()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&(ptr as usize))
-        .cloned()
-        .ok_or_else(|| Failure::new(latent_cache_status::NullArgument, format!("{name} is not a live latent_cache_set")))
+    SETS.get(ptr, name)
 }
 
 /// Locks every layer of `set` (in token order, so set-wide calls cannot deadlock with each
@@ -66,7 +58,7 @@ pub(crate) fn with_set_layers<T>(
     f: impl FnOnce(&mut [&mut LatentCache]) -> FfiResult<T>,
 ) -> FfiResult<T> {
     with_layers(ptr, |layers| {
-        crate::core::cache::set::check_agree(layers)?;
+        check_agree(layers)?;
         f(layers)
     })
 }
@@ -96,14 +88,11 @@ pub unsafe extern "C" fn latent_cache_set_new(
     ffi_boundary! {
         let configs = unsafe { in_slice(layers, n_layers, "layers") }?;
         let out = out_ptr(out, "out")?;
-        if configs.is_empty() {
-            return Err(Failure::new(latent_cache_status::InvalidArgument, "a set needs at least one layer"));
-        }
         let mut geometries = Vec::with_capacity(configs.len());
         for (i, config) in configs.iter().enumerate() {
             geometries.push(config.geometry().map_err(|f| f.prefixed(&format!("layers[{i}]")))?);
         }
-        let caches = make_all(geometries.len(), |i| LatentCache::new(geometries[i]))?;
+        let caches = new_all(&geometries)?;
         unsafe { write(out, register_set(caches)) };
         Ok(())
     }
@@ -117,7 +106,7 @@ pub unsafe extern "C" fn latent_cache_set_free(set: *mut latent_cache_set) {
         if set.is_null() {
             return;
         }
-        match SETS.write().unwrap_or_else(|p| p.into_inner()).remove(&(set as usize)) {
+        match SETS.remove(set) {
             Some(handle) => {
                 for (token, _) in &handle.layers {
                     let released = Handle::release(*token as *const latent_cache, true);
@@ -237,6 +226,52 @@ pub unsafe extern "C" fn latent_cache_set_filter_rows(
     }
 }
 
+/// Set-wide `latent_cache_prefill_prepare` (the same vectors for every layer).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_prefill_prepare(
+    set: *mut latent_cache_set,
+    lengths: *const usize,
+    left_padding: *const usize,
+    right_padding: *const usize,
+    rows: usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let (lengths, left, right) = unsafe { padding(lengths, left_padding, right_padding, rows) }?;
+        with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_prefill_prepare(lengths, left, right))?))
+    }
+}
+
+/// Set-wide `latent_cache_prefill_finalize`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_prefill_finalize(set: *mut latent_cache_set) -> latent_cache_status {
+    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, LatentCache::prepare_prefill_finalize)?)) }
+}
+
+/// Set-wide `latent_cache_prefill_begin`: every layer or none.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_prefill_begin(set: *mut latent_cache_set) -> latent_cache_status {
+    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, LatentCache::prepare_prefill_begin)?)) }
+}
+
+/// Set-wide `latent_cache_prefill_commit`: every layer or none.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_prefill_commit(
+    set: *mut latent_cache_set,
+    rows: *const usize,
+    len: usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let rows = unsafe { in_slice(rows, len, "rows") }?;
+        with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_prefill_commit(rows))?))
+    }
+}
+
+/// Set-wide `latent_cache_prefill_end`: every layer or none.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_prefill_end(set: *mut latent_cache_set) -> latent_cache_status {
+    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, LatentCache::prepare_prefill_end)?)) }
+}
+
 /// Fills the empty set `destination` with every row of every source set, in order, layer by
 /// layer (rules of `latent_cache_merge_rows`; sources must have as many layers, each with the
 /// destination layer's geometry, limit, storage, layout and role). Sources are not changed.
@@ -289,10 +324,7 @@ pub unsafe extern "C" fn latent_cache_set_extract_row(
 ) -> latent_cache_status {
     ffi_boundary! {
         let out = out_ptr(out, "out")?;
-        let caches = with_layers(set, |layers| {
-            crate::core::cache::set::check_agree(layers)?;
-            Ok(make_all(layers.len(), |i| layers[i].extract_row(row))?)
-        })?;
+        let caches = with_layers(set, |layers| Ok(extract_row_all(layers, row)?))?;
         unsafe { write(out, register_set(caches)) };
         Ok(())
     }

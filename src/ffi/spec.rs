@@ -1,5 +1,6 @@
-//! Speculative verify rounds: begin, commit, and rollback with one keep count or one per row.
-
+//! Speculative verify rounds on one cache: begin, commit, and rollback with one keep count or
+//! one per row (their set-wide forms are in `set`).
+use super::args::in_slice;
 use super::handle::{latent_cache, with_cache};
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
@@ -42,7 +43,7 @@ pub unsafe extern "C" fn latent_cache_spec_round_rollback_rows(
     keep_len: usize,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let keep = unsafe { super::args::in_slice(keep, keep_len, "keep") }?;
+        let keep = unsafe { in_slice(keep, keep_len, "keep") }?;
         with_cache(cache, |cache| Ok(cache.spec_round_rollback(keep)?))
     }
 }

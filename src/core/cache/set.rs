@@ -5,6 +5,7 @@
 use crate::core::cache::Change;
 use crate::core::cache::LatentCache;
 use crate::core::error::{fail, Result};
+use crate::core::model::geometry::Geometry;
 
 /// Refuses a set-wide call on layers whose rows or rounds differ.
 pub fn check_agree(layers: &[&mut LatentCache]) -> Result<()> {
@@ -61,6 +62,22 @@ pub fn make_all(count: usize, make: impl Fn(usize) -> Result<LatentCache>) -> Re
             })
         })
         .collect()
+}
+
+/// A new set's layers: one empty cache per geometry (at least one), layer `i` with
+/// `geometries[i]`; the first failure is returned naming its layer.
+pub fn new_all(geometries: &[Geometry]) -> Result<Vec<LatentCache>> {
+    if geometries.is_empty() {
+        return fail!(InvalidArgument, "a set needs at least one layer");
+    }
+    make_all(geometries.len(), |i| LatentCache::new(geometries[i]))
+}
+
+/// New layers holding exactly row `row` of every layer (`LatentCache::extract_row` per layer),
+/// from layers that agree about their rows; the layers are not changed.
+pub fn extract_row_all(layers: &[&mut LatentCache], row: usize) -> Result<Vec<LatentCache>> {
+    check_agree(layers)?;
+    make_all(layers.len(), |i| layers[i].extract_row(row))
 }
 
 /// Fills the empty layers `destination` with every row of every source set, in order

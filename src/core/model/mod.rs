@@ -6,6 +6,7 @@
 //! (its encode and decode).
 //!
 //! May import: `error`, `layout`.
+pub mod budget;
 pub mod families;
 pub mod geometry;
 pub mod presets;
