@@ -1,6 +1,7 @@
 //! What a layer is, before anything is stored: its geometry (widths, role, layout, limits), its
 //! families (latent, rope, index keys), its storage modes as facts (parts, bits, what kernels
-//! read), and the presets of whole models (GLM-5.2).
+//! read), what a request would hold before a cache is made (`budget`), and the presets of whole
+//! models (GLM-5.2).
 //!
 //! A new storage mode starts in `storage_mode.rs` (its parts and facts) and `storage::codec`
 //! (its encode and decode).
