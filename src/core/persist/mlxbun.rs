@@ -17,6 +17,8 @@ use serde_json::Value;
 
 use crate::core::error::{error, fail, Result};
 use crate::core::model::geometry::{Family, Geometry, Role};
+use crate::core::persist::file::{write_atomically, Access};
+use crate::core::persist::json;
 use crate::core::persist::wyhash::{tensor_hash, wyhash};
 use crate::core::LatentCache;
 use crate::core::StorageMode;
@@ -94,10 +96,6 @@ fn check_savable(i: usize, layer: &LatentCache) -> Result<()> {
     Ok(())
 }
 
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).expect("a string serializes")
-}
-
 /// The JSON header, keys in mlx-bun's order, with each tensor's offset and hash (every tensor is
 /// read once here to hash it, and again when written, so one layer's values are in memory at a
 /// time).
@@ -111,7 +109,7 @@ fn header(layers: &[&LatentCache], info: &MlxbunInfo) -> Result<String> {
         ("ns", &info.ns),
     ] {
         if let Some(v) = value {
-            h += &format!(",\"{key}\":{}", json_str(v));
+            h += &format!(",\"{key}\":{}", json::string(v));
         }
     }
     let tokens: Vec<String> = info.tokens.iter().map(u32::to_string).collect();
@@ -177,7 +175,8 @@ fn write_to(out: &mut impl Write, layers: &[&LatentCache], info: &MlxbunInfo) ->
 }
 
 /// Saves `layers` (a model's caches, in its layer order) as the seed's implementation does:
-/// to a temporary file beside `path` (mode 0600 where files have modes), synced, then renamed.
+/// to a new temporary file beside `path` (mode 0600 where files have modes; `file.rs`), synced,
+/// then renamed over it, so saves to one path at once each leave a whole file.
 /// Refused, with nothing written, for storage other than float32, padded or uneven rows, or an
 /// empty layer.
 pub fn save(layers: &[&LatentCache], info: &MlxbunInfo, path: &Path) -> Result<()> {
@@ -187,26 +186,11 @@ pub fn save(layers: &[&LatentCache], info: &MlxbunInfo, path: &Path) -> Result<(
     for (i, layer) in layers.iter().enumerate() {
         check_savable(i, layer)?;
     }
-    let Some(name) = path.file_name() else {
-        return fail!(InvalidArgument, "{} names no file", path.display());
-    };
-    let tmp = path.with_file_name(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-    let written = (|| {
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let file = options.open(&tmp).map_err(|e| error!(Backend, "creating {}: {e}", tmp.display()))?;
+    write_atomically(path, Access::Private, |file| {
         let mut out = BufWriter::new(file);
         write_to(&mut out, layers, info)?;
-        let file = out.into_inner().map_err(|e| error!(Backend, "writing {}: {e}", tmp.display()))?;
-        file.sync_all().map_err(|e| error!(Backend, "syncing {}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, path).map_err(|e| error!(Backend, "renaming {} to {}: {e}", tmp.display(), path.display()))
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+        out.flush().map_err(|e| error!(Backend, "writing {}: {e}", path.display()))
+    })
 }
 
 /// Saves to bytes (the same layout as a file).

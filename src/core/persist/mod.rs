@@ -18,6 +18,8 @@
 //! checksum, the row layout) before it creates anything. A file mlx-lm wrote (no metadata of
 //! ours) is imported: float storage in the file's dtype, rows right-justified, no padding.
 pub mod checksum;
+pub mod file;
+pub mod json;
 pub mod mlxbun;
 pub mod safetensors;
 pub mod tensor_bytes;
@@ -25,7 +27,7 @@ pub mod wyhash;
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use mlx_rs::{Array, Dtype};
 
@@ -368,48 +370,29 @@ fn mlx_path(path: &Path) -> Result<CString> {
     cstring(&s)
 }
 
-/// Writes `layers` to `path` through a temporary file in the same folder, synced and renamed
-/// over `path`: a crash mid-save never leaves a partial file under the final name.
+/// Writes `layers` to `path` through a new temporary file in the same folder, synced and
+/// renamed over `path` (`file.rs`): a crash or a failed save never leaves a partial file under
+/// the final name, and saves to one path at once each write whole files.
 pub fn save(layers: &[&LatentCache], path: &Path) -> Result<()> {
     mlx_path(path)?;
-    let tmp = temporary_beside(path)?;
-    let written = write_safetensors(layers, &tmp).and_then(|_| {
-        std::fs::rename(&tmp, path).map_err(|e| error!(Backend, "renaming {} to {}: {e}", tmp.display(), path.display()))
-    });
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
-}
-
-fn temporary_beside(path: &Path) -> Result<PathBuf> {
-    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let Some(name) = path.file_name() else {
-        return fail!(InvalidArgument, "{} names no file", path.display());
-    };
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = format!(".{}.tmp-{}-{n}.safetensors", name.to_string_lossy(), std::process::id());
-    Ok(path.with_file_name(tmp))
+    file::write_atomically(path, file::Access::Shared, |file| write_safetensors(layers, file, path))
 }
 
 /// Writes the file in one pass over the state: every tensor is hashed as it is written (while
 /// its bytes are still in the cache), then the header is written again with the checksums. Its
 /// length does not change: every checksum has 16 hex digits, and so have the placeholders.
-fn write_safetensors(layers: &[&LatentCache], path: &Path) -> Result<()> {
+fn write_safetensors(layers: &[&LatentCache], file: &mut std::fs::File, path: &Path) -> Result<()> {
     use std::io::{Seek, SeekFrom, Write};
-    if path.parent().is_some_and(|dir| !dir.as_os_str().is_empty() && !dir.is_dir()) {
-        return fail!(Backend, "cannot write {}: its folder does not exist", path.display());
-    }
     let (mut c, version) = laid_out(layers)?;
     let unsealed = c.metadata.len();
     let placeholders = vec!["0".repeat(16); c.tensors.len()];
     seal(&mut c, placeholders);
     let mut hashers: Vec<Hasher> = c.tensors.iter().map(|t| Hasher::new(t.array.dtype(), &t.shape, version)).collect();
     let io = |e: std::io::Error| error!(Backend, "writing {}: {e}", path.display());
-    let file = std::fs::File::create(path).map_err(|e| error!(Backend, "creating {}: {e}", path.display()))?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, &mut *file);
     let written = safetensors::write_with(&mut out, &c.tensors, &c.metadata, |i, run| hashers[i].update(run))?;
-    let mut file = out.into_inner().map_err(|e| io(e.into_error()))?;
+    out.flush().map_err(io)?;
+    drop(out);
     c.metadata.truncate(unsealed);
     seal(&mut c, hashers.into_iter().map(Hasher::finish).collect());
     let header = safetensors::header(&c.tensors, &c.metadata)?;
@@ -417,8 +400,7 @@ fn write_safetensors(layers: &[&LatentCache], path: &Path) -> Result<()> {
         return fail!(Backend, "the header changed length when its checksums were written");
     }
     file.seek(SeekFrom::Start(8)).map_err(io)?;
-    file.write_all(header.as_bytes()).map_err(io)?;
-    file.sync_all().map_err(|e| error!(Backend, "syncing {}: {e}", path.display()))
+    file.write_all(header.as_bytes()).map_err(io)
 }
 
 /// Checks a safetensors file's frame before MLX reads it: the header length fits the file, and
@@ -673,16 +655,14 @@ pub fn save_to_bytes(layers: &[&LatentCache]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Loads from bytes a save wrote (through a temporary file).
+/// Loads from bytes a save wrote (through a new temporary file, removed after).
 pub fn load_from_bytes(bytes: &[u8]) -> Result<Vec<LatentCache>> {
-    let path = scratch_path()?;
-    let result = std::fs::write(&path, bytes).map_err(|e| error!(Backend, "staging the bytes: {e}")).and_then(|_| load(&path));
+    use std::io::Write;
+    let (path, mut file) = file::create_unique(&std::env::temp_dir(), "latent-cache-", ".safetensors", file::Access::Private)?;
+    let result = file.write_all(bytes).map_err(|e| error!(Backend, "staging the bytes: {e}")).and_then(|_| {
+        drop(file);
+        load(&path)
+    });
     let _ = std::fs::remove_file(&path);
     result
-}
-
-fn scratch_path() -> Result<PathBuf> {
-    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    Ok(std::env::temp_dir().join(format!("latent-cache-{}-{n}.safetensors", std::process::id())))
 }
