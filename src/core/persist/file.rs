@@ -79,7 +79,11 @@ pub fn write_atomically(path: &Path, access: Access, write: impl FnOnce(&mut Fil
     if !dir.is_dir() {
         return fail!(Backend, "cannot write {}: its folder does not exist", path.display());
     }
-    let (tmp, mut file) = create_unique(dir, &format!(".{}.tmp-", name.to_string_lossy()), "", access)?;
+    // The target's name, shortened so the temporary's stays within the file system's limit.
+    let name = name.to_string_lossy();
+    let cut = name.char_indices().map(|(at, c)| at + c.len_utf8()).take_while(|&end| end <= 128).last().unwrap_or(0);
+    let stem = &name[..cut];
+    let (tmp, mut file) = create_unique(dir, &format!(".{stem}.tmp-"), "", access)?;
     let written = (|| {
         write(&mut file)?;
         file.sync_all().map_err(|e| error!(Backend, "syncing {}: {e}", tmp.display()))?;
