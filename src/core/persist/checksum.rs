@@ -1,11 +1,16 @@
-//! The tensor checksums of saved state: FNV-1a's multiply-xor (with an xor-shift) over the
-//! row-major bytes of a tensor, after its dtype and shape, read where the evaluated array holds
-//! them (`tensor_bytes`), in runs of any length. Format version 1 runs one chain over 8-byte
-//! words; version 2 runs four chains over 32-byte blocks (word `i` of a block on chain `i`) and
-//! folds them, so the hash is not one multiply's latency per word: a save hashes every byte.
+//! The checksums of a saved safetensors file, which has none of its own: each tensor's and the
+//! metadata's (FNV-1a 64 over its entries in key order). A tensor's is FNV-1a's multiply-xor
+//! (with an xor-shift) over its row-major bytes, after its dtype and shape, read where the
+//! evaluated array holds them (`tensor_bytes`), in runs of any length. Format version 1 runs one
+//! chain over 8-byte words; version 2 runs four chains over 32-byte blocks (word `i` of a block on
+//! chain `i`) and folds them, so the hash is not one multiply's latency per word: a save hashes
+//! every byte.
 use mlx_rs::Array;
 
 use crate::core::error::Result;
+use crate::core::mlx::eval::eval;
+use crate::core::mlx::ops;
+use crate::core::persist::metadata::PREFIX;
 use crate::core::persist::tensor_bytes;
 
 const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -102,4 +107,30 @@ pub fn checksum(a: &Array, shape: &[i32], version: u32) -> Result<String> {
         Ok(())
     })?;
     Ok(hasher.finish())
+}
+
+/// A tensor's checksum as format `version` computes it (`checksum.rs`), evaluated and laid out
+/// along its innermost axis first where it is not.
+pub fn evaluated(a: &Array, shape: &[i32], version: u32) -> Result<String> {
+    eval([a])?;
+    if tensor_bytes::inner_contiguous(a) {
+        return checksum(a, shape, version);
+    }
+    let laid_out = ops::contiguous(a)?;
+    eval([&laid_out])?;
+    checksum(&laid_out, shape, version)
+}
+
+/// FNV-1a 64 over every metadata entry but `meta_sum` itself, in key order.
+pub fn metadata_checksum<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+    let mut entries: Vec<(&str, &str)> = entries.filter(|(k, _)| *k != format!("{PREFIX}meta_sum")).collect();
+    entries.sort();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (k, v) in entries {
+        for &b in k.as_bytes().iter().chain([0u8].iter()).chain(v.as_bytes()).chain([0u8].iter()) {
+            hash ^= b as u64;
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
 }

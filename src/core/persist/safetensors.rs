@@ -7,6 +7,7 @@ use std::io::Write;
 use mlx_rs::{Array, Dtype};
 
 use crate::core::error::{error, fail, Result};
+use crate::core::persist::json::string as json;
 use crate::core::persist::tensor_bytes::for_each_run;
 
 /// The safetensors name of an MLX dtype (those MLX's loader reads back).
@@ -35,10 +36,6 @@ pub struct Tensor {
     pub name: String,
     pub array: Array,
     pub shape: Vec<i32>,
-}
-
-fn json(s: &str) -> String {
-    serde_json::to_string(s).expect("a string serializes")
 }
 
 /// The JSON header for `tensors` and `metadata`, padded with spaces to a multiple of 8.

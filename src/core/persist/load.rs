@@ -1,0 +1,131 @@
+//! Loading caches from a safetensors file: ours checked whole (version, checksums, geometry,
+//! every tensor's shape and dtype, the rows) before any cache is made; a file mlx-lm wrote
+//! imported (`mlx_lm.rs`).
+use std::collections::HashMap;
+use std::path::Path;
+
+use mlx_rs::Array;
+
+use crate::core::cache::LatentCache;
+use crate::core::error::{error, fail, Result};
+use crate::core::layout::row_layout::RowLayout;
+use crate::core::mlx::ops;
+use crate::core::model::families::Families;
+use crate::core::persist::checksum::{self, metadata_checksum};
+use crate::core::persist::file;
+use crate::core::persist::hot::read_hot;
+use crate::core::persist::metadata::{float_layer, parse_geometry, parse_list, FORMAT_VERSION, PREFIX};
+use crate::core::persist::mlx_lm::{float_tensor, import_mlx_lm};
+use crate::core::persist::mlx_read::read_safetensors;
+use crate::core::storage::buffers::Storage;
+
+/// Loads the caches saved in `path`, every check passed before any cache is made.
+pub fn load(path: &Path) -> Result<Vec<LatentCache>> {
+    let (tensors, metadata) = read_safetensors(path)?;
+    // Any key of ours makes it our file: a damaged format key must not turn it into a foreign
+    // (unchecked) one.
+    if !metadata.keys().any(|k| k.starts_with(PREFIX)) {
+        return import_mlx_lm(&tensors, &metadata);
+    }
+    match metadata.get(&format!("{PREFIX}format")) {
+        Some(version) => load_ours(version, &tensors, &metadata),
+        None => fail!(InvalidArgument, "the file's format version is missing (the file is damaged)"),
+    }
+}
+
+fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<String, String>) -> Result<Vec<LatentCache>> {
+    let Some(version) = version.parse::<u32>().ok().filter(|v| (1..=FORMAT_VERSION).contains(v)) else {
+        return fail!(InvalidArgument, "format version {version:?}: this library reads 1 to {FORMAT_VERSION}");
+    };
+    // The metadata and every tensor in the file must match their checksums before anything is
+    // read from them.
+    let meta_sum = meta.get(&format!("{PREFIX}meta_sum"));
+    if meta_sum != Some(&metadata_checksum(meta.iter().map(|(k, v)| (k.as_str(), v.as_str())))) {
+        return fail!(InvalidArgument, "the file's metadata does not match its checksum (the file is damaged)");
+    }
+    for (name, a) in tensors {
+        if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum::evaluated(a, a.shape(), version)?) {
+            return fail!(InvalidArgument, "tensor {name} does not match its checksum (the file is damaged)");
+        }
+    }
+    let get = |k: &str| meta.get(&format!("{PREFIX}{k}")).ok_or_else(|| error!(InvalidArgument, "metadata {k} is missing"));
+    let layers: usize = get("layers")?.parse().map_err(|_| error!(InvalidArgument, "metadata layers is not a count"))?;
+    if layers == 0 || layers > 4096 {
+        return fail!(InvalidArgument, "a file of {layers} layers");
+    }
+    let tensor = |name: &str| -> Result<Array> {
+        match tensors.get(name) {
+            Some(a) => Ok(a.clone()),
+            None => fail!(InvalidArgument, "tensor {name} is missing"),
+        }
+    };
+    let mut plans = Vec::with_capacity(layers);
+    for i in 0..layers {
+        let mut g = parse_geometry(get(&format!("layer.{i}.geometry"))?)?;
+        let (pads, ends) = (parse_list(get(&format!("layer.{i}.left_pad"))?)?, parse_list(get(&format!("layer.{i}.row_ends"))?)?);
+        let positions: usize =
+            get(&format!("layer.{i}.positions"))?.parse().map_err(|_| error!(InvalidArgument, "layer {i}: positions"))?;
+        let layout = RowLayout::from_rows(g.layout, &pads, &ends, positions).map_err(|mut e| {
+            e.message = format!("layer {i}: {}", e.message);
+            e
+        })?;
+        let rows = pads.len();
+        let families = Families::for_geometry(&g, |family, _| family);
+        let parts = families.try_map(|family, _| -> Result<Vec<Array>> {
+            let specs = Storage::part_specs(&g, family);
+            let arrays: Vec<Array> = if float_layer(&g) {
+                let name = float_tensor(i, family);
+                let a = tensor(&name)?;
+                if a.ndim() != 4 || a.shape()[1] != 1 {
+                    return fail!(InvalidArgument, "tensor {name} is {:?}, not [B, 1, T, width]", a.shape());
+                }
+                let s = a.shape();
+                vec![ops::reshape(&a, &[s[0] as usize, s[2] as usize, s[3] as usize])?]
+            } else {
+                (0..specs.len()).map(|k| tensor(&format!("latent_cache.{i}.{}.{k}", family.name()))).collect::<Result<_>>()?
+            };
+            if arrays.len() != specs.len() {
+                return fail!(InvalidArgument, "layer {i}: {} has {} parts, not {}", family.name(), arrays.len(), specs.len());
+            }
+            for (a, spec) in arrays.iter().zip(&specs) {
+                let want = [rows as i32, positions as i32, spec.width as i32];
+                if a.shape() != want || a.dtype() != spec.dtype {
+                    return fail!(
+                        InvalidArgument,
+                        "layer {i}: {} is {:?} {:?}, expected {:?} {:?}",
+                        family.name(),
+                        a.shape(),
+                        a.dtype(),
+                        want,
+                        spec.dtype
+                    );
+                }
+            }
+            Ok(arrays)
+        })?;
+        let hot = read_hot(i, &mut g, &layout, get, &tensor)?;
+        plans.push((g, layout, rows, positions, parts, hot));
+    }
+    plans
+        .into_iter()
+        .map(|(g, layout, rows, positions, parts, hot)| {
+            let mut cache = LatentCache::adopt(g, layout, Storage::from_parts(&g, rows, positions, parts));
+            if let Some((bases, converted, values)) = hot {
+                cache.adopt_hot(bases, converted, values);
+            }
+            Ok(cache)
+        })
+        .collect()
+}
+
+/// Loads from bytes a save wrote (through a new temporary file, removed after).
+pub fn load_from_bytes(bytes: &[u8]) -> Result<Vec<LatentCache>> {
+    use std::io::Write;
+    let (path, mut file) = file::create_unique(&std::env::temp_dir(), "latent-cache-", ".safetensors", file::Access::Private)?;
+    let result = file.write_all(bytes).map_err(|e| error!(Backend, "staging the bytes: {e}")).and_then(|_| {
+        drop(file);
+        load(&path)
+    });
+    let _ = std::fs::remove_file(&path);
+    result
+}
