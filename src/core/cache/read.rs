@@ -44,13 +44,6 @@ impl LatentCache {
         self.storage.stored_parts(family, self.layout.offset())
     }
 
-    /// `stored_parts` under its former name, kept while `persist` and the bench still call it
-    /// ("packed" now names only the codes-with-scales modes, Q8, Q4 and FP8).
-    #[doc(hidden)]
-    pub fn packed(&self, family: Family) -> Result<Vec<Array>> {
-        self.stored_parts(family)
-    }
-
     /// Row `row`'s valid positions of one family, row-major `[row_offsets[row], width]`.
     pub fn read_row(&self, family: Family, row: usize) -> Result<Vec<f32>> {
         self.width(family)?;

@@ -57,7 +57,7 @@ fn add_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
     if !float_layer(g) {
         for family in Family::ALL {
             if g.width(family).is_some() {
-                for (k, part) in cache.packed(family)?.into_iter().enumerate() {
+                for (k, part) in cache.stored_parts(family)?.into_iter().enumerate() {
                     c.tensor(format!("latent_cache.{i}.{}.{k}", family.name()), part)?;
                 }
             }
