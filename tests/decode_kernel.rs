@@ -8,6 +8,8 @@
 //! with its wgmma partial pass and with the mma.sync one); on an Apple GPU it is the Metal
 //! kernel's test for float storage that is not composed (`decode_metal`; each such case checks
 //! that it ran); elsewhere the same cases check the MLX-ops path, which the kernels fall back to.
+//! (Its own test binary: it counts process-wide kernel launches, flips the process-wide wgmma
+//! switch, and counts the scales compiled into the process's kernels.)
 mod common;
 
 use common::model::{Model, Rng};
@@ -110,7 +112,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     }
     if case.hot_window > 0 {
         // Composed: each row reads what the cache holds, compact below its boundary and hot from
-        // it on (that composition is checked against its own reference in tests/composed.rs).
+        // it on (that composition is checked against its own reference in tests/storage/composed.rs).
         for (b, row) in model.rows.iter_mut().enumerate() {
             row.families[0] = cache.read_row(Family::Latent, b).unwrap();
             row.families[1] = cache.read_row(Family::Rope, b).unwrap();

@@ -1,7 +1,8 @@
 //! Soak: 100,000 mixed operations (SOAK_OPS overrides) over 78 layer handles through the C API,
 //! then everything freed: MLX's active memory returns exactly to where it started and the
 //! process's resident memory to within a small margin (allocator slack), and every layer's rows
-//! still equal the reference model at the end.
+//! still equal the reference model at the end. (Its own test binary: MLX's active memory and
+//! the resident memory are process-wide; `make test-valgrind` runs it alone under memcheck.)
 mod common;
 
 use common::check::append_host;

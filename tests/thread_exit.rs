@@ -4,7 +4,9 @@
 //! graph another thread was capturing (the process aborted). The library evaluates on a thread
 //! of its own, so caller threads may come and go. Checked here through the C ABI against the
 //! reference model: one long-lived thread appends and attends over its cache while, beside it,
-//! threads are started, call the library on caches of their own, and end.
+//! threads are started, call the library on caches of their own, and end. (Its own test
+//! binary: its threads' MLX state and ends are the process's, which other tests' threads would
+//! share.)
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

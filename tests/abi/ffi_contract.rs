@@ -136,7 +136,7 @@ fn every_export_is_inside_the_panic_boundary() {
 
 #[test]
 fn header_version_matches_the_crate() {
-    let header = include_str!("../include/latent_cache.h");
+    let header = include_str!("../../include/latent_cache.h");
     let version = env!("CARGO_PKG_VERSION");
     assert!(
         header.contains(&format!("#define LATENT_CACHE_VERSION \"{version}\"")),

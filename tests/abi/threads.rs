@@ -125,7 +125,7 @@ fn concurrent_calls_on_one_handle_are_serialized() {
 
 #[test]
 fn a_panic_inside_an_export_becomes_the_panic_status() {
-    // Every export runs its body through this boundary (tests/ffi_contract.rs proves it).
+    // Every export runs its body through this boundary (tests/abi/ffi_contract.rs proves it).
     let status = latent_cache::ffi::panic::run(|| panic!("injected failure"));
     assert_eq!(status, Status::Panic);
     let mut buf = vec![0 as std::ffi::c_char; 256];

@@ -3,9 +3,7 @@
 //! row layouts, padded rows, the three mask modes; and a donor stays valid after its cache
 //! moves on. (The affine-quantized families are read by MLX's quantized matmul, which computes
 //! in float32 from their bfloat16 scales and codes: those modes are held to bfloat16 precision.)
-mod common;
-
-use common::model::{Model, Rng};
+use crate::common::model::{Model, Rng};
 use latent_cache::core::attention::MaskMode;
 
 use latent_cache::core::mlx::ops;
@@ -259,11 +257,11 @@ fn attention_over_composed_rows_reads_hot_positions_exactly() {
         let data: [Vec<f32>; 3] = std::array::from_fn(|f| normal(&mut rng, batch * tokens * WIDTHS[f]));
         cache.append_host_padded(batch, tokens, &pads, &data[0], &data[1], None).unwrap();
         assert_eq!(cache.converted_positions(), vec![128, 128]);
-        // The reference model holds what each row reads (composition checked in tests/composed.rs).
+        // The reference model holds what each row reads (composition checked in tests/storage/composed.rs).
         let mut model = Model::new(WIDTHS);
         model.ragged = layout == LayoutKind::Ragged;
         model.rows = (0..batch)
-            .map(|b| common::model::Row {
+            .map(|b| crate::common::model::Row {
                 families: [cache.read_row(Family::Latent, b).unwrap(), cache.read_row(Family::Rope, b).unwrap(), Vec::new()],
             })
             .collect();

@@ -3,11 +3,10 @@
 //! the top-k positions per query, and attention over those positions alone, with padded rows in
 //! both layouts and both storage kinds of index keys. On MLX's CUDA backend the index scores over
 //! bfloat16 keys are the library's kernel's (`dsa_kernel`; each case checks whether it ran).
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::model::{Model, Rng};
+use crate::common::model::{Model, Rng};
+use crate::COUNTING;
 use latent_cache::core::attention::MaskMode;
 
 use latent_cache::core::kernels::cuda;
@@ -18,10 +17,6 @@ use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::Array;
 
 const WIDTHS: [usize; 3] = [64, 32, 64];
-
-/// Held by the tests that count kernel launches (the counts are process-wide, the tests run on
-/// threads of one process), so that one's launches never land in another's count.
-static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Values in [0.1, 1.1): every query-key product is positive and distinct, so ReLU never ties.
 fn positive(rng: &mut Rng, n: usize) -> Vec<f32> {

@@ -2,9 +2,7 @@
 //! storage mode, both layouts, padded rows, several layers, through files and bytes; and damaged
 //! files (truncated anywhere, bytes flipped in the header and the data) refused with a status,
 //! never a crash.
-mod common;
-
-use common::model::{Model, Rng};
+use crate::common::model::{Model, Rng};
 
 use latent_cache::core::persist;
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};

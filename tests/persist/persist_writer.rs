@@ -2,9 +2,7 @@
 //! padding, strided views (reserve), mid-round, after uneven rollbacks, zero-position rows and
 //! donors sharing the buffers; save -> load bit-exact against the source cache, and
 //! save_to_bytes equal to the file save writes.
-mod common;
-
-use common::model::Rng;
+use crate::common::model::Rng;
 
 use latent_cache::core::persist;
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};

@@ -2,12 +2,10 @@
 //! `BatchKVCache.prepare` / `finalize`) against the reference model: prompts of different lengths
 //! padded at their start, at their end or both, prefilled in chunks, rows leaving mid-prefill,
 //! then decoding and rounds; in both layouts. Refused calls change nothing. The comparison with
-//! mlx-lm itself is in tests/mlx_lm_interop.rs.
-mod common;
-
-use common::check::{append_host, assert_equal, host_data, last_error};
-use common::core_check::{assert_matches, model_of};
-use common::model::{Model, Rng};
+//! mlx-lm itself is in tests/mlx_lm/mlx_lm_interop.rs.
+use crate::common::check::{append_host, assert_equal, host_data, last_error};
+use crate::common::core_check::{assert_matches, model_of};
+use crate::common::model::{Model, Rng};
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::latent_cache_status as Status;
 use latent_cache::ffi::prefill::*;

@@ -1,6 +1,6 @@
 //! Hostile tests of composed storage: sequences chosen to stress the hot side's bookkeeping
 //! (each row's hot base and boundary, rebuilds and in-place moves) against the same independent
-//! reference as `tests/composed.rs`: two plain models (the compact modes and the hot mode) and
+//! reference as `tests/storage/composed.rs`: two plain models (the compact modes and the hot mode) and
 //! each row's boundary from the documented rule `floor((settled - hot_window) / 64) * 64` (the
 //! settled length: inside a round what the row held when it began, inside a padded prefill its
 //! positions that cannot be right padding), never past the row's end. Covered: trims with
@@ -12,14 +12,12 @@
 //! the views an append returns; saves and loads; donor attention and DSA selection over
 //! composed rows; and `max_append_tokens` / `minimum_reusable_offset` against brute force over
 //! the rule (inside padded prefills too).
-mod common;
+use crate::common::composed_ref::{assert_bits, bits, Reference};
 
-use common::composed_ref::{assert_bits, bits, Reference};
+use crate::common::composed_rule::{composed_layer, BLOCK};
 
-use common::composed_rule::{composed_layer, BLOCK};
-
-use common::core_check::widths;
-use common::model::Rng;
+use crate::common::core_check::widths;
+use crate::common::model::Rng;
 use latent_cache::core::attention::MaskMode;
 
 use latent_cache::core::mlx::ops;

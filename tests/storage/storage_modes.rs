@@ -2,11 +2,9 @@
 //! per token, refused combinations, accuracy against the float32 input within each mode's
 //! documented bound, appends of bfloat16 / float16 arrays, the packed parts an engine hands to
 //! MLX's quantized matmul, and merges across modes refused with nothing changed.
-mod common;
-
-use common::check::{append_host, assert_equal, last_error};
-use common::codec_ref::{error_bound, stored};
-use common::model::{Model, Rng};
+use crate::common::check::{append_host, assert_equal, last_error};
+use crate::common::codec_ref::{error_bound, stored};
+use crate::common::model::{Model, Rng};
 
 use latent_cache::core::mlx::ops;
 use latent_cache::ffi::arrays::*;
@@ -247,7 +245,7 @@ fn caches_of_different_modes_do_not_merge() {
     let mut rng = Rng::new(3);
     let a = new(&config(widths, [S::Q8, S::Bf16, S::Q8])).unwrap();
     let b = new(&config(widths, [S::Q8, S::Bf16, S::Fp8])).unwrap();
-    let data = common::check::host_data(&mut rng, widths, 1, 4);
+    let data = crate::common::check::host_data(&mut rng, widths, 1, 4);
     for cache in [a, b] {
         assert_eq!(append_host(cache, 1, 4, &data), Status::Ok);
     }
