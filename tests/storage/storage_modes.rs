@@ -2,6 +2,7 @@
 //! per token, refused combinations, accuracy against the float32 input within each mode's
 //! documented bound, appends of bfloat16 / float16 arrays, the packed parts an engine hands to
 //! MLX's quantized matmul, and merges across modes refused with nothing changed.
+use crate::common::mlx_helpers::host;
 use crate::common::check::{append_host, assert_equal, last_error};
 use crate::common::codec_ref::{error_bound, stored};
 use crate::common::model::{Model, Rng};
@@ -144,13 +145,6 @@ fn dtype(a: mlx_array) -> Dtype {
 /// Borrows a C-side array as an mlx-rs one (the caller keeps ownership).
 fn borrowed(a: mlx_array) -> std::mem::ManuallyDrop<Array> {
     std::mem::ManuallyDrop::new(unsafe { Array::from_ptr(a) })
-}
-
-/// `a`'s values as float32 on the host, through a row-contiguous copy (views keep the buffer's
-/// strides), evaluated under the library's evaluation lock: the tests run on several threads,
-/// and MLX's evaluations must not overlap.
-fn host(a: &Array) -> Vec<f32> {
-    ops::to_host(&ops::contiguous(&ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
 }
 
 #[test]
