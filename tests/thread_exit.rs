@@ -12,8 +12,8 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::check::{append_host, assert_equal, host_array_shaped, host_data, last_error, new_cache, Shared};
 use common::attention_ref::{attention, visible};
+use common::check::{append_host, assert_equal, host_array_shaped, host_data, last_error, new_cache, Shared};
 use common::model::{Model, Rng};
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::latent_cache_free;

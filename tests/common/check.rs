@@ -48,8 +48,7 @@ pub fn host_array(data: &[f32], tokens: usize, width: usize) -> mlx_array {
 /// A float32 array of `shape` holding `data`, made through the C ABI.
 pub fn host_array_shaped(data: &[f32], shape: &[usize]) -> mlx_array {
     let mut out = mlx_array { ctx: std::ptr::null_mut() };
-    let status =
-        unsafe { latent_cache_array_from_host_shape(data.as_ptr(), data.len(), shape.as_ptr(), shape.len(), &mut out) };
+    let status = unsafe { latent_cache_array_from_host_shape(data.as_ptr(), data.len(), shape.as_ptr(), shape.len(), &mut out) };
     assert_eq!(status, Status::Ok, "array_from_host_shape: {}", last_error());
     out
 }

@@ -91,8 +91,9 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                         for i in 0..queries {
                             let seen = seen(len, queries, i, mode == MaskMode::Causal);
                             // Scores: window position pads[b] + j holds row position j.
-                            let q: Vec<&[f32]> =
-                                (0..heads).map(|h| &q_index[((b * heads + h) * queries + i) * WIDTHS[2]..][..WIDTHS[2]]).collect();
+                            let q: Vec<&[f32]> = (0..heads)
+                                .map(|h| &q_index[((b * heads + h) * queries + i) * WIDTHS[2]..][..WIDTHS[2]])
+                                .collect();
                             let want = index_scores(&row.families[2], &q, &weights[(b * queries + i) * heads..][..heads], seen);
                             for t in 0..donor.offset() {
                                 let got = got_scores[(b * queries + i) * donor.offset() + t];

@@ -15,7 +15,7 @@ use latent_cache::core::attention::{Donor, MaskMode};
 use latent_cache::core::mlx::math;
 use latent_cache::core::mlx::ops;
 use latent_cache::{Geometry, LatentCache, LayoutKind};
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 
 const TOPK: usize = 6;
 

@@ -1,7 +1,7 @@
 //! Random operation sequences against the reference model, through the Rust API: after every
 //! step each row's values, row_offsets, left_pad, offset and batch_size equal the model exactly.
-use crate::common::mlx_helpers::geometry as geometry_of;
 use crate::common::core_check::{assert_matches, model_of, widths};
+use crate::common::mlx_helpers::geometry as geometry_of;
 use crate::common::model::{Model, Rng};
 use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
 

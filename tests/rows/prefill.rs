@@ -3,9 +3,9 @@
 //! padded at their start, at their end or both, prefilled in chunks, rows leaving mid-prefill,
 //! then decoding and rounds; in both layouts. Refused calls change nothing. The comparison with
 //! mlx-lm itself is in tests/mlx_lm/mlx_lm_interop.rs.
-use crate::common::mlx_helpers::geometry as geometry_of;
 use crate::common::check::{append_host, assert_equal, host_data, last_error};
 use crate::common::core_check::{assert_matches, model_of};
+use crate::common::mlx_helpers::geometry as geometry_of;
 use crate::common::model::{Model, Rng};
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::latent_cache_status as Status;

@@ -1,7 +1,7 @@
 //! Edge cases of padded batched prefills, each of which a review once found broken: what a
 //! prepare must refuse up front, rows leaving or merging mid-prefill, and sets whose layers differ.
-use crate::common::mlx_helpers::geometry as geometry_of;
 use crate::common::core_check::{assert_matches, model_of};
+use crate::common::mlx_helpers::geometry as geometry_of;
 use crate::common::model::{Model, Rng};
 use latent_cache::core::cache::set::{change_all, merge_all};
 use latent_cache::{ErrorKind, Geometry, LatentCache, LayoutKind};

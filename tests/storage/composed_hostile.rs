@@ -647,7 +647,8 @@ fn check_attention(h: &mut Harness, mode: MaskMode, what: &str) {
             for i in 0..lq {
                 let at = (b * heads + hd) * lq + i;
                 let positions = visible(len, lq, i, mode == MaskMode::Causal);
-                let want = attention(&rows[0], &rows[1], &q_latent[at * r..][..r], &q_rope[at * p..][..p], 0.5, &positions, |_| 0.0);
+                let want =
+                    attention(&rows[0], &rows[1], &q_latent[at * r..][..r], &q_rope[at * p..][..p], 0.5, &positions, |_| 0.0);
                 for c in 0..r {
                     close(got[at * r + c] as f64, want[c], tolerance, &format!("{what}: row {b} head {hd} query {i} ch {c}"));
                 }

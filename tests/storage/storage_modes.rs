@@ -2,9 +2,9 @@
 //! per token, refused combinations, accuracy against the float32 input within each mode's
 //! documented bound, appends of bfloat16 / float16 arrays, the packed parts an engine hands to
 //! MLX's quantized matmul, and merges across modes refused with nothing changed.
-use crate::common::mlx_helpers::host;
 use crate::common::check::{append_host, assert_equal, last_error};
 use crate::common::codec_ref::{error_bound, stored};
+use crate::common::mlx_helpers::host;
 use crate::common::model::{Model, Rng};
 
 use latent_cache::core::mlx::ops;
