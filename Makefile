@@ -73,7 +73,7 @@ test-rust: deps
 # Files exchanged with mlx-lm itself (its save_prompt_cache / load_prompt_cache), on PyPI's
 # mlx and mlx-lm of the versions the benchmarks use.
 test-interop: bench-deps
-	LATENT_CACHE_MLX_LM_PYTHONPATH=$(BENCH_PY) cargo test --release -p latent-cache --test mlx_lm_interop --test mlx_lm_attention -- --ignored
+	LATENT_CACHE_MLX_LM_PYTHONPATH=$(BENCH_PY) cargo test --release -p latent-cache --test mlx_lm -- --ignored
 
 # The soak test again under valgrind memcheck (fewer operations: memcheck is slow): no definite
 # leaks, no memory errors.

@@ -8,8 +8,12 @@
 //! with its wgmma partial pass and with the mma.sync one); on an Apple GPU it is the Metal
 //! kernel's test for float storage that is not composed (`metal::mla_decode`; each such case checks
 //! that it ran); elsewhere the same cases check the MLX-ops path, which the kernels fall back to.
+//! (Its own test binary: it counts process-wide kernel launches, flips the process-wide wgmma
+//! switch, and counts the scales compiled into the process's kernels.)
 mod common;
 
+use common::attention_ref::{attention, visible};
+use common::mlx_helpers::geometry_in;
 use common::model::{Model, Rng};
 use latent_cache::core::attention::MaskMode;
 
@@ -68,17 +72,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     let rope_mode = if packing.is_some() { StorageMode::Bf16 } else { case.mode };
     let widths = [case.rank, case.rope, 0];
     let modes = [case.mode, rope_mode, StorageMode::F32];
-    let g = Geometry {
-        kv_lora_rank: case.rank,
-        rope_head_dim: case.rope,
-        index_head_dim: 0,
-        latent_storage: case.mode,
-        rope_storage: rope_mode,
-        layout: case.layout,
-        hot_window: case.hot_window,
-        hot_storage: StorageMode::Bf16,
-        ..Geometry::default()
-    };
+    let g = Geometry { hot_window: case.hot_window, hot_storage: StorageMode::Bf16, ..geometry_in(widths, modes, case.layout) };
     let mut cache = LatentCache::new(g).unwrap();
     let mut model = Model::with_modes(widths, modes);
     model.ragged = case.layout == LayoutKind::Ragged;
@@ -110,7 +104,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     }
     if case.hot_window > 0 {
         // Composed: each row reads what the cache holds, compact below its boundary and hot from
-        // it on (that composition is checked against its own reference in tests/composed.rs).
+        // it on (that composition is checked against its own reference in tests/storage/composed.rs).
         for (b, row) in model.rows.iter_mut().enumerate() {
             row.families[0] = cache.read_row(Family::Latent, b).unwrap();
             row.families[1] = cache.read_row(Family::Rope, b).unwrap();
@@ -217,22 +211,12 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
             for head in 0..h {
                 for i in 0..lq {
                     // Causal: query i of lq is the row's position len - lq + i.
-                    let seen = if mode == MaskMode::Causal { len - lq + i + 1 } else { len };
+                    let positions = visible(len, lq, i, mode == MaskMode::Causal);
                     let at = (b * h + head) * lq + i;
                     let ql = &q_latent[at * case.rank..(at + 1) * case.rank];
                     let qr = &q_rope[at * case.rope..(at + 1) * case.rope];
-                    let dot =
-                        |q: &[f32], v: &[f32], t: usize, w: usize| (0..w).map(|c| q[c] as f64 * v[t * w + c] as f64).sum::<f64>();
-                    let scores: Vec<f64> = (0..seen)
-                        .map(|t| {
-                            scale as f64 * (dot(ql, &row.families[0], t, case.rank) + dot(qr, &row.families[1], t, case.rope))
-                        })
-                        .collect();
-                    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
-                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                    let total: f64 = weights.iter().sum();
-                    for c in 0..case.rank {
-                        let want: f64 = (0..seen).map(|t| weights[t] / total * row.families[0][t * case.rank + c] as f64).sum();
+                    let want = attention(&row.families[0], &row.families[1], ql, qr, scale as f64, &positions, |_| 0.0);
+                    for (c, &want) in want.iter().enumerate() {
                         let got = got[at * case.rank + c] as f64;
                         assert!(
                             (got - want).abs() <= tolerance * (1.0 + want.abs()),

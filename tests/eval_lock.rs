@@ -1,11 +1,12 @@
 //! An engine-provided evaluation lock wraps every evaluation the library performs, exactly once
 //! each, from every thread; NULL pairs restore the library's lock; half-set pairs are refused.
 //! (Its own test binary: the lock is process-wide.)
+mod common;
+
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use latent_cache::ffi::cache::*;
-use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::eval_lock::latent_cache_set_eval_lock;
 use latent_cache::ffi::latent_cache_status as Status;
 
@@ -29,13 +30,7 @@ unsafe extern "C" fn unlock(ctx: *mut c_void) {
 }
 
 fn new_cache() -> *mut latent_cache::ffi::latent_cache {
-    let mut cfg = latent_cache_config_default();
-    cfg.kv_lora_rank = 4;
-    cfg.rope_head_dim = 2;
-    cfg.index_head_dim = 0;
-    let mut cache = std::ptr::null_mut();
-    assert_eq!(unsafe { latent_cache_new(&cfg, &mut cache) }, Status::Ok);
-    cache
+    common::check::new_cache([4, 2, 0], 0)
 }
 
 fn append_one(cache: *mut latent_cache::ffi::latent_cache) {

@@ -17,7 +17,7 @@ use latent_cache::ffi::latent_cache_status as Status;
 use mlx_rs::Array;
 use mlx_sys::mlx_array;
 
-use common::check::{append_host, assert_equal, host_data, last_error, new_cache, Shared};
+use common::check::{append_host, assert_equal, host_array, host_data, last_error, new_cache, Shared};
 use common::model::{Model, Rng};
 
 /// A non-recursive, error-checking mutex: the owner's thread id, 0 when free.
@@ -67,12 +67,6 @@ unsafe extern "C" fn unlock(_: *mut c_void) {
 
 const WIDTHS: [usize; 3] = [8, 4, 3];
 
-fn array(data: &[f32], tokens: usize, width: usize) -> mlx_array {
-    let mut out = mlx_array { ctx: std::ptr::null_mut() };
-    assert_eq!(unsafe { latent_cache_array_from_host(data.as_ptr(), data.len(), 1, tokens, width, &mut out) }, Status::Ok);
-    out
-}
-
 #[test]
 fn a_non_recursive_engine_lock_used_as_documented_never_deadlocks() {
     assert_eq!(unsafe { latent_cache_set_eval_lock(Some(lock), Some(unlock), std::ptr::null_mut()) }, Status::Ok);
@@ -91,7 +85,7 @@ fn a_non_recursive_engine_lock_used_as_documented_never_deadlocks() {
                     // The MLX-array path: append lazily, then the engine evaluates the views itself,
                     // under its own lock, as it evaluates its forward pass.
                     let data = host_data(&mut rng, WIDTHS, 1, 1);
-                    let inputs: Vec<mlx_array> = (0..3).map(|f| array(&data[f], 1, WIDTHS[f])).collect();
+                    let inputs: Vec<mlx_array> = (0..3).map(|f| host_array(&data[f], 1, WIDTHS[f])).collect();
                     let mut views = [mlx_array { ctx: std::ptr::null_mut() }; 3];
                     let [l, r, k] = &mut views;
                     let status = unsafe { latent_cache_append_latent(cache.get(), inputs[0], inputs[1], inputs[2], l, r, k) };

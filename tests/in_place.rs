@@ -15,7 +15,7 @@ use latent_cache::ffi::rows::latent_cache_merge_rows;
 use latent_cache::ffi::spec::*;
 use mlx_sys::mlx_array;
 
-use common::check::{append_host, assert_equal, host_data, last_error, new_cache};
+use common::check::{append_host, assert_equal, host_array, host_data, last_error, new_cache};
 use common::model::{Model, Rng};
 
 const WIDTHS: [usize; 3] = [512, 64, 128];
@@ -35,17 +35,10 @@ fn peak_during(f: impl FnOnce()) -> usize {
     memory(mlx_sys::mlx_get_peak_memory).saturating_sub(base)
 }
 
-fn array(data: &[f32], tokens: usize, width: usize) -> mlx_array {
-    let mut out = mlx_array { ctx: std::ptr::null_mut() };
-    let status = unsafe { latent_cache_array_from_host(data.as_ptr(), data.len(), 1, tokens, width, &mut out) };
-    assert_eq!(status, Status::Ok, "array_from_host: {}", last_error());
-    out
-}
-
 /// append_latent with one position; the returned views are kept (`keep`) or freed at once,
 /// then the cache is evaluated through a fresh state view.
 fn append_latent_and_eval(cache: *mut latent_cache::ffi::latent_cache, data: &[Vec<f32>; 3], keep: bool) -> Vec<mlx_array> {
-    let inputs: Vec<mlx_array> = (0..3).map(|f| array(&data[f], 1, WIDTHS[f])).collect();
+    let inputs: Vec<mlx_array> = (0..3).map(|f| host_array(&data[f], 1, WIDTHS[f])).collect();
     let mut views = [mlx_array { ctx: std::ptr::null_mut() }; 3];
     let [latent, rope, keys] = &mut views;
     let status = unsafe { latent_cache_append_latent(cache, inputs[0], inputs[1], inputs[2], latent, rope, keys) };

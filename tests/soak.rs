@@ -1,13 +1,13 @@
 //! Soak: 100,000 mixed operations (SOAK_OPS overrides) over 78 layer handles through the C API,
 //! then everything freed: MLX's active memory returns exactly to where it started and the
 //! process's resident memory to within a small margin (allocator slack), and every layer's rows
-//! still equal the reference model at the end.
+//! still equal the reference model at the end. (Its own test binary: MLX's active memory and
+//! the resident memory are process-wide; `make test-valgrind` runs it alone under memcheck.)
 mod common;
 
 use common::check::append_host;
 use common::model::{Model, Rng};
 use latent_cache::ffi::cache::*;
-use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::rows::*;
 use latent_cache::ffi::spec::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
@@ -22,13 +22,7 @@ fn resident_bytes() -> usize {
 }
 
 fn new_cache(dsa: bool) -> *mut Handle {
-    let mut cfg = latent_cache_config_default();
-    cfg.kv_lora_rank = WIDTHS[0];
-    cfg.rope_head_dim = WIDTHS[1];
-    cfg.index_head_dim = if dsa { WIDTHS[2] } else { 0 };
-    let mut cache = std::ptr::null_mut();
-    assert_eq!(unsafe { latent_cache_new(&cfg, &mut cache) }, Status::Ok);
-    cache
+    common::check::new_cache([WIDTHS[0], WIDTHS[1], if dsa { WIDTHS[2] } else { 0 }], 0)
 }
 
 fn ok(status: Status) {

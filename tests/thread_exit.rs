@@ -4,13 +4,16 @@
 //! graph another thread was capturing (the process aborted). The library evaluates on a thread
 //! of its own, so caller threads may come and go. Checked here through the C ABI against the
 //! reference model: one long-lived thread appends and attends over its cache while, beside it,
-//! threads are started, call the library on caches of their own, and end.
+//! threads are started, call the library on caches of their own, and end. (Its own test
+//! binary: its threads' MLX state and ends are the process's, which other tests' threads would
+//! share.)
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::check::{append_host, assert_equal, host_data, last_error, new_cache, Shared};
+use common::attention_ref::{attention, visible};
+use common::check::{append_host, assert_equal, host_array_shaped, host_data, last_error, new_cache, Shared};
 use common::model::{Model, Rng};
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::latent_cache_free;
@@ -25,12 +28,6 @@ fn ok(status: Status, what: &str) {
     assert_eq!(status, Status::Ok, "{what}: {}", last_error());
 }
 
-fn array(data: &[f32], shape: &[usize]) -> mlx_array {
-    let mut out = mlx_array { ctx: std::ptr::null_mut() };
-    ok(unsafe { latent_cache_array_from_host_shape(data.as_ptr(), data.len(), shape.as_ptr(), shape.len(), &mut out) }, "array");
-    out
-}
-
 /// The absorbed attention of one query per head over row 0 of `cache`, checked against float64
 /// over the row the model says it holds.
 fn attend_and_check(cache: *mut Handle, model: &Model, rng: &mut Rng, what: &str) {
@@ -42,7 +39,7 @@ fn attend_and_check(cache: *mut Handle, model: &Model, rng: &mut Rng, what: &str
     let scale = 0.05;
     let mut donor = std::ptr::null_mut();
     ok(unsafe { latent_cache_capture_donor_rows(cache, &mut donor) }, "capture_donor_rows");
-    let (ql, qr) = (array(&q_latent, &[1, HEADS, 1, r]), array(&q_rope, &[1, HEADS, 1, p]));
+    let (ql, qr) = (host_array_shaped(&q_latent, &[1, HEADS, 1, r]), host_array_shaped(&q_rope, &[1, HEADS, 1, p]));
     let mut out = mlx_array { ctx: std::ptr::null_mut() };
     let none = mlx_array { ctx: std::ptr::null_mut() };
     ok(unsafe { latent_cache_donor_attend(donor, ql, qr, scale, 0, none, &mut out) }, "donor_attend");
@@ -58,18 +55,9 @@ fn attend_and_check(cache: *mut Handle, model: &Model, rng: &mut Rng, what: &str
     let len = model.len(0);
     let largest = row[0].iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
     for h in 0..HEADS {
-        let scores: Vec<f64> = (0..len)
-            .map(|j| {
-                let dot = |q: &[f32], k: &[f32]| q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>();
-                scale as f64
-                    * (dot(&q_latent[h * r..][..r], &row[0][j * r..][..r]) + dot(&q_rope[h * p..][..p], &row[1][j * p..][..p]))
-            })
-            .collect();
-        let top = scores.iter().cloned().fold(f64::MIN, f64::max);
-        let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
-        let total: f64 = weights.iter().sum();
-        for c in 0..r {
-            let want: f64 = (0..len).map(|j| weights[j] / total * row[0][j * r + c] as f64).sum();
+        let (ql, qr) = (&q_latent[h * r..][..r], &q_rope[h * p..][..p]);
+        let want = attention(&row[0], &row[1], ql, qr, scale as f64, &visible(len, 1, 0, false), |_| 0.0);
+        for (c, &want) in want.iter().enumerate() {
             // float32 here; TF32 matmuls (10-bit mantissas) on CUDA.
             let diff = (got[h * r + c] as f64 - want).abs();
             assert!(diff <= 5e-3 * largest, "{what}: head {h} column {c}: {} against {want}", got[h * r + c]);

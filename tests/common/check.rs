@@ -2,6 +2,7 @@
 //! and check a cache against the reference model (tests/common/model.rs) through the C ABI.
 #![allow(dead_code)]
 
+use latent_cache::ffi::arrays::{latent_cache_array_from_host, latent_cache_array_from_host_shape};
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::last_error::latent_cache_last_error;
@@ -34,6 +35,22 @@ pub fn new_cache(widths: [usize; 3], max_tokens: usize) -> *mut Handle {
     let status = unsafe { latent_cache_new(&cfg, &mut cache) };
     assert_eq!(status, Status::Ok, "latent_cache_new: {}", last_error());
     cache
+}
+
+/// A `[1, tokens, width]` float32 array holding `data`, made through the C ABI.
+pub fn host_array(data: &[f32], tokens: usize, width: usize) -> mlx_array {
+    let mut out = mlx_array { ctx: std::ptr::null_mut() };
+    let status = unsafe { latent_cache_array_from_host(data.as_ptr(), data.len(), 1, tokens, width, &mut out) };
+    assert_eq!(status, Status::Ok, "array_from_host: {}", last_error());
+    out
+}
+
+/// A float32 array of `shape` holding `data`, made through the C ABI.
+pub fn host_array_shaped(data: &[f32], shape: &[usize]) -> mlx_array {
+    let mut out = mlx_array { ctx: std::ptr::null_mut() };
+    let status = unsafe { latent_cache_array_from_host_shape(data.as_ptr(), data.len(), shape.as_ptr(), shape.len(), &mut out) };
+    assert_eq!(status, Status::Ok, "array_from_host_shape: {}", last_error());
+    out
 }
 
 /// This thread's last error message.

@@ -1,5 +1,5 @@
-//! The independent reference for composed storage that `tests/composed.rs` and
-//! `tests/composed_hostile.rs` check against: two plain models given the same operations, one
+//! The independent reference for composed storage that `tests/storage/composed.rs` and
+//! `tests/storage/composed_hostile.rs` check against: two plain models given the same operations, one
 //! holding what the compact modes read back and one what the hot mode reads back, and each row's
 //! boundary from the documented rule (`composed_rule::boundary` of the row's settled length:
 //! inside a round what it held when the round began, inside a padded prefill its positions that

@@ -5,7 +5,6 @@ use std::ffi::CStr;
 
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
-use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::last_error::latent_cache_last_error;
 use latent_cache::ffi::query::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
@@ -20,13 +19,7 @@ fn last_error() -> String {
 }
 
 fn new_cache(index_head_dim: usize) -> *mut Handle {
-    let mut cfg = latent_cache_config_default();
-    cfg.kv_lora_rank = 4;
-    cfg.rope_head_dim = 2;
-    cfg.index_head_dim = index_head_dim;
-    let mut cache = std::ptr::null_mut();
-    assert_eq!(unsafe { latent_cache_new(&cfg, &mut cache) }, Status::Ok);
-    cache
+    crate::common::check::new_cache([4, 2, index_head_dim], 0)
 }
 
 fn floats(shape: &[i32]) -> Array {
@@ -136,7 +129,7 @@ fn every_export_is_inside_the_panic_boundary() {
 
 #[test]
 fn header_version_matches_the_crate() {
-    let header = include_str!("../include/latent_cache.h");
+    let header = include_str!("../../include/latent_cache.h");
     let version = env!("CARGO_PKG_VERSION");
     assert!(
         header.contains(&format!("#define LATENT_CACHE_VERSION \"{version}\"")),

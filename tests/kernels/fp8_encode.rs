@@ -4,10 +4,8 @@
 //! bfloat16 inputs, one position and many per append. On MLX's CUDA backend this is the FP8
 //! encoding kernel's test (each append checks that the kernel ran); elsewhere the same cases check
 //! the MLX-ops encoding.
-mod common;
-
-use common::codec_ref;
-use common::model::Rng;
+use crate::common::codec_ref;
+use crate::common::model::Rng;
 
 use latent_cache::core::kernels::cuda;
 use latent_cache::core::kernels::launch;
@@ -37,6 +35,7 @@ fn values(rng: &mut Rng, n: usize, kind: usize) -> Vec<f32> {
 
 #[test]
 fn fp8_appends_read_back_the_documented_encoding_bit_for_bit() {
+    let _counting = crate::COUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut rng = Rng::new(17);
     let g = Geometry {
         kv_lora_rank: R,

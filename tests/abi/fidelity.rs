@@ -1,10 +1,8 @@
 //! What an engine ported from the seed's implementation relies on, through the C ABI: the
 //! signature strings its predicates compare, the MTP role, and the accounting calls
 //! (`byte_length`, `projected_bytes`) against the reference model's row lengths.
-mod common;
-
-use common::check::{append_host, host_data, last_error};
-use common::model::{Model, Rng};
+use crate::common::check::{append_host, host_data, last_error};
+use crate::common::model::{Model, Rng};
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::{latent_cache_config, latent_cache_config_default, latent_cache_projected_bytes};
 use latent_cache::ffi::layout::latent_cache_layout;

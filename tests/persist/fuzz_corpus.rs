@@ -3,10 +3,8 @@
 //! every call against the reference model; the loader must load the seeds, refuse their damaged
 //! variants with a status, and refuse the inputs that once crashed it (a '%' in a damaged header
 //! reached MLX's error formatting as a conversion).
-mod common;
-
-use common::api_driver::run_bytes;
-use common::model::Rng;
+use crate::common::api_driver::run_bytes;
+use crate::common::model::Rng;
 
 #[test]
 fn the_corpus_replays_cleanly() {

@@ -8,14 +8,12 @@
 //! it on. Also: chunked prefills (with a sibling's forward split between chunks) against one
 //! append, trims to `minimum_reusable_offset` against a fresh prefill, misuse refused with
 //! nothing changed, the hot side staying the size of the window, and saves refused.
-mod common;
+use crate::common::composed_ref::Reference;
 
-use common::composed_ref::Reference;
+use crate::common::composed_rule::{boundary, composed_layer, BLOCK};
 
-use common::composed_rule::{boundary, composed_layer, BLOCK};
-
-use common::core_check::widths;
-use common::model::{Model, Rng};
+use crate::common::core_check::widths;
+use crate::common::model::{Model, Rng};
 
 use latent_cache::core::persist;
 use latent_cache::{ErrorKind, Family, Geometry, LatentCache, LayoutKind, StorageMode};

@@ -4,8 +4,6 @@
 //! read back on yet another and compared bit for bit with the reference model. Plus focused
 //! cases: work done on a thread that has since exited reads back on the main thread, and two
 //! live threads taking turns appending lazily past the library's bound on unevaluated writes.
-mod common;
-
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
@@ -18,8 +16,8 @@ use latent_cache::ffi::spec::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 use mlx_sys::mlx_array;
 
-use common::check::{append_host, assert_equal, assert_view, host_data, last_error, new_cache, Shared};
-use common::model::{Model, Rng};
+use crate::common::check::{append_host, assert_equal, assert_view, host_data, last_error, new_cache, Shared};
+use crate::common::model::{Model, Rng};
 
 const NULL_ARRAY: mlx_array = mlx_array { ctx: std::ptr::null_mut() };
 

@@ -2,9 +2,8 @@
 //! padding, strided views (reserve), mid-round, after uneven rollbacks, zero-position rows and
 //! donors sharing the buffers; save -> load bit-exact against the source cache, and
 //! save_to_bytes equal to the file save writes.
-mod common;
-
-use common::model::Rng;
+use crate::common::mlx_helpers::geometry_in;
+use crate::common::model::Rng;
 
 use latent_cache::core::persist;
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
@@ -18,16 +17,8 @@ fn width(mode: StorageMode, float: usize) -> usize {
 }
 
 fn geometry(modes: [StorageMode; 3], dsa: bool, layout: LayoutKind) -> Geometry {
-    Geometry {
-        kv_lora_rank: width(modes[0], 5),
-        rope_head_dim: width(modes[1], 3),
-        index_head_dim: if dsa { width(modes[2], 7) } else { 0 },
-        latent_storage: modes[0],
-        rope_storage: modes[1],
-        index_storage: modes[2],
-        layout,
-        ..Geometry::default()
-    }
+    let widths = [width(modes[0], 5), width(modes[1], 3), if dsa { width(modes[2], 7) } else { 0 }];
+    geometry_in(widths, modes, layout)
 }
 
 fn append(rng: &mut Rng, c: &mut LatentCache, batch: usize, tokens: usize, pads: Option<&[usize]>) {

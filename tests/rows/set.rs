@@ -2,10 +2,8 @@
 //! lent layer handles, set-wide trims, rounds, row operations and reservations checked against
 //! one reference model per layer; a failure on any layer (or layers that disagree) changes no
 //! layer; lent handles cannot be freed alone and die with their set; GLM-5.2's preset.
-mod common;
-
-use common::check::{append_host, assert_equal, host_data, last_error};
-use common::model::{Model, Rng};
+use crate::common::check::{append_host, assert_equal, host_data, last_error};
+use crate::common::model::{Model, Rng};
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::{latent_cache_config, latent_cache_config_default};
 use latent_cache::ffi::query::*;

@@ -3,12 +3,10 @@
 //! the seed's own test data and the header hash Bun computes for it; files this library writes
 //! pass that reader's checks (magic, hashes, alignment, fields) with every value; damaged or
 //! foreign files are refused with nothing created; what the format cannot hold is refused on save.
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::model::Rng;
+use crate::common::model::Rng;
 use latent_cache::core::persist::mlxbun;
 use latent_cache::core::persist::mlxbun::MlxbunInfo;
 use latent_cache::ffi::latent_cache_status as Status;

@@ -7,6 +7,7 @@
 //! `attend` (dense), `index_scores`, `select` (same index sets, ties aside) and `attend_selected`
 //! (sparse), with the causal mask at prefill and none at decode, in both row layouts. Needs
 //! Python with mlx and mlx-lm at `LATENT_CACHE_MLX_LM_PYTHONPATH`.
+use crate::common::mlx_helpers::host;
 use std::collections::{BTreeSet, HashMap};
 
 use latent_cache::core::attention::{Donor, MaskMode};
@@ -14,14 +15,9 @@ use latent_cache::core::attention::{Donor, MaskMode};
 use latent_cache::core::mlx::math;
 use latent_cache::core::mlx::ops;
 use latent_cache::{Geometry, LatentCache, LayoutKind};
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 
 const TOPK: usize = 6;
-
-/// An array's values as float32, row-major.
-fn host(a: &Array) -> Vec<f32> {
-    ops::to_host(&ops::contiguous(&ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
-}
 
 /// Elementwise within `tol * (1 + |want|)`; -inf only where mlx-lm has -inf. Prints the
 /// largest difference (`--nocapture` shows it).

@@ -1,13 +1,12 @@
 //! Random operation sequences against the reference model, through the Rust API: after every
 //! step each row's values, row_offsets, left_pad, offset and batch_size equal the model exactly.
-mod common;
-
-use common::core_check::{assert_matches, model_of, widths};
-use common::model::{Model, Rng};
+use crate::common::core_check::{assert_matches, model_of, widths};
+use crate::common::mlx_helpers::geometry as geometry_of;
+use crate::common::model::{Model, Rng};
 use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
 
 fn geometry(index_head_dim: usize) -> Geometry {
-    Geometry { kv_lora_rank: 8, rope_head_dim: 4, index_head_dim, ..Geometry::default() }
+    geometry_of([8, 4, index_head_dim], LayoutKind::RightJustified)
 }
 
 fn ragged(g: Geometry) -> Geometry {

@@ -2,25 +2,14 @@
 //! storage mode, both layouts, padded rows, several layers, through files and bytes; and damaged
 //! files (truncated anywhere, bytes flipped in the header and the data) refused with a status,
 //! never a crash.
-mod common;
-
-use common::model::{Model, Rng};
+use crate::common::mlx_helpers::geometry_in;
+use crate::common::model::{Model, Rng};
 
 use latent_cache::core::persist;
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 
 fn layer(modes: [StorageMode; 3], index: usize, layout: LayoutKind) -> Geometry {
-    let [latent_storage, rope_storage, index_storage] = modes;
-    Geometry {
-        kv_lora_rank: 128,
-        rope_head_dim: 64,
-        index_head_dim: index,
-        latent_storage,
-        rope_storage,
-        index_storage,
-        layout,
-        ..Geometry::default()
-    }
+    geometry_in([128, 64, index], modes, layout)
 }
 
 fn filled(rng: &mut Rng, g: Geometry) -> (LatentCache, Model) {

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::thread;
 
 use latent_cache::ffi::cache::*;
-use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::query::*;
 use latent_cache::ffi::spec::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
@@ -19,13 +18,7 @@ const RANK: usize = 8;
 const ROPE: usize = 4;
 
 fn new_cache() -> *mut Handle {
-    let mut cfg = latent_cache_config_default();
-    cfg.kv_lora_rank = RANK;
-    cfg.rope_head_dim = ROPE;
-    cfg.index_head_dim = 0;
-    let mut cache = std::ptr::null_mut();
-    assert_eq!(unsafe { latent_cache_new(&cfg, &mut cache) }, Status::Ok);
-    cache
+    crate::common::check::new_cache([RANK, ROPE, 0], 0)
 }
 
 /// One position whose every channel carries `tag`, so a torn append would show mixed tags.
@@ -125,7 +118,7 @@ fn concurrent_calls_on_one_handle_are_serialized() {
 
 #[test]
 fn a_panic_inside_an_export_becomes_the_panic_status() {
-    // Every export runs its body through this boundary (tests/ffi_contract.rs proves it).
+    // Every export runs its body through this boundary (tests/abi/ffi_contract.rs proves it).
     let status = latent_cache::ffi::panic::run(|| panic!("injected failure"));
     assert_eq!(status, Status::Panic);
     let mut buf = vec![0 as std::ffi::c_char; 256];

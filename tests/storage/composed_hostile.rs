@@ -1,6 +1,6 @@
 //! Hostile tests of composed storage: sequences chosen to stress the hot side's bookkeeping
 //! (each row's hot base and boundary, rebuilds and in-place moves) against the same independent
-//! reference as `tests/composed.rs`: two plain models (the compact modes and the hot mode) and
+//! reference as `tests/storage/composed.rs`: two plain models (the compact modes and the hot mode) and
 //! each row's boundary from the documented rule `floor((settled - hot_window) / 64) * 64` (the
 //! settled length: inside a round what the row held when it began, inside a padded prefill its
 //! positions that cannot be right padding), never past the row's end. Covered: trims with
@@ -12,20 +12,19 @@
 //! the views an append returns; saves and loads; donor attention and DSA selection over
 //! composed rows; and `max_append_tokens` / `minimum_reusable_offset` against brute force over
 //! the rule (inside padded prefills too).
-mod common;
+use crate::common::attention_ref::{attention, index_scores, seen, visible};
+use crate::common::composed_ref::{assert_bits, bits, Reference};
 
-use common::composed_ref::{assert_bits, bits, Reference};
+use crate::common::composed_rule::{composed_layer, BLOCK};
 
-use common::composed_rule::{composed_layer, BLOCK};
-
-use common::core_check::widths;
-use common::model::Rng;
+use crate::common::core_check::widths;
+use crate::common::mlx_helpers::{array, host};
+use crate::common::model::Rng;
 use latent_cache::core::attention::MaskMode;
 
-use latent_cache::core::mlx::ops;
 use latent_cache::StorageMode::{Bf16, Fp8, F16, F32, Q4, Q8};
 use latent_cache::{ErrorKind, Family, Geometry, LatentCache, LayoutKind, StorageMode};
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 
 const RJ: LayoutKind = LayoutKind::RightJustified;
 const RAGGED: LayoutKind = LayoutKind::Ragged;
@@ -607,29 +606,9 @@ fn ragged_rows_ending_apart_keep_the_hot_side_bounded() {
     assert_hot_side_bounded(&h, &format!("after 1000 steps (compact modes alone: {compact} bytes)"));
 }
 
-/// An array's values as float32, row-major (views and transposes through a contiguous copy).
-fn host(a: &Array) -> Vec<f32> {
-    ops::to_host(&ops::contiguous(&ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
-}
-
-fn array(v: &[f32], shape: &[usize]) -> Array {
-    Array::from_slice(v, &shape.iter().map(|&d| d as i32).collect::<Vec<_>>())
-}
-
 /// Small values for queries: softmax over them stays smooth.
 fn queries(rng: &mut Rng, n: usize) -> Vec<f32> {
     rng.floats(n).into_iter().map(|v| v / 8192.0).collect()
-}
-
-/// Float64 softmax attention of one query over positions `js` of row values read back.
-fn attention(rows: &[Vec<f32>; 2], js: &[usize], ql: &[f32], qr: &[f32], scale: f64) -> Vec<f64> {
-    let (r, p) = (ql.len(), qr.len());
-    let dot = |q: &[f32], v: &[f32], w: usize, j: usize| (0..w).map(|c| q[c] as f64 * v[j * w + c] as f64).sum::<f64>();
-    let s: Vec<f64> = js.iter().map(|&j| scale * (dot(ql, &rows[0], r, j) + dot(qr, &rows[1], p, j))).collect();
-    let max = s.iter().cloned().fold(f64::MIN, f64::max);
-    let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
-    let total: f64 = e.iter().sum();
-    (0..r).map(|c| js.iter().zip(&e).map(|(&j, w)| w / total * rows[0][j * r + c] as f64).sum()).collect()
 }
 
 fn close(got: f64, want: f64, tolerance: f64, what: &str) {
@@ -666,10 +645,10 @@ fn check_attention(h: &mut Harness, mode: MaskMode, what: &str) {
         let len = h.r.lengths()[b];
         for hd in 0..heads {
             for i in 0..lq {
-                let seen = if mode == MaskMode::Causal { len - lq + i + 1 } else { len };
                 let at = (b * heads + hd) * lq + i;
+                let positions = visible(len, lq, i, mode == MaskMode::Causal);
                 let want =
-                    attention(&rows, &(0..seen).collect::<Vec<_>>(), &q_latent[at * r..][..r], &q_rope[at * p..][..p], 0.5);
+                    attention(&rows[0], &rows[1], &q_latent[at * r..][..r], &q_rope[at * p..][..p], 0.5, &positions, |_| 0.0);
                 for c in 0..r {
                     close(got[at * r + c] as f64, want[c], tolerance, &format!("{what}: row {b} head {hd} query {i} ch {c}"));
                 }
@@ -751,18 +730,9 @@ fn check_dsa(h: &mut Harness, mode: MaskMode, what: &str) {
         let rows = [h.cache.read_row(Family::Latent, b).unwrap(), h.cache.read_row(Family::Rope, b).unwrap()];
         let len = h.r.lengths()[b];
         for i in 0..lq {
-            let seen = if mode == MaskMode::Causal { len - lq + i + 1 } else { len };
-            let want: Vec<f64> = (0..seen)
-                .map(|j| {
-                    (0..heads)
-                        .map(|hd| {
-                            let q = &q_index[((b * heads + hd) * lq + i) * x..][..x];
-                            let dot: f64 = q.iter().zip(&keys[j * x..][..x]).map(|(a, c)| *a as f64 * *c as f64).sum();
-                            weights[(b * lq + i) * heads + hd] as f64 * dot.max(0.0)
-                        })
-                        .sum()
-                })
-                .collect();
+            let seen = seen(len, lq, i, mode == MaskMode::Causal);
+            let q: Vec<&[f32]> = (0..heads).map(|hd| &q_index[((b * heads + hd) * lq + i) * x..][..x]).collect();
+            let want = index_scores(&keys, &q, &weights[(b * lq + i) * heads..][..heads], seen);
             for j in 0..seen {
                 close(
                     got_scores[(b * lq + i) * t + pads[b] + j] as f64,
@@ -784,7 +754,7 @@ fn check_dsa(h: &mut Harness, mode: MaskMode, what: &str) {
             assert!(weakest + 1e-3 * (1.0 + weakest.abs()) >= unselected, "{what}: top-{k} of row {b} query {i}");
             for hd in 0..heads {
                 let at = (b * heads + hd) * lq + i;
-                let want = attention(&rows, &js, &q_latent[at * r..][..r], &q_rope[at * p..][..p], 0.5);
+                let want = attention(&rows[0], &rows[1], &q_latent[at * r..][..r], &q_rope[at * p..][..p], 0.5, &js, |_| 0.0);
                 for c in 0..r {
                     close(got_out[at * r + c] as f64, want[c], tolerance, &format!("{what}: selected out {b},{hd},{i},{c}"));
                 }

@@ -2,8 +2,6 @@
 //! created (an allocator may hand its address to one of them), every kind of call on the old
 //! pointer is refused with NULL_ARGUMENT and a message, writes no output, and reads or changes
 //! no live cache; a second free of it leaves every live cache intact.
-mod common;
-
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::query::*;
@@ -12,8 +10,8 @@ use latent_cache::ffi::spec::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 use mlx_sys::mlx_array;
 
-use common::check::{append_host, assert_equal, host_data, last_error, new_cache};
-use common::model::{Model, Rng};
+use crate::common::check::{append_host, assert_equal, host_data, last_error, new_cache};
+use crate::common::model::{Model, Rng};
 
 const WIDTHS: [usize; 3] = [8, 4, 3];
 const LIVE: usize = 1000;

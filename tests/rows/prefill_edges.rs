@@ -1,14 +1,13 @@
 //! Edge cases of padded batched prefills, each of which a review once found broken: what a
 //! prepare must refuse up front, rows leaving or merging mid-prefill, and sets whose layers differ.
-mod common;
-
-use common::core_check::{assert_matches, model_of};
-use common::model::{Model, Rng};
+use crate::common::core_check::{assert_matches, model_of};
+use crate::common::mlx_helpers::geometry as geometry_of;
+use crate::common::model::{Model, Rng};
 use latent_cache::core::cache::set::{change_all, merge_all};
 use latent_cache::{ErrorKind, Geometry, LatentCache, LayoutKind};
 
 fn geometry(layout: LayoutKind) -> Geometry {
-    Geometry { kv_lora_rank: 8, rope_head_dim: 4, index_head_dim: 4, layout, ..Geometry::default() }
+    geometry_of([8, 4, 4], layout)
 }
 
 fn data(rng: &mut Rng, m: &Model, batch: usize, tokens: usize) -> [Vec<f32>; 3] {

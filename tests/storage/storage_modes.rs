@@ -2,11 +2,10 @@
 //! per token, refused combinations, accuracy against the float32 input within each mode's
 //! documented bound, appends of bfloat16 / float16 arrays, the packed parts an engine hands to
 //! MLX's quantized matmul, and merges across modes refused with nothing changed.
-mod common;
-
-use common::check::{append_host, assert_equal, last_error};
-use common::codec_ref::{error_bound, stored};
-use common::model::{Model, Rng};
+use crate::common::check::{append_host, assert_equal, last_error};
+use crate::common::codec_ref::{error_bound, stored};
+use crate::common::mlx_helpers::host;
+use crate::common::model::{Model, Rng};
 
 use latent_cache::core::mlx::ops;
 use latent_cache::ffi::arrays::*;
@@ -148,13 +147,6 @@ fn borrowed(a: mlx_array) -> std::mem::ManuallyDrop<Array> {
     std::mem::ManuallyDrop::new(unsafe { Array::from_ptr(a) })
 }
 
-/// `a`'s values as float32 on the host, through a row-contiguous copy (views keep the buffer's
-/// strides), evaluated under the library's evaluation lock: the tests run on several threads,
-/// and MLX's evaluations must not overlap.
-fn host(a: &Array) -> Vec<f32> {
-    ops::to_host(&ops::contiguous(&ops::astype(a, Dtype::Float32).unwrap()).unwrap()).unwrap()
-}
-
 #[test]
 fn packed_parts_are_what_mlx_dequantizes_to_the_state() {
     let widths = [256, 64, 128];
@@ -247,7 +239,7 @@ fn caches_of_different_modes_do_not_merge() {
     let mut rng = Rng::new(3);
     let a = new(&config(widths, [S::Q8, S::Bf16, S::Q8])).unwrap();
     let b = new(&config(widths, [S::Q8, S::Bf16, S::Fp8])).unwrap();
-    let data = common::check::host_data(&mut rng, widths, 1, 4);
+    let data = crate::common::check::host_data(&mut rng, widths, 1, 4);
     for cache in [a, b] {
         assert_eq!(append_host(cache, 1, 4, &data), Status::Ok);
     }

@@ -3,9 +3,9 @@
 //! row layouts, padded rows, the three mask modes; and a donor stays valid after its cache
 //! moves on. (The affine-quantized families are read by MLX's quantized matmul, which computes
 //! in float32 from their bfloat16 scales and codes: those modes are held to bfloat16 precision.)
-mod common;
-
-use common::model::{Model, Rng};
+use crate::common::attention_ref::{attention, visible};
+use crate::common::mlx_helpers::geometry_in;
+use crate::common::model::{Model, Rng};
 use latent_cache::core::attention::MaskMode;
 
 use latent_cache::core::mlx::ops;
@@ -20,17 +20,7 @@ fn normal(rng: &mut Rng, n: usize) -> Vec<f32> {
 
 /// A cache and its model with rows of different lengths (a padded first append, then appends).
 fn filled(rng: &mut Rng, modes: [StorageMode; 3], layout: LayoutKind, pads: &[usize]) -> (LatentCache, Model) {
-    let [latent_storage, rope_storage, index_storage] = modes;
-    let g = Geometry {
-        kv_lora_rank: WIDTHS[0],
-        rope_head_dim: WIDTHS[1],
-        latent_storage,
-        rope_storage,
-        index_storage,
-        layout,
-        ..Geometry::default()
-    };
-    let mut cache = LatentCache::new(g).unwrap();
+    let mut cache = LatentCache::new(geometry_in(WIDTHS, modes, layout)).unwrap();
     let mut model = Model::with_modes(WIDTHS, modes);
     model.ragged = layout == LayoutKind::Ragged;
     let (batch, tokens) = (pads.len(), 9);
@@ -56,20 +46,8 @@ fn reference(
     i: usize,
     extra: impl Fn(usize) -> f64,
 ) -> Vec<f64> {
-    let (r, p) = (WIDTHS[0], WIDTHS[1]);
     let row = &model.rows[b];
-    let len = model.len(b);
-    let seen = if causal { len - lq + i + 1 } else { len };
-    let scores: Vec<f64> = (0..seen)
-        .map(|t| {
-            let dot = |q: &[f32], v: &[f32], w: usize| (0..w).map(|c| q[c] as f64 * v[t * w + c] as f64).sum::<f64>();
-            scale * (dot(q_latent, &row.families[0], r) + dot(q_rope, &row.families[1], p)) + extra(t)
-        })
-        .collect();
-    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
-    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-    let total: f64 = weights.iter().sum();
-    (0..r).map(|c| (0..seen).map(|t| weights[t] / total * row.families[0][t * r + c] as f64).sum()).collect()
+    attention(&row.families[0], &row.families[1], q_latent, q_rope, scale, &visible(model.len(b), lq, i, causal), extra)
 }
 
 fn check(cache: &LatentCache, model: &Model, rng: &mut Rng, mode: MaskMode, what: &str, tolerance: f64) {
@@ -243,14 +221,7 @@ fn a_single_row_matches_the_reference_in_every_mask_mode() {
 #[test]
 fn attention_over_composed_rows_reads_hot_positions_exactly() {
     use StorageMode::*;
-    let g = Geometry {
-        kv_lora_rank: WIDTHS[0],
-        rope_head_dim: WIDTHS[1],
-        latent_storage: Q4,
-        rope_storage: Bf16,
-        hot_window: 10,
-        ..Geometry::default()
-    };
+    let g = Geometry { hot_window: 10, ..geometry_in(WIDTHS, [Q4, Bf16, F32], LayoutKind::RightJustified) };
     let gpu = matches!(mlx_rs::Device::default().get_type().unwrap(), mlx_rs::DeviceType::Gpu);
     let mut rng = Rng::new(79);
     for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
@@ -259,11 +230,11 @@ fn attention_over_composed_rows_reads_hot_positions_exactly() {
         let data: [Vec<f32>; 3] = std::array::from_fn(|f| normal(&mut rng, batch * tokens * WIDTHS[f]));
         cache.append_host_padded(batch, tokens, &pads, &data[0], &data[1], None).unwrap();
         assert_eq!(cache.converted_positions(), vec![128, 128]);
-        // The reference model holds what each row reads (composition checked in tests/composed.rs).
+        // The reference model holds what each row reads (composition checked in tests/storage/composed.rs).
         let mut model = Model::new(WIDTHS);
         model.ragged = layout == LayoutKind::Ragged;
         model.rows = (0..batch)
-            .map(|b| common::model::Row {
+            .map(|b| crate::common::model::Row {
                 families: [cache.read_row(Family::Latent, b).unwrap(), cache.read_row(Family::Rope, b).unwrap(), Vec::new()],
             })
             .collect();

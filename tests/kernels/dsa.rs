@@ -3,25 +3,22 @@
 //! the top-k positions per query, and attention over those positions alone, with padded rows in
 //! both layouts and both storage kinds of index keys. On MLX's CUDA backend the index scores over
 //! bfloat16 keys are the library's kernel's (`dsa_kernel`; each case checks whether it ran).
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::model::{Model, Rng};
+use crate::common::attention_ref::{attention, index_scores, seen};
+use crate::common::mlx_helpers::{array, geometry, geometry_in, host};
+use crate::common::model::{Model, Rng};
+use crate::COUNTING;
 use latent_cache::core::attention::MaskMode;
 
 use latent_cache::core::kernels::cuda;
 use latent_cache::core::kernels::launch;
 use latent_cache::core::kernels::metal;
 use latent_cache::core::mlx::ops;
-use latent_cache::{Geometry, LatentCache, LayoutKind, StorageMode};
+use latent_cache::{LatentCache, LayoutKind, StorageMode};
 use mlx_rs::Array;
 
 const WIDTHS: [usize; 3] = [64, 32, 64];
-
-/// Held by the tests that count kernel launches (the counts are process-wide, the tests run on
-/// threads of one process), so that one's launches never land in another's count.
-static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Values in [0.1, 1.1): every query-key product is positive and distinct, so ReLU never ties.
 fn positive(rng: &mut Rng, n: usize) -> Vec<f32> {
@@ -29,16 +26,9 @@ fn positive(rng: &mut Rng, n: usize) -> Vec<f32> {
 }
 
 fn filled(rng: &mut Rng, layout: LayoutKind, index_storage: StorageMode, pads: [usize; 3]) -> (LatentCache, Model) {
-    let g = Geometry {
-        kv_lora_rank: WIDTHS[0],
-        rope_head_dim: WIDTHS[1],
-        index_head_dim: WIDTHS[2],
-        index_storage,
-        layout,
-        ..Geometry::default()
-    };
-    let mut cache = LatentCache::new(g).unwrap();
-    let mut model = Model::with_modes(WIDTHS, [StorageMode::F32, StorageMode::F32, index_storage]);
+    let modes = [StorageMode::F32, StorageMode::F32, index_storage];
+    let mut cache = LatentCache::new(geometry_in(WIDTHS, modes, layout)).unwrap();
+    let mut model = Model::with_modes(WIDTHS, modes);
     model.ragged = layout == LayoutKind::Ragged;
     let data: [Vec<f32>; 3] = std::array::from_fn(|f| positive(rng, 3 * 16 * WIDTHS[f]));
     cache.append_host_padded(3, 16, &pads, &data[0], &data[1], Some(&data[2])).unwrap();
@@ -68,12 +58,11 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                     let batch = 3usize;
                     let q_index = positive(&mut rng, batch * heads * queries * WIDTHS[2]);
                     let weights = positive(&mut rng, batch * queries * heads);
-                    let arr = |v: &[f32], s: &[usize]| Array::from_slice(v, &s.iter().map(|&d| d as i32).collect::<Vec<_>>());
                     let before = cuda::dsa_scores::KERNEL.launches();
                     let scores = donor
                         .index_scores(
-                            &arr(&q_index, &[batch, heads, queries, WIDTHS[2]]),
-                            &arr(&weights, &[batch, queries, heads]),
+                            &array(&q_index, &[batch, heads, queries, WIDTHS[2]]),
+                            &array(&weights, &[batch, queries, heads]),
                             mode,
                         )
                         .unwrap();
@@ -87,8 +76,8 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                     let q_rope = positive(&mut rng, batch * heads * queries * WIDTHS[1]);
                     let out = donor
                         .attend_selected(
-                            &arr(&q_latent, &[batch, heads, queries, WIDTHS[0]]),
-                            &arr(&q_rope, &[batch, heads, queries, WIDTHS[1]]),
+                            &array(&q_latent, &[batch, heads, queries, WIDTHS[0]]),
+                            &array(&q_rope, &[batch, heads, queries, WIDTHS[1]]),
                             0.05,
                             mode,
                             &indices,
@@ -100,20 +89,12 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                         let row = &model.rows[b];
                         let len = model.len(b);
                         for i in 0..queries {
-                            let seen = if mode == MaskMode::Causal { len - queries + i + 1 } else { len };
+                            let seen = seen(len, queries, i, mode == MaskMode::Causal);
                             // Scores: window position pads[b] + j holds row position j.
-                            let want: Vec<f64> = (0..seen)
-                                .map(|j| {
-                                    (0..heads)
-                                        .map(|h| {
-                                            let q = &q_index[((b * heads + h) * queries + i) * WIDTHS[2]..][..WIDTHS[2]];
-                                            let key = &row.families[2][j * WIDTHS[2]..][..WIDTHS[2]];
-                                            let dot: f64 = q.iter().zip(key).map(|(a, c)| *a as f64 * *c as f64).sum();
-                                            weights[(b * queries + i) * heads + h] as f64 * dot.max(0.0)
-                                        })
-                                        .sum()
-                                })
+                            let q: Vec<&[f32]> = (0..heads)
+                                .map(|h| &q_index[((b * heads + h) * queries + i) * WIDTHS[2]..][..WIDTHS[2]])
                                 .collect();
+                            let want = index_scores(&row.families[2], &q, &weights[(b * queries + i) * heads..][..heads], seen);
                             for t in 0..donor.offset() {
                                 let got = got_scores[(b * queries + i) * donor.offset() + t];
                                 match t.checked_sub(pads[b]).filter(|&j| j < seen) {
@@ -142,24 +123,8 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                                 let ql = &q_latent[at * WIDTHS[0]..][..WIDTHS[0]];
                                 let qr = &q_rope[at * WIDTHS[1]..][..WIDTHS[1]];
                                 let js: Vec<usize> = top.iter().map(|&p| p - pads[b]).collect();
-                                let s: Vec<f64> = js
-                                    .iter()
-                                    .map(|&j| {
-                                        let dot = |q: &[f32], v: &[f32], w: usize| {
-                                            (0..w).map(|c| q[c] as f64 * v[j * w + c] as f64).sum::<f64>()
-                                        };
-                                        0.05 * (dot(ql, &row.families[0], WIDTHS[0]) + dot(qr, &row.families[1], WIDTHS[1]))
-                                    })
-                                    .collect();
-                                let max = s.iter().cloned().fold(f64::MIN, f64::max);
-                                let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
-                                let total: f64 = e.iter().sum();
-                                for c in 0..WIDTHS[0] {
-                                    let want: f64 = js
-                                        .iter()
-                                        .zip(&e)
-                                        .map(|(&j, w)| w / total * row.families[0][j * WIDTHS[0] + c] as f64)
-                                        .sum();
+                                let want = attention(&row.families[0], &row.families[1], ql, qr, 0.05, &js, |_| 0.0);
+                                for (c, &want) in want.iter().enumerate() {
                                     let got = got_out[at * WIDTHS[0] + c] as f64;
                                     assert!(
                                         (got - want).abs() <= tolerance * (1.0 + want.abs()),
@@ -173,11 +138,6 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
             }
         }
     }
-}
-
-/// An array's values as float32, row-major (views and transposes through a contiguous copy).
-fn host(a: &Array) -> Vec<f32> {
-    ops::to_host(&ops::contiguous(&ops::astype(a, mlx_rs::Dtype::Float32).unwrap()).unwrap()).unwrap()
 }
 
 #[test]
@@ -204,8 +164,7 @@ fn selection_falls_back_to_dense_and_refuses_misuse() {
     let bad_w = Array::from_slice(&[1f32; 6], &[3, 1, 2]);
     assert_eq!(donor.index_scores(&q, &bad_w, MaskMode::None).unwrap_err().kind, latent_cache::ErrorKind::Shape);
     // A layer without index keys has no index scores.
-    let g = Geometry { kv_lora_rank: 64, rope_head_dim: 32, ..Geometry::default() };
-    let mut plain = LatentCache::new(g).unwrap();
+    let mut plain = LatentCache::new(geometry([64, 32, 0], LayoutKind::RightJustified)).unwrap();
     plain.append_host(1, 2, &vec![0.5; 128], &vec![0.5; 64], None).unwrap();
     let q1 = Array::from_slice(&vec![0.5f32; 64], &[1, 1, 1, 64]);
     let w1 = Array::from_slice(&[1f32], &[1, 1, 1]);
@@ -236,17 +195,9 @@ fn decode_attention_over_selected_positions_matches_a_float64_reference() {
         modes.iter().flat_map(|&m| layouts.iter().flat_map(move |&l| [(m, l, [0usize, 0]), (m, l, [0, 5])]))
     {
         let what = format!("{latent_mode:?} latent, {rope_mode:?} rope, {layout:?}, pads {pads:?}");
-        let g = Geometry {
-            kv_lora_rank: rank,
-            rope_head_dim: rope,
-            index_head_dim: 0,
-            latent_storage: latent_mode,
-            rope_storage: rope_mode,
-            layout,
-            ..Geometry::default()
-        };
-        let mut cache = LatentCache::new(g).unwrap();
-        let mut model = Model::with_modes([rank, rope, 0], [latent_mode, rope_mode, F32]);
+        let modes = [latent_mode, rope_mode, F32];
+        let mut cache = LatentCache::new(geometry_in([rank, rope, 0], modes, layout)).unwrap();
+        let mut model = Model::with_modes([rank, rope, 0], modes);
         model.ragged = layout == LayoutKind::Ragged;
         let data = [signed(&mut rng, 2 * tokens * rank), signed(&mut rng, 2 * tokens * rope), vec![]];
         cache.append_host_padded(2, tokens, &pads, &data[0], &data[1], None).unwrap();
@@ -296,21 +247,10 @@ fn decode_attention_over_selected_positions_matches_a_float64_reference() {
             let row = &model.rows[b];
             for h in 0..heads {
                 let at = b * heads + h;
-                let dot = |q: &[f32], v: &[f32], w: usize, j: usize| {
-                    (0..w).map(|c| q[at * w + c] as f64 * v[j * w + c] as f64).sum::<f64>()
-                };
                 let js: Vec<usize> = positions.iter().map(|&p| p - left[b]).collect();
-                let s: Vec<f64> = js
-                    .iter()
-                    .map(|&j| {
-                        scale as f64 * (dot(&q_latent, &row.families[0], rank, j) + dot(&q_rope, &row.families[1], rope, j))
-                    })
-                    .collect();
-                let max = s.iter().cloned().fold(f64::MIN, f64::max);
-                let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
-                let total: f64 = e.iter().sum();
-                for c in 0..rank {
-                    let want: f64 = js.iter().zip(&e).map(|(&j, w)| w / total * row.families[0][j * rank + c] as f64).sum();
+                let (ql, qr) = (&q_latent[at * rank..][..rank], &q_rope[at * rope..][..rope]);
+                let want = attention(&row.families[0], &row.families[1], ql, qr, scale as f64, &js, |_| 0.0);
+                for (c, &want) in want.iter().enumerate() {
                     let got = got[at * rank + c] as f64;
                     assert!((got - want).abs() <= 1e-2 * (1.0 + want.abs()), "{what}: out {b},{h},{c}: {got} vs {want}");
                 }
@@ -326,8 +266,7 @@ fn decode_attention_over_selected_positions_matches_a_float64_reference() {
 fn selection_over_a_long_window_takes_the_k_largest() {
     let mut rng = Rng::new(94);
     let (batch, positions, k) = (2usize, 5000usize, 300usize);
-    let g = Geometry { kv_lora_rank: 64, rope_head_dim: 32, index_head_dim: 64, ..Geometry::default() };
-    let mut cache = LatentCache::new(g).unwrap();
+    let mut cache = LatentCache::new(geometry([64, 32, 64], LayoutKind::RightJustified)).unwrap();
     let n = batch * positions;
     cache.append_host(batch, positions, &vec![0.5; n * 64], &vec![0.5; n * 32], Some(&vec![0.5; n * 64])).unwrap();
     let donor = cache.capture_donor_rows().unwrap();

@@ -2,19 +2,18 @@
 //! `BatchKVCache.prepare` / `finalize`) against the reference model: prompts of different lengths
 //! padded at their start, at their end or both, prefilled in chunks, rows leaving mid-prefill,
 //! then decoding and rounds; in both layouts. Refused calls change nothing. The comparison with
-//! mlx-lm itself is in tests/mlx_lm_interop.rs.
-mod common;
-
-use common::check::{append_host, assert_equal, host_data, last_error};
-use common::core_check::{assert_matches, model_of};
-use common::model::{Model, Rng};
+//! mlx-lm itself is in tests/mlx_lm/mlx_lm_interop.rs.
+use crate::common::check::{append_host, assert_equal, host_data, last_error};
+use crate::common::core_check::{assert_matches, model_of};
+use crate::common::mlx_helpers::geometry as geometry_of;
+use crate::common::model::{Model, Rng};
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::latent_cache_status as Status;
 use latent_cache::ffi::set::*;
 use latent_cache::{ErrorKind, Geometry, LatentCache, LayoutKind};
 
 fn geometry(index_head_dim: usize, layout: LayoutKind) -> Geometry {
-    Geometry { kv_lora_rank: 8, rope_head_dim: 4, index_head_dim, layout, ..Geometry::default() }
+    geometry_of([8, 4, index_head_dim], layout)
 }
 
 fn append(rng: &mut Rng, cache: &mut LatentCache, model: &mut Model, batch: usize, tokens: usize, pads: Option<&[usize]>) {

@@ -1,0 +1,13 @@
+//! Saving and loading: round trips and damaged files (`persist`), the safetensors writer
+//! (`persist_writer`), the seed's own cache-file format (`mlxbun`, `mlxbun_hostile`) and the
+//! fuzz corpora's replay (`fuzz_corpus`, which also drives the C API). Grouped in one binary (one
+//! link of mlx-c): none of these tests sets or measures process-wide state, and each writes its
+//! files in a scratch folder of its own name.
+#[path = "../common/mod.rs"]
+mod common;
+
+mod fuzz_corpus;
+mod mlxbun;
+mod mlxbun_hostile;
+mod persist;
+mod persist_writer;
