@@ -58,9 +58,12 @@ check-header:
 	@cmp include/latent_cache.h target/header/latent_cache.h || \
 	  { echo "include/latent_cache.h is stale: run 'make header' and commit it"; exit 1; }
 
-# House style: rustfmt (rustfmt.toml) and clippy with every warning an error, on every crate and
-# target of the workspace (library, tests, benchmark driver, header tool, mlx-sys).
+# House style: the floor plan (tools/floor-plan.py: rooms import only the rooms below them, no
+# import circles, no file over 400 lines, each file opening with its job), rustfmt (rustfmt.toml)
+# and clippy with every warning an error, on every crate and target of the workspace (library,
+# tests, benchmark driver, header tool, mlx-sys).
 lint: deps
+	python3 tools/floor-plan.py
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 

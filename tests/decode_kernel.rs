@@ -18,7 +18,7 @@ use common::model::{Model, Rng};
 use latent_cache::core::attention::MaskMode;
 
 use latent_cache::core::kernels::cuda;
-use latent_cache::core::kernels::launch;
+use latent_cache::core::kernels::cuda::launch;
 use latent_cache::core::kernels::metal;
 use latent_cache::core::mlx::math;
 use latent_cache::core::mlx::ops;

@@ -22,6 +22,7 @@
 #![allow(clippy::missing_safety_doc)] // the safety contract of every export is in its C docs
 
 pub mod status;
+pub mod status_name;
 pub mod family;
 pub mod storage;
 pub mod layout;

@@ -1,8 +1,5 @@
 //! The status code every fallible export returns. Numbers are part of the ABI: never reuse or
 //! renumber one; add new codes at the end.
-use std::ffi::c_char;
-
-use super::panic::ffi_boundary;
 use crate::core::ErrorKind;
 
 /// Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
@@ -50,28 +47,4 @@ impl From<ErrorKind> for latent_cache_status {
             ErrorKind::Backend => latent_cache_status::Backend,
         }
     }
-}
-
-/// The status's name without the `LATENT_CACHE_STATUS_` prefix ("OK", "NULL_ARGUMENT", ...), as
-/// a static NUL-terminated string (never NULL, never freed); "UNKNOWN" for a value that is not a
-/// `latent_cache_status`. For logs and exception messages.
-#[no_mangle]
-pub extern "C" fn latent_cache_status_name(status: u32) -> *const c_char {
-    ffi_boundary!(on_panic = c"UNKNOWN".as_ptr();
-        let name = match status {
-            0 => c"OK",
-            1 => c"NULL_ARGUMENT",
-            2 => c"INVALID_ARGUMENT",
-            3 => c"SHAPE",
-            4 => c"DTYPE",
-            5 => c"OUT_OF_RANGE",
-            6 => c"INVALID_STATE",
-            7 => c"CAPACITY",
-            8 => c"BUFFER_TOO_SMALL",
-            9 => c"BACKEND",
-            10 => c"PANIC",
-            _ => c"UNKNOWN",
-        };
-        name.as_ptr()
-    )
 }

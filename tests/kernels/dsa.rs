@@ -12,7 +12,7 @@ use crate::COUNTING;
 use latent_cache::core::attention::MaskMode;
 
 use latent_cache::core::kernels::cuda;
-use latent_cache::core::kernels::launch;
+use latent_cache::core::kernels::cuda::launch;
 use latent_cache::core::kernels::metal;
 use latent_cache::core::mlx::ops;
 use latent_cache::{LatentCache, LayoutKind, StorageMode};

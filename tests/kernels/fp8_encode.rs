@@ -8,7 +8,7 @@ use crate::common::codec_ref;
 use crate::common::model::Rng;
 
 use latent_cache::core::kernels::cuda;
-use latent_cache::core::kernels::launch;
+use latent_cache::core::kernels::cuda::launch;
 use latent_cache::core::mlx::ops;
 use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};

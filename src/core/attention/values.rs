@@ -6,7 +6,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::Donor;
 use crate::core::error::Result;
-use crate::core::kernels::launch;
+use crate::core::kernels::cuda::launch;
 use crate::core::mlx::{math, ops};
 use crate::core::model::geometry::Family;
 use crate::core::model::storage_mode::{Packing, AFFINE_GROUP};

@@ -10,10 +10,6 @@ use mlx_rs::Dtype;
 
 use crate::core::error::{fail, Result};
 
-// The CUDA device queries lived here before each backend had its own launch module; callers
-// (attention, the kernel tests) still name them here.
-pub use crate::core::kernels::cuda::launch::{compute_capability, cuda_device, on_cuda, shared_memory_limit};
-
 /// Kernels made so far: name, shared memory, the kernel.
 pub(crate) type Made<K> = Mutex<Vec<(&'static str, usize, &'static K)>>;
 

@@ -106,7 +106,7 @@ pub fn applies(storage: Dtype, q_dtype: Dtype, s: &Shape, causal: bool) -> bool 
         && (1..=65535).contains(&rows)
         && (1..=65535).contains(&s.batch)
         && (1..=i32::MAX as usize).contains(&s.positions);
-    fits && probed((storage, s.rank, s.rope, s.heads, s.queries, causal && s.queries > 1))
+    fits && probed((storage, s.rank, s.rope, s.heads, s.queries, causal && s.queries > 1), launch)
 }
 
 /// Absorbed MLA attention, `[B, H, Lq, R]` float32, lazily, over `latent [B, T, R]` and `rope

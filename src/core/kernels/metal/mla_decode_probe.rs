@@ -8,7 +8,6 @@ use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
 
 use crate::core::error::Result;
-use crate::core::kernels::metal::mla_decode::launch;
 use crate::core::mlx::ops;
 
 /// What a probe is keyed by: the compiled kernel's template arguments and the storage dtype.
@@ -17,8 +16,9 @@ type ProbeKey = (Dtype, usize, usize, usize, usize, bool);
 /// Probes run so far and whether each passed.
 static PROBES: Lazy<Mutex<Vec<(ProbeKey, bool)>>> = Lazy::new(|| Mutex::new(Vec::new()));
 
-/// Whether the kernel passed its probe for `key`, probing it the first time.
-pub(super) fn probed(key: ProbeKey) -> bool {
+/// Whether the kernel (`launch`, given by the decode so this check imports nothing of it)
+/// passed its probe for `key`, probing it the first time.
+pub(super) fn probed(key: ProbeKey, launch: Attend) -> bool {
     let mut probes = PROBES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(&(_, passed)) = probes.iter().find(|(k, _)| *k == key) {
         return passed;
@@ -43,7 +43,7 @@ pub(super) fn probed(key: ProbeKey) -> bool {
 const PROBE_TOLERANCE: f64 = 1e-3;
 
 /// `launch`'s signature: the kernel, or a stand-in in tests.
-type Attend = fn([&Array; 4], &[(usize, usize)], f32, bool) -> Result<Array>;
+pub(super) type Attend = fn([&Array; 4], &[(usize, usize)], f32, bool) -> Result<Array>;
 
 /// Runs the kernel for `key` (`run`) over a small problem (two rows, one padded and ragged, 300
 /// positions in several splits) of values exact in every storage dtype, and returns its largest
