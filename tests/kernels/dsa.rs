@@ -2,7 +2,7 @@
 //! model holds: index scores (weighted ReLU of query-key products, summed over index heads),
 //! the top-k positions per query, and attention over those positions alone, with padded rows in
 //! both layouts and both storage kinds of index keys. On MLX's CUDA backend the index scores over
-//! bfloat16 keys are the library's kernel's (`dsa_kernel`; each case checks whether it ran).
+//! bfloat16 keys are the library's kernel's (`kernels::cuda::dsa_scores`; each case checks whether it ran).
 use std::collections::BTreeSet;
 
 use crate::common::attention_ref::{attention, index_scores, seen};

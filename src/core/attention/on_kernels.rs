@@ -29,7 +29,7 @@ impl Donor {
     }
 
     /// Attention on CUDA without a mask array over 16-bit float storage, or a Q8, Q4 or FP8
-    /// latent with bfloat16 rope: the split-K kernel of `decode_kernel`, which reads each stored
+    /// latent with bfloat16 rope: the split-K kernel of `kernels::cuda::mla_decode`, which reads each stored
     /// position once for 64 head-query pairs (packed ones as stored, decoded tile by tile).
     /// Composed storage takes `kernel_composed`. `None` where it does not apply.
     pub(super) fn kernel_decode(&self, q: &Query) -> Result<Option<Array>> {
@@ -50,7 +50,7 @@ impl Donor {
 
     /// Attention on an Apple GPU without a mask array over float32, bfloat16 or float16 storage
     /// (latent and rope in the queries' dtype, not composed): the split-K kernel of
-    /// `decode_metal`. `None` where it does not apply.
+    /// `kernels::metal::mla_decode`. `None` where it does not apply.
     pub(super) fn metal_decode(&self, q: &Query) -> Result<Option<Array>> {
         let Query { q_latent, q_rope, scale, mode, .. } = *q;
         let Some((storage, None)) = self.kernel_storage() else { return Ok(None) };
@@ -173,7 +173,7 @@ impl Donor {
         cuda::mla_decode::attend(q_latent, q_rope, latent, &rope[0], &whole, scale, false).map(Some)
     }
 
-    /// `index_scores` by the library's kernel on CUDA (`dsa_kernel`), from the stored keys as
+    /// `index_scores` by the library's kernel on CUDA (`kernels::cuda::dsa_scores`), from the stored keys as
     /// they are: 16-bit float storage without composed hot values. `None` where it does not apply.
     pub(super) fn kernel_index_scores(
         &self,

@@ -1,5 +1,5 @@
 //! The MLX operations the read path computes with (matrix products, softmax, masks), on the
-//! library's stream like every other graph it builds (see `mlx_ops`).
+//! library's stream like every other graph it builds (see `ops`).
 use mlx_rs::{Array, Dtype};
 
 use crate::core::error::{fail, Result};
