@@ -1,5 +1,5 @@
 //! The panic boundary. Every export's body is one `ffi_boundary!` (the only pattern
-//! `tests/ffi_contract.rs` accepts), so a panic never unwinds into C, a failure becomes its
+//! `tests/abi/ffi_contract.rs` accepts), so a panic never unwinds into C, a failure becomes its
 //! status plus this thread's message, and helpers below it just return `FfiResult`.
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};

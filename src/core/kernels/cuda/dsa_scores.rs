@@ -3,7 +3,7 @@
 //! keys (bfloat16 or float16) with the positions a query does not see at -inf. Written with
 //! MLX's operations the same scores take eight graph operations and a float32 copy of every
 //! stored key (`Donor::index_scores`, the fallback elsewhere and the reference the kernel is
-//! tested against in `tests/dsa.rs`); here each thread scores one position for every head in
+//! tested against in `tests/kernels/dsa.rs`); here each thread scores one position for every head in
 //! float32, the block's queries, weights and keys (staged in chunks, read along the channels) in
 //! shared memory.
 use mlx_rs::{Array, Dtype};

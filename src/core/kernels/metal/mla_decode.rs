@@ -7,7 +7,7 @@
 //! no scores matrix written out, where MLX's ops make four passes over `[B, H, Lq, T]`.
 //!
 //! **Untested on Apple hardware**: these machines have no Apple GPU or Metal compiler. The
-//! kernels' sources are run by `tests/metal_emulation.rs` in a C++ emulation of Metal's SIMD
+//! kernels' sources are run by `tests/attention/metal_emulation.rs` in a C++ emulation of Metal's SIMD
 //! groups and threadgroups against a float64 reference, and on an Apple GPU by
 //! `tests/decode_kernel.rs`. So that a defect costs speed and never a result, the first time a
 //! process would use the kernel for a given shape it first runs it on a small problem of that

@@ -1,6 +1,6 @@
 //! The library's own kernels on MLX's Metal backend (Apple GPUs): `launch` makes and applies
 //! them, `mla_decode` is the split-K decode (its check at first use in `mla_decode_probe`), its
-//! sources the `.metal` files under `src/`, which `tests/metal_emulation.rs` runs in C++.
+//! sources the `.metal` files under `src/`, which `tests/attention/metal_emulation.rs` runs in C++.
 //!
 //! May import: `error`, `mlx`, `model`, and the kernels' shared `launch` and `decode`.
 pub mod launch;
