@@ -30,10 +30,18 @@ fn loads_from_bytes_ignore_tmpdir() {
             }
         }
         let mut one = std::ptr::null_mut();
-        assert_eq!(unsafe { latent_cache_load_from_buffer(bytes.as_ptr(), bytes.len(), &mut one) }, Status::Ok, "TMPDIR={tmpdir}");
+        assert_eq!(
+            unsafe { latent_cache_load_from_buffer(bytes.as_ptr(), bytes.len(), &mut one) },
+            Status::Ok,
+            "TMPDIR={tmpdir}"
+        );
         unsafe { latent_cache_free(one) };
         let mut set = std::ptr::null_mut();
-        assert_eq!(unsafe { latent_cache_set_load_from_buffer(bytes.as_ptr(), bytes.len(), &mut set) }, Status::Ok, "TMPDIR={tmpdir}");
+        assert_eq!(
+            unsafe { latent_cache_set_load_from_buffer(bytes.as_ptr(), bytes.len(), &mut set) },
+            Status::Ok,
+            "TMPDIR={tmpdir}"
+        );
         unsafe { latent_cache_set_free(set) };
         assert!(mlxbun::load_from_bytes(&seed).is_ok(), "TMPDIR={tmpdir}");
     }

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use latent_cache::core::persist::{self, mlxbun};
 use latent_cache::core::persist::wyhash::wyhash;
+use latent_cache::core::persist::{self, mlxbun};
 use latent_cache::ffi::cache::latent_cache_free;
 use latent_cache::ffi::latent_cache_status as Status;
 use latent_cache::ffi::mlxbun::{latent_cache_mlxbun_header, latent_cache_mlxbun_tokens, latent_cache_set_load_mlxbun};
@@ -157,8 +157,7 @@ fn a_sparse_seed_file_beyond_the_memory_limit_is_refused_before_anything_is_allo
 fn safetensors_sizes_past_the_end_or_beyond_the_memory_limit_are_refused() {
     let rows = memory_limit() / (1 << 20) + 1;
     let bytes = rows * (1 << 20);
-    let mut header =
-        format!("{{\"latent\":{{\"dtype\":\"F32\",\"shape\":[{rows},262144],\"data_offsets\":[0,{bytes}]}}}}");
+    let mut header = format!("{{\"latent\":{{\"dtype\":\"F32\",\"shape\":[{rows},262144],\"data_offsets\":[0,{bytes}]}}}}");
     while header.len() % 8 != 0 {
         header.push(' ');
     }
@@ -170,8 +169,7 @@ fn safetensors_sizes_past_the_end_or_beyond_the_memory_limit_are_refused() {
     assert_eq!(load_set_file(&path), Status::Capacity);
     std::fs::remove_file(&path).unwrap();
 
-    let mut header =
-        "{\"latent\":{\"dtype\":\"F32\",\"shape\":[1048576,262144],\"data_offsets\":[0,1099511627776]}}".to_string();
+    let mut header = "{\"latent\":{\"dtype\":\"F32\",\"shape\":[1048576,262144],\"data_offsets\":[0,1099511627776]}}".to_string();
     while header.len() % 8 != 0 {
         header.push(' ');
     }

@@ -233,7 +233,8 @@ fn check_frame(source: &Source, what: &str) -> Result<()> {
         return fail!(InvalidArgument, "{what} is too short for a safetensors file");
     }
     let header_len = u64::from_le_bytes(len);
-    let header_bytes = usize::try_from(header_len).ok().filter(|_| header_len != 0 && header_len <= size - 8 && header_len <= MAX_HEADER);
+    let header_bytes =
+        usize::try_from(header_len).ok().filter(|_| header_len != 0 && header_len <= size - 8 && header_len <= MAX_HEADER);
     let Some(header_bytes) = header_bytes else {
         return fail!(InvalidArgument, "{what} announces a {header_len}-byte header in {size} bytes");
     };

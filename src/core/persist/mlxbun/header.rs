@@ -31,9 +31,9 @@ pub(super) fn read_header(r: &mut impl Read, file_len: u64) -> Result<Header> {
     let data_start = u64::from(u32::from_le_bytes(prefix[14..18].try_into().unwrap()));
     let hash = u64::from_le_bytes(prefix[18..26].try_into().unwrap());
     let text_len = usize::try_from(header_len).ok();
-    let Some(text_len) = text_len.filter(|_| {
-        header_len <= MAX_HEADER && data_start >= PREFIX_LEN + header_len && PREFIX_LEN + header_len <= file_len
-    }) else {
+    let Some(text_len) = text_len
+        .filter(|_| header_len <= MAX_HEADER && data_start >= PREFIX_LEN + header_len && PREFIX_LEN + header_len <= file_len)
+    else {
         return fail!(InvalidArgument, "damaged header fields (length {header_len}, data start {data_start})");
     };
     let mut text = vec![0u8; text_len];
