@@ -71,8 +71,11 @@ pub unsafe extern "C" fn latent_cache_set_save_mlxbun(
 /// created. `*out` receives a set of float32 layers in the file's order, rows right-justified and
 /// all holding the layer's offset, owned by the caller. The tokens and identity strings: read
 /// them with `latent_cache_mlxbun_header` / `latent_cache_mlxbun_tokens`.
+/// The path is opened once and must name a regular file (a FIFO, a device or a folder is
+/// `INVALID_ARGUMENT`); the file must end with its last tensor.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, format
-/// version 5), `CAPACITY`, `BACKEND`.
+/// version 5, bytes after the last tensor), `CAPACITY` (its tensors would take MLX past its memory
+/// limit; checked before any is read), `BACKEND`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_load_mlxbun(
     path: *const c_char,

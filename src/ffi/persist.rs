@@ -47,8 +47,11 @@ pub unsafe extern "C" fn latent_cache_set_save(set: *const latent_cache_set, pat
 /// `save_prompt_cache` wrote: float storage in its dtype, rows right-justified). Everything is
 /// checked first (format version, geometry, every tensor's shape, dtype and checksum, the rows);
 /// on any failure nothing is created. `*out` receives the set, owned by the caller.
+/// The path is opened once and must name a regular file (a FIFO, a device or a folder is
+/// `INVALID_ARGUMENT`); the file must end with its last tensor.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, a
-/// newer format), `BACKEND`.
+/// newer format, bytes after the last tensor), `CAPACITY` (its tensors would take MLX past its
+/// memory limit), `BACKEND`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_load(path: *const c_char, out: *mut *mut latent_cache_set) -> latent_cache_status {
     ffi_boundary! {
@@ -78,7 +81,8 @@ pub unsafe extern "C" fn latent_cache_set_save_to_buffer(
     }
 }
 
-/// `latent_cache_set_load` from `len` bytes at `data` (borrowed).
+/// `latent_cache_set_load` from `len` bytes at `data` (borrowed), read from memory: no
+/// temporary file (TMPDIR plays no part).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_load_from_buffer(
     data: *const u8,

@@ -2,7 +2,9 @@
 //! `make fuzz` grows them locally) and a fixed set of generated inputs: the C-API driver checks
 //! every call against the reference model; the loader must load the seeds, refuse their damaged
 //! variants with a status, and refuse the inputs that once crashed it (a '%' in a damaged header
-//! reached MLX's error formatting as a conversion).
+//! reached MLX's error formatting as a conversion) or that the frame check refuses (sizes past
+//! the end, a tensor's range not its shape's size, overlapping tensors, bytes after the last
+//! tensor).
 use crate::common::api_driver::run_bytes;
 use crate::common::model::Rng;
 

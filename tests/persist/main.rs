@@ -7,6 +7,7 @@
 mod common;
 
 mod fuzz_corpus;
+mod hostile_files;
 mod mlxbun;
 mod mlxbun_hostile;
 mod persist;

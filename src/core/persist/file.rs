@@ -6,6 +6,10 @@
 //! bits, created exclusively (`O_CREAT | O_EXCL`), so saves to one path from several threads or
 //! processes never share a temporary, and a file or symlink planted under a guessed name is never
 //! opened or followed (the name is drawn again).
+//!
+//! Every file a load reads is opened once (`open_regular`): without blocking (a FIFO's open
+//! would wait for a writer), checked to be a regular file on that descriptor, and read through
+//! it, so what was checked is what is read.
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, Hasher};
 use std::io::ErrorKind as IoKind;
@@ -111,4 +115,34 @@ fn sync_dir(dir: &Path) {
     }
     #[cfg(not(unix))]
     let _ = dir;
+}
+
+/// Opens `path` for reading, once: with `O_NONBLOCK`, so opening a FIFO cannot block, then
+/// checked on the descriptor (`fstat`) to be a regular file (a FIFO, a device or a folder is
+/// refused), and set back to blocking reads. Returns the file and its length; the caller reads
+/// through this descriptor only, never the path again.
+pub fn open_regular(path: &Path) -> Result<(File, u64)> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = options.open(path).map_err(|e| error!(InvalidArgument, "opening {}: {e}", path.display()))?;
+    let meta = file.metadata().map_err(|e| error!(InvalidArgument, "{}: {e}", path.display()))?;
+    if !meta.file_type().is_file() {
+        return fail!(InvalidArgument, "{} is not a regular file", path.display());
+    }
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        let fd = file.as_raw_fd();
+        // SAFETY: fcntl on a descriptor this function owns, reading and setting its flags.
+        let cleared = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+        };
+        if !cleared {
+            return fail!(Backend, "{}: {}", path.display(), std::io::Error::last_os_error());
+        }
+    }
+    Ok((file, meta.len()))
 }

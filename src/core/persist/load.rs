@@ -12,16 +12,26 @@ use crate::core::layout::row_layout::RowLayout;
 use crate::core::mlx::ops;
 use crate::core::model::families::Families;
 use crate::core::persist::checksum::{self, metadata_checksum};
-use crate::core::persist::file;
 use crate::core::persist::hot::read_hot;
 use crate::core::persist::metadata::{float_layer, parse_geometry, parse_list, FORMAT_VERSION, PREFIX};
 use crate::core::persist::mlx_lm::{float_tensor, import_mlx_lm};
-use crate::core::persist::mlx_read::read_safetensors;
+use crate::core::persist::mlx_read::{read_safetensors, read_safetensors_bytes};
 use crate::core::storage::buffers::Storage;
 
 /// Loads the caches saved in `path`, every check passed before any cache is made.
 pub fn load(path: &Path) -> Result<Vec<LatentCache>> {
     let (tensors, metadata) = read_safetensors(path)?;
+    load_read(tensors, metadata)
+}
+
+/// Loads from bytes a save wrote, read from memory (no temporary file).
+pub fn load_from_bytes(bytes: &[u8]) -> Result<Vec<LatentCache>> {
+    let (tensors, metadata) = read_safetensors_bytes(bytes)?;
+    load_read(tensors, metadata)
+}
+
+/// The caches of a file's tensors and metadata, as read.
+fn load_read(tensors: HashMap<String, Array>, metadata: HashMap<String, String>) -> Result<Vec<LatentCache>> {
     // Any key of ours makes it our file: a damaged format key must not turn it into a foreign
     // (unchecked) one.
     if !metadata.keys().any(|k| k.starts_with(PREFIX)) {
@@ -116,16 +126,4 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
             Ok(cache)
         })
         .collect()
-}
-
-/// Loads from bytes a save wrote (through a new temporary file, removed after).
-pub fn load_from_bytes(bytes: &[u8]) -> Result<Vec<LatentCache>> {
-    use std::io::Write;
-    let (path, mut file) = file::create_unique(&std::env::temp_dir(), "latent-cache-", ".safetensors", file::Access::Private)?;
-    let result = file.write_all(bytes).map_err(|e| error!(Backend, "staging the bytes: {e}")).and_then(|_| {
-        drop(file);
-        load(&path)
-    });
-    let _ = std::fs::remove_file(&path);
-    result
 }

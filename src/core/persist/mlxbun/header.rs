@@ -1,6 +1,5 @@
 //! Reading the seed's format's frame: the magic, the header length and data start, the JSON
 //! header checked against its wyhash, and the info it carries (tokens, identity strings).
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -8,6 +7,7 @@ use serde_json::Value;
 
 use super::{MlxbunInfo, MAGIC, MAX_HEADER, PREFIX_LEN};
 use crate::core::error::{error, fail, Result};
+use crate::core::persist::file::open_regular;
 use crate::core::persist::wyhash::wyhash;
 
 /// A verified header: the JSON and where the data starts.
@@ -27,13 +27,16 @@ pub(super) fn read_header(r: &mut impl Read, file_len: u64) -> Result<Header> {
             String::from_utf8_lossy(&prefix[..10])
         );
     }
-    let header_len = u32::from_le_bytes(prefix[10..14].try_into().unwrap()) as u64;
-    let data_start = u32::from_le_bytes(prefix[14..18].try_into().unwrap()) as u64;
+    let header_len = u64::from(u32::from_le_bytes(prefix[10..14].try_into().unwrap()));
+    let data_start = u64::from(u32::from_le_bytes(prefix[14..18].try_into().unwrap()));
     let hash = u64::from_le_bytes(prefix[18..26].try_into().unwrap());
-    if header_len > MAX_HEADER || data_start < PREFIX_LEN + header_len || PREFIX_LEN + header_len > file_len {
+    let text_len = usize::try_from(header_len).ok();
+    let Some(text_len) = text_len
+        .filter(|_| header_len <= MAX_HEADER && data_start >= PREFIX_LEN + header_len && PREFIX_LEN + header_len <= file_len)
+    else {
         return fail!(InvalidArgument, "damaged header fields (length {header_len}, data start {data_start})");
-    }
-    let mut text = vec![0u8; header_len as usize];
+    };
+    let mut text = vec![0u8; text_len];
     r.read_exact(&mut text).map_err(|_| error!(InvalidArgument, "the file ends inside its header"))?;
     if wyhash(&text, 0) != hash {
         return fail!(InvalidArgument, "the header does not match its hash (the file is damaged)");
@@ -80,10 +83,10 @@ pub(super) fn info(h: &Value) -> Result<MlxbunInfo> {
     })
 }
 
-/// The verified JSON header of a file, and its info, without reading any tensor.
+/// The verified JSON header of a file, and its info, without reading any tensor (the file
+/// opened once, a regular file: `file::open_regular`).
 pub fn read_info(path: &Path) -> Result<(String, MlxbunInfo)> {
-    let mut file = File::open(path).map_err(|e| error!(InvalidArgument, "opening {}: {e}", path.display()))?;
-    let len = file.metadata().map_err(|e| error!(Backend, "{}: {e}", path.display()))?.len();
+    let (mut file, len) = open_regular(path)?;
     let header = read_header(&mut file, len)?;
     let info = info(&header.json)?;
     Ok((header.text, info))

@@ -1,7 +1,6 @@
 //! Loading the seed's format: every cache entry of the verified header checked (kinds,
 //! geometry, shapes, dtype, offsets inside the file, no overlaps), then every tensor read and
 //! checked against its hash, and the caches built only when all pass.
-use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
@@ -10,7 +9,9 @@ use serde_json::Value;
 use super::header::{field, info, read_header, uint, Header};
 use super::{families, MlxbunInfo, CODEC_PROVIDER, FLOAT32, MAX_LAYERS, NO_LIMIT};
 use crate::core::error::{error, fail, Result};
+use crate::core::mlx::memory::check_alloc;
 use crate::core::model::geometry::{Geometry, Role};
+use crate::core::persist::file::open_regular;
 use crate::core::persist::wyhash::tensor_hash;
 use crate::core::LatentCache;
 
@@ -54,7 +55,7 @@ fn plan_layer(i: usize, e: &Value, data_start: u64, file_len: u64) -> Result<Lay
     }
     let max_tokens = match uint(field(e, "maxTokens", &what)?, &format!("{what} maxTokens"))? {
         NO_LIMIT => 0,
-        m if m <= i32::MAX as u64 && m > 0 => m as usize,
+        m if m <= i32::MAX as u64 && m > 0 => usize::try_from(m).map_err(|_| error!(InvalidArgument, "{what}: maxTokens {m}"))?,
         m => return fail!(InvalidArgument, "{what}: maxTokens {m} (this library holds up to INT32_MAX, or no limit)"),
     };
     let geometry = Geometry {
@@ -118,7 +119,8 @@ fn plan_layer(i: usize, e: &Value, data_start: u64, file_len: u64) -> Result<Lay
         if hash.len() != 16 || !hash.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) {
             return fail!(InvalidArgument, "{what}: hash {hash:?} is not 16 lowercase hex digits");
         }
-        slots.push(Slot { at, bytes, batch: batch as usize, hash });
+        let batch = usize::try_from(batch).map_err(|_| error!(InvalidArgument, "{what}: batch {batch}"))?;
+        slots.push(Slot { at, bytes, batch, hash });
     }
     Ok(LayerPlan { geometry, offset, slots })
 }
@@ -159,6 +161,15 @@ fn plan(h: &Header, file_len: u64) -> Result<(Vec<LayerPlan>, MlxbunInfo)> {
     if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
         return fail!(InvalidArgument, "two tensors overlap in the file");
     }
+    // The last tensor ends the file (as the seed writes it): bytes after it are damage.
+    let end = ranges.last().map_or(0, |r| r.1);
+    if end != file_len {
+        return fail!(InvalidArgument, "{} bytes after the last tensor (the file is damaged)", file_len.saturating_sub(end));
+    }
+    // Sizes are inside the file; the caches they make must also fit MLX's memory limit, checked
+    // before any tensor is read (a sparse file can announce more than memory holds).
+    let total = ranges.iter().try_fold(0u64, |sum, r| sum.checked_add(r.1 - r.0));
+    check_alloc(total.and_then(|t| usize::try_from(t).ok()), "loading the file's caches")?;
     Ok((layers, info))
 }
 
@@ -168,14 +179,23 @@ fn build(r: &mut (impl Read + Seek), layers: Vec<LayerPlan>) -> Result<Vec<Laten
     for (i, layer) in layers.into_iter().enumerate() {
         let mut values = Vec::new();
         for slot in &layer.slots {
-            let mut bytes = vec![0u8; slot.bytes as usize];
+            // Allocated fallibly: a refusal, never an abort, should memory run out regardless.
+            let len = usize::try_from(slot.bytes).map_err(|_| error!(Capacity, "cache {i}: a tensor of {} bytes", slot.bytes))?;
+            let no_memory = || error!(Capacity, "cache {i}: {len} bytes for a tensor cannot be allocated");
+            let mut bytes = Vec::new();
+            bytes.try_reserve_exact(len).map_err(|_| no_memory())?;
+            bytes.resize(len, 0u8);
             r.seek(SeekFrom::Start(slot.at))
                 .and_then(|_| r.read_exact(&mut bytes))
                 .map_err(|e| error!(InvalidArgument, "cache {i}: reading a tensor: {e}"))?;
             if tensor_hash(&bytes) != slot.hash {
                 return fail!(InvalidArgument, "cache {i}: a tensor does not match its hash (the file is damaged)");
             }
-            values.push(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<f32>>());
+            let mut floats = Vec::new();
+            floats.try_reserve_exact(len / 4).map_err(|_| no_memory())?;
+            floats.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())));
+            drop(bytes);
+            values.push(floats);
         }
         let mut cache = LatentCache::new(layer.geometry)?;
         let batch = layer.slots[0].batch;
@@ -194,10 +214,11 @@ fn load_from(r: &mut (impl Read + Seek), file_len: u64) -> Result<(Vec<LatentCac
 /// Loads a file the seed's implementation (or `save`) wrote: the header's hash, every field, and
 /// every tensor's hash are checked, and nothing is returned unless all pass. Rows come back
 /// right-justified, every row holding the layer's offset; the v4 attachments (the seed's MTP
-/// draft state) are not read.
+/// draft state) are not read. The file is opened once, must be a regular file
+/// (`file::open_regular`), and is read through that descriptor; the last tensor must end it,
+/// and its tensors must fit MLX's memory limit (`CAPACITY`) before any is read.
 pub fn load(path: &Path) -> Result<(Vec<LatentCache>, MlxbunInfo)> {
-    let mut file = File::open(path).map_err(|e| error!(InvalidArgument, "opening {}: {e}", path.display()))?;
-    let len = file.metadata().map_err(|e| error!(Backend, "{}: {e}", path.display()))?.len();
+    let (mut file, len) = open_regular(path)?;
     load_from(&mut file, len)
 }
 
