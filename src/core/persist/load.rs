@@ -9,6 +9,7 @@ use mlx_rs::Array;
 use crate::core::cache::LatentCache;
 use crate::core::error::{error, fail, Result};
 use crate::core::layout::row_layout::RowLayout;
+use crate::core::mlx::memory::check_alloc;
 use crate::core::mlx::ops;
 use crate::core::model::families::Families;
 use crate::core::persist::checksum::{self, metadata_checksum};
@@ -43,6 +44,9 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
     if meta_sum != Some(&metadata_checksum(meta.iter().map(|(k, v)| (k.as_str(), v.as_str())))) {
         return fail!(InvalidArgument, "the file's metadata does not match its checksum (the file is damaged)");
     }
+    // Verifying the checksums reads every tensor into MLX's memory, where the loaded caches keep
+    // them: all of it must fit under MLX's memory limit first.
+    check_memory(tensors)?;
     for (name, a) in tensors {
         if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum::evaluated(a, a.shape(), version)?) {
             return fail!(InvalidArgument, "tensor {name} does not match its checksum (the file is damaged)");
@@ -65,6 +69,10 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
         let (pads, ends) = (parse_list(get(&format!("layer.{i}.left_pad"))?)?, parse_list(get(&format!("layer.{i}.row_ends"))?)?);
         let positions: usize =
             get(&format!("layer.{i}.positions"))?.parse().map_err(|_| error!(InvalidArgument, "layer {i}: positions"))?;
+        // MLX's extents are int32, and a layer holds at most its max_tokens.
+        if positions > i32::MAX as usize || (g.max_tokens != 0 && positions > g.max_tokens) {
+            return fail!(InvalidArgument, "layer {i}: {positions} positions (max_tokens {}, at most INT32_MAX)", g.max_tokens);
+        }
         let layout = RowLayout::from_rows(g.layout, &pads, &ends, positions).map_err(|mut e| {
             e.message = format!("layer {i}: {}", e.message);
             e
@@ -79,8 +87,8 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
                 if a.ndim() != 4 || a.shape()[1] != 1 {
                     return fail!(InvalidArgument, "tensor {name} is {:?}, not [B, 1, T, width]", a.shape());
                 }
-                let s = a.shape();
-                vec![ops::reshape(&a, &[s[0] as usize, s[2] as usize, s[3] as usize])?]
+                let s = extents(&a);
+                vec![ops::reshape(&a, &[s[0], s[2], s[3]])?]
             } else {
                 (0..specs.len()).map(|k| tensor(&format!("latent_cache.{i}.{}.{k}", family.name()))).collect::<Result<_>>()?
             };
@@ -88,8 +96,9 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
                 return fail!(InvalidArgument, "layer {i}: {} has {} parts, not {}", family.name(), arrays.len(), specs.len());
             }
             for (a, spec) in arrays.iter().zip(&specs) {
-                let want = [rows as i32, positions as i32, spec.width as i32];
-                if a.shape() != want || a.dtype() != spec.dtype {
+                // Compared as counts, never narrowed to MLX's int32 extents.
+                let want = [rows, positions, spec.width];
+                if extents(a) != want || a.dtype() != spec.dtype {
                     return fail!(
                         InvalidArgument,
                         "layer {i}: {} is {:?} {:?}, expected {:?} {:?}",
@@ -116,6 +125,21 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
             Ok(cache)
         })
         .collect()
+}
+
+/// An array's extents as counts (MLX's are int32, never negative).
+pub(super) fn extents(a: &Array) -> Vec<usize> {
+    a.shape().iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect()
+}
+
+/// Refuses (CAPACITY) a file whose tensors, once read, would take MLX past its memory limit:
+/// checked before any is read (MLX's loader makes them lazily), so nothing is allocated.
+pub(super) fn check_memory(tensors: &HashMap<String, Array>) -> Result<()> {
+    let bytes = tensors.values().try_fold(0usize, |sum, a| {
+        let elements = extents(a).into_iter().try_fold(1usize, |n, d| n.checked_mul(d))?;
+        sum.checked_add(elements.checked_mul(a.item_size())?)
+    });
+    check_alloc(bytes, "loading the file's tensors")
 }
 
 /// Loads from bytes a save wrote (through a new temporary file, removed after).
