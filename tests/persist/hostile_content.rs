@@ -108,7 +108,12 @@ fn composed_caches_of_every_mode_load_what_was_saved() {
             }
         }
     }
-    assert!(cases >= 60, "{cases} compositions accepted");
+    // The reports' compositions are among them (the geometry refuses others, e.g. a compact
+    // mode wider than the hot one).
+    for (modes, hot) in [([BF16, F32, F32], F32), ([F16, F32, F32], F32), ([BF16; 3], F32), ([F32, BF16, F32], F32)] {
+        assert!(LatentCache::new(layer(64, hot, modes, LayoutKind::Ragged)).is_ok(), "{modes:?} under {hot:?} refused");
+    }
+    assert!(cases >= 30, "{cases} compositions accepted");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -312,6 +317,7 @@ fn c_saves_inside_a_round_are_invalid_state() {
     assert_eq!(append_host(cache, 2, 6, &data), Status::Ok);
     model.append(2, 6, &data);
     assert_eq!(unsafe { latent_cache_spec_round_begin(cache) }, Status::Ok);
+    model.begin();
     let data = host_data(&mut rng, widths, 2, 3);
     assert_eq!(append_host(cache, 2, 3, &data), Status::Ok);
     model.append(2, 3, &data);
