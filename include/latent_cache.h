@@ -950,20 +950,27 @@ latent_cache_status latent_cache_glm52_configs(latent_cache_config *out,
 // Saves every layer of `set` to `path` (safetensors; the README and docs/packaging describe
 // the layout): written to a temporary file in the same folder, synced, then renamed over
 // `path`, so a crash never leaves a partial file under that name. Evaluates the set's state.
+// A file holds caches at rest: a save while any layer has a speculative round open (between
+// `spec_round_begin` and its commit or rollback), a padded prefill open (between
+// `prefill_prepare` and `prefill_finalize`) or prefill maintenance open (between
+// `prefill_begin` and `prefill_end`) is refused with `INVALID_STATE`, nothing written, so a
+// loaded cache is always exactly the one saved (rows, values, composed boundaries,
+// `max_append_tokens`, `minimum_reusable_offset`). Commit or roll back, finalize, end, then save.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8 or names no
-// file), `INVALID_STATE` (layers that disagree), `BACKEND` (the file could not be written).
-// Composed layers are saved with their hot side (format 3; without one, format 2).
+// file), `INVALID_STATE` (layers that disagree, or an operation open as above), `BACKEND` (the
+// file could not be written).
+// Composed layers are saved with their hot side (format 3; without one, format 2): each family
+// as stored in its compact mode (a float one in mlx-lm's layout), the hot values beside it.
 latent_cache_status latent_cache_set_save(const latent_cache_set *set, const char *path);
 
 // Loads a set saved by `latent_cache_set_save` (or a GLM-5 prompt cache mlx-lm's
 // `save_prompt_cache` wrote: float storage in its dtype, rows right-justified). Everything is
 // checked first (format version, geometry, every tensor's shape, dtype and checksum, the rows);
-// on any failure nothing is created. `*out` receives the set, owned by the caller.
-// The path is opened once and must name a regular file (a FIFO, a device or a folder is
-// `INVALID_ARGUMENT`); the file must end with its last tensor.
+// on any failure nothing is created. Every count in the file is range-checked as it is (never
+// narrowed), and composed boundaries against the rule. What the tensors will hold is checked
+// against MLX's memory limit before any is read. `*out` receives the set, owned by the caller.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, a
-// newer format, bytes after the last tensor), `CAPACITY` (its tensors would take MLX past its
-// memory limit), `BACKEND`.
+// newer format), `CAPACITY` (the state does not fit under MLX's memory limit), `BACKEND`.
 latent_cache_status latent_cache_set_load(const char *path, latent_cache_set **out);
 
 // `latent_cache_set_save` into bytes: `*out` (`*out_len` bytes) receives them, owned by the
@@ -974,13 +981,14 @@ latent_cache_status latent_cache_set_save_to_buffer(const latent_cache_set *set,
                                                     uint8_t **out,
                                                     size_t *out_len);
 
-// `latent_cache_set_load` from `len` bytes at `data` (borrowed), read from memory: no
-// temporary file (TMPDIR plays no part).
+// `latent_cache_set_load` from `len` bytes at `data` (borrowed).
 latent_cache_status latent_cache_set_load_from_buffer(const uint8_t *data,
                                                       size_t len,
                                                       latent_cache_set **out);
 
-// Saves one cache to `path` (a one-layer state; rules of `latent_cache_set_save`).
+// Saves one cache to `path` (a one-layer state; rules of `latent_cache_set_save`: refused with
+// `INVALID_STATE`, nothing written, inside a speculative round, a padded prefill or prefill
+// maintenance).
 latent_cache_status latent_cache_save(const latent_cache *cache, const char *path);
 
 // Loads a one-layer state into a new cache (rules of `latent_cache_set_load`; a state of
@@ -1006,7 +1014,9 @@ void latent_cache_bytes_free(uint8_t *data, size_t len);
 // written to a temporary file beside `path` (mode 0600), synced and renamed. `info` may be NULL
 // (no tokens, no identity strings). The seed's format keeps one offset per layer and float32
 // values only, so every layer must store float32 and hold rows of one length without padding
-// (extract a row first to save one request of a batch).
+// (extract a row first to save one request of a batch). As `latent_cache_set_save`, a layer
+// with a speculative round, a padded prefill or prefill maintenance open is refused
+// (`INVALID_STATE`).
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path or string that is not UTF-8, compact
 // storage, rows of different lengths, an empty layer), `INVALID_STATE` (layers that disagree),
 // `BACKEND` (the file could not be written). On failure no file is left under `path` or beside it.
@@ -1021,11 +1031,8 @@ latent_cache_status latent_cache_set_save_mlxbun(const latent_cache_set *set,
 // created. `*out` receives a set of float32 layers in the file's order, rows right-justified and
 // all holding the layer's offset, owned by the caller. The tokens and identity strings: read
 // them with `latent_cache_mlxbun_header` / `latent_cache_mlxbun_tokens`.
-// The path is opened once and must name a regular file (a FIFO, a device or a folder is
-// `INVALID_ARGUMENT`); the file must end with its last tensor.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, format
-// version 5, bytes after the last tensor), `CAPACITY` (its tensors would take MLX past its memory
-// limit; checked before any is read), `BACKEND`.
+// version 5), `CAPACITY`, `BACKEND`.
 latent_cache_status latent_cache_set_load_mlxbun(const char *path, latent_cache_set **out);
 
 // Copies the token ids of a file of the seed's format into `out` (`out_len` entries) and their

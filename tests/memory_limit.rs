@@ -12,7 +12,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
+use latent_cache::ffi::persist::*;
 use latent_cache::ffi::rows::*;
+use latent_cache::ffi::set::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 use mlx_sys::mlx_array;
 
@@ -195,6 +197,71 @@ fn allocations_beyond_the_memory_limit_are_refused_and_change_nothing() {
             empty_merge(rank);
         });
     }
+
+    part(&mut failures, default_limit, "loads under a low memory limit", || {
+        // GLM-shaped files: float32 (mlx-lm's layout) and Q8 (our own names), one of three layers.
+        let dir = std::env::temp_dir().join(format!("latent-cache-memory-limit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut q8_cfg = latent_cache_config_default();
+        q8_cfg.latent_storage = 3; // Q8
+        q8_cfg.index_storage = 3;
+        let configs = [latent_cache_config_default(), q8_cfg, latent_cache_config_default()];
+        let mut set = std::ptr::null_mut();
+        assert_eq!(unsafe { latent_cache_set_new(configs.as_ptr(), configs.len(), &mut set) }, Status::Ok, "{}", last_error());
+        let data = host_data(&mut rng, GLM, 2, 3_000); // ~17 MB a float32 layer
+        let layer = |i: usize| {
+            let mut c = std::ptr::null_mut();
+            assert_eq!(unsafe { latent_cache_set_layer(set, i, &mut c) }, Status::Ok, "{}", last_error());
+            c
+        };
+        for i in 0..3 {
+            assert_eq!(append_host(layer(i), 2, 3_000, &data), Status::Ok, "{}", last_error());
+        }
+        let (wide, q8) = (layer(0), layer(1));
+        let mut files = Vec::new();
+        for (name, cache) in [("f32", wide), ("q8", q8)] {
+            let (mut out, mut len) = (std::ptr::null_mut::<u8>(), 0usize);
+            assert_eq!(unsafe { latent_cache_save_to_buffer(cache, &mut out, &mut len) }, Status::Ok, "{}", last_error());
+            let bytes = unsafe { std::slice::from_raw_parts(out, len) }.to_vec();
+            unsafe { latent_cache_bytes_free(out, len) };
+            files.push((name.to_string(), bytes));
+        }
+        let (mut out, mut len) = (std::ptr::null_mut::<u8>(), 0usize);
+        assert_eq!(unsafe { latent_cache_set_save_to_buffer(set, &mut out, &mut len) }, Status::Ok, "{}", last_error());
+        files.push(("set of three".into(), unsafe { std::slice::from_raw_parts(out, len) }.to_vec()));
+        unsafe { latent_cache_bytes_free(out, len) };
+        for (name, bytes) in &files {
+            let path = dir.join("file.safetensors");
+            std::fs::write(&path, bytes).unwrap();
+            let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+            let before = active_memory();
+            set_memory_limit(before + bytes.len() / 10);
+            let mut set_out = std::ptr::null_mut();
+            let status = unsafe { latent_cache_set_load_from_buffer(bytes.as_ptr(), bytes.len(), &mut set_out) };
+            assert_eq!(status, Status::Capacity, "set_load_from_buffer of {name} ({} bytes): {}", bytes.len(), last_error());
+            assert!(set_out.is_null(), "a refused load wrote its output");
+            let status = unsafe { latent_cache_set_load(c_path.as_ptr(), &mut set_out) };
+            assert_eq!(status, Status::Capacity, "set_load of {name}: {}", last_error());
+            assert!(set_out.is_null() && !last_error().is_empty(), "a refused load wrote its output, or no message");
+            if name != "set of three" {
+                let mut one = std::ptr::null_mut();
+                let status = unsafe { latent_cache_load_from_buffer(bytes.as_ptr(), bytes.len(), &mut one) };
+                assert_eq!(status, Status::Capacity, "load_from_buffer of {name}: {}", last_error());
+                let status = unsafe { latent_cache_load(c_path.as_ptr(), &mut one) };
+                assert_eq!(status, Status::Capacity, "load of {name}: {}", last_error());
+                assert!(one.is_null(), "a refused load wrote its output");
+            }
+            let after = active_memory();
+            assert!(after <= memory_limit(), "{name}: MLX holds {after} bytes past its {}-byte limit", memory_limit());
+            assert!(after <= before + bytes.len() / 10, "{name}: refused loads left {} bytes", after - before);
+            set_memory_limit(default_limit);
+            let status = unsafe { latent_cache_set_load_from_buffer(bytes.as_ptr(), bytes.len(), &mut set_out) };
+            assert_eq!(status, Status::Ok, "{name} under the default limit: {}", last_error());
+            unsafe { latent_cache_set_free(set_out) };
+        }
+        unsafe { latent_cache_set_free(set) };
+        let _ = std::fs::remove_dir_all(&dir);
+    });
 
     part(&mut failures, default_limit, "usable again after the limit is restored", || {
         assert_equal(wide, &wide_model, "big merge source, after refusals");

@@ -47,7 +47,9 @@ unsafe fn info(info: *const latent_cache_mlxbun_info) -> FfiResult<MlxbunInfo> {
 /// written to a temporary file beside `path` (mode 0600), synced and renamed. `info` may be NULL
 /// (no tokens, no identity strings). The seed's format keeps one offset per layer and float32
 /// values only, so every layer must store float32 and hold rows of one length without padding
-/// (extract a row first to save one request of a batch).
+/// (extract a row first to save one request of a batch). As `latent_cache_set_save`, a layer
+/// with a speculative round, a padded prefill or prefill maintenance open is refused
+/// (`INVALID_STATE`).
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path or string that is not UTF-8, compact
 /// storage, rows of different lengths, an empty layer), `INVALID_STATE` (layers that disagree),
 /// `BACKEND` (the file could not be written). On failure no file is left under `path` or beside it.

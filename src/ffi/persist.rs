@@ -32,9 +32,17 @@ fn one_layer(mut caches: Vec<LatentCache>) -> FfiResult<LatentCache> {
 /// Saves every layer of `set` to `path` (safetensors; the README and docs/packaging describe
 /// the layout): written to a temporary file in the same folder, synced, then renamed over
 /// `path`, so a crash never leaves a partial file under that name. Evaluates the set's state.
+/// A file holds caches at rest: a save while any layer has a speculative round open (between
+/// `spec_round_begin` and its commit or rollback), a padded prefill open (between
+/// `prefill_prepare` and `prefill_finalize`) or prefill maintenance open (between
+/// `prefill_begin` and `prefill_end`) is refused with `INVALID_STATE`, nothing written, so a
+/// loaded cache is always exactly the one saved (rows, values, composed boundaries,
+/// `max_append_tokens`, `minimum_reusable_offset`). Commit or roll back, finalize, end, then save.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8 or names no
-/// file), `INVALID_STATE` (layers that disagree), `BACKEND` (the file could not be written).
-/// Composed layers are saved with their hot side (format 3; without one, format 2).
+/// file), `INVALID_STATE` (layers that disagree, or an operation open as above), `BACKEND` (the
+/// file could not be written).
+/// Composed layers are saved with their hot side (format 3; without one, format 2): each family
+/// as stored in its compact mode (a float one in mlx-lm's layout), the hot values beside it.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_save(set: *const latent_cache_set, path: *const c_char) -> latent_cache_status {
     ffi_boundary! {
@@ -46,7 +54,9 @@ pub unsafe extern "C" fn latent_cache_set_save(set: *const latent_cache_set, pat
 /// Loads a set saved by `latent_cache_set_save` (or a GLM-5 prompt cache mlx-lm's
 /// `save_prompt_cache` wrote: float storage in its dtype, rows right-justified). Everything is
 /// checked first (format version, geometry, every tensor's shape, dtype and checksum, the rows);
-/// on any failure nothing is created. `*out` receives the set, owned by the caller.
+/// on any failure nothing is created. Every count in the file is range-checked as it is (never
+/// narrowed), and composed boundaries against the rule. What the tensors will hold is checked
+/// against MLX's memory limit before any is read. `*out` receives the set, owned by the caller.
 /// The path is opened once and must name a regular file (a FIFO, a device or a folder is
 /// `INVALID_ARGUMENT`); the file must end with its last tensor.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, a
@@ -98,7 +108,9 @@ pub unsafe extern "C" fn latent_cache_set_load_from_buffer(
     }
 }
 
-/// Saves one cache to `path` (a one-layer state; rules of `latent_cache_set_save`).
+/// Saves one cache to `path` (a one-layer state; rules of `latent_cache_set_save`: refused with
+/// `INVALID_STATE`, nothing written, inside a speculative round, a padded prefill or prefill
+/// maintenance).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_save(cache: *const latent_cache, path: *const c_char) -> latent_cache_status {
     ffi_boundary! {

@@ -161,7 +161,9 @@ impl Reference {
             let w = self.compact.widths[f];
             let composed = self.g.is_composed(family);
             let view = state.get(family).unwrap();
-            let window = ops::to_host(&ops::astype(view, Dtype::Float32).unwrap()).unwrap();
+            // A family that is not composed reads as a view of its buffer, which may be longer
+            // than the window: laid out first.
+            let window = ops::to_host(&ops::contiguous(&ops::astype(view, Dtype::Float32).unwrap()).unwrap()).unwrap();
             for row in 0..self.rows() {
                 let got = bits(&cache.read_row(family, row).unwrap());
                 let lo = (row * offset + cache.left_pad()[row]) * w;

@@ -1,4 +1,4 @@
-//! Saving and loading: round trips and damaged files (`persist`), the safetensors writer
+//! Saving and loading: round trips and damaged files (`persist`), what loads make of a file's content (`hostile_content`), the safetensors writer
 //! (`persist_writer`), concurrent saves to one path (`persist_concurrent`), the seed's own cache-file format (`mlxbun`, `mlxbun_hostile`) and the
 //! fuzz corpora's replay (`fuzz_corpus`, which also drives the C API). Grouped in one binary (one
 //! link of mlx-c): none of these tests sets or measures process-wide state, and each writes its
@@ -7,6 +7,7 @@
 mod common;
 
 mod fuzz_corpus;
+mod hostile_content;
 mod hostile_files;
 mod mlxbun;
 mod mlxbun_hostile;

@@ -118,9 +118,19 @@ fn every_mode_layout_batch_and_state_round_trips() {
                     }
                     sources.push(c);
                 }
-                let refs: Vec<&LatentCache> = sources.iter().collect();
                 let what = format!("{layout:?} batch {batch} scenario {which}");
                 let path = dir.join("s.safetensors");
+                if sources.iter().any(|c| c.in_spec_round()) {
+                    // Files hold caches at rest: a save mid-round is refused, nothing written.
+                    let refs: Vec<&LatentCache> = sources.iter().collect();
+                    for e in [persist::save(&refs, &path).err(), persist::save_to_bytes(&refs).err()] {
+                        assert_eq!(e.map(|e| e.kind), Some(latent_cache::ErrorKind::State), "{what}: a save mid-round");
+                    }
+                    for c in sources.iter_mut().filter(|c| c.in_spec_round()) {
+                        c.spec_round_commit().unwrap();
+                    }
+                }
+                let refs: Vec<&LatentCache> = sources.iter().collect();
                 persist::save(&refs, &path).unwrap_or_else(|e| panic!("{what}: save: {e:?}"));
                 let file = std::fs::read(&path).unwrap();
                 let bytes = persist::save_to_bytes(&refs).unwrap();

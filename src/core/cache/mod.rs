@@ -157,6 +157,22 @@ impl LatentCache {
         self.layout.in_round()
     }
 
+    /// Refuses (`State`) a save of a cache with an operation open: a speculative round (its
+    /// rollback needs what the rows held when it began), a padded prefill between
+    /// `prefill_prepare` and `prefill_finalize` (its right padding and prompt lengths), or prefill
+    /// maintenance. A file holds a cache at rest, so a loaded cache is exactly what was saved
+    /// (rows, values, composed boundaries, the limits that follow from them) and its next call
+    /// behaves as the saved cache's would.
+    pub fn check_saveable(&self) -> Result<()> {
+        let open = match (self.in_spec_round(), self.prefill.is_some(), self.maintaining) {
+            (true, _, _) => "a speculative round is open (commit or roll it back first)",
+            (_, true, _) => "a padded prefill is open (prefill_finalize first)",
+            (_, _, true) => "prefill maintenance is open (prefill_end first)",
+            _ => return Ok(()),
+        };
+        Err(CacheError::new(ErrorKind::State, format!("cannot save while {open}")))
+    }
+
     /// The width of a family on this layer, or the index-key rejection.
     fn width(&self, family: Family) -> Result<usize> {
         self.geometry.width(family).ok_or_else(no_index_keys)

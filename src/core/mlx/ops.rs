@@ -299,3 +299,26 @@ pub fn to_host(a: &Array) -> Result<Vec<f32>> {
         Ok(std::slice::from_raw_parts(data, size).to_vec())
     }
 }
+
+/// Copies an integer array's elements to the host as int64 (exactly: no float on the way),
+/// row-major, after evaluating them under the library's lock.
+pub fn to_host_i64(a: &Array) -> Result<Vec<i64>> {
+    let wide = contiguous(&astype(a, Dtype::Int64)?)?;
+    eval([&wide])?;
+    let size = wide.size();
+    if size == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: evaluated, int64, and row-contiguous (checked); its data covers `size` elements.
+    unsafe {
+        let mut row_contiguous = false;
+        if mlx_sys::_mlx_array_is_row_contiguous(&mut row_contiguous, wide.as_ptr()) != 0 || !row_contiguous {
+            return fail!(Backend, "reading MLX array: not row-contiguous");
+        }
+        let data = mlx_sys::mlx_array_data_int64(wide.as_ptr());
+        if data.is_null() {
+            return fail!(Backend, "reading MLX array: no data");
+        }
+        Ok(std::slice::from_raw_parts(data, size).to_vec())
+    }
+}

@@ -4,9 +4,11 @@ use mlx_rs::Array;
 
 use crate::core::cache::LatentCache;
 use crate::core::error::{fail, Result};
+use crate::core::layout::boundary::converted_for;
 use crate::core::layout::row_layout::RowLayout;
 use crate::core::model::geometry::{Family, Geometry};
 use crate::core::model::storage_mode::StorageMode;
+use crate::core::persist::load::extents;
 use crate::core::persist::metadata::{list, parse_list, PREFIX};
 use crate::core::persist::save::Contents;
 
@@ -51,6 +53,11 @@ pub(super) fn read_hot<'a>(
     if converted.len() != lengths.len() || bases.len() != lengths.len() || converted.iter().zip(&lengths).any(|(c, l)| c > l) {
         return bad("row boundaries");
     }
+    // A saved cache is in no round and no padded prefill (saves refuse them): every row's
+    // boundary stands at least where its length puts it (a bypass trim may leave it past that).
+    if converted.iter().zip(&lengths).any(|(&c, &len)| c < converted_for(len, window)) {
+        return bad("row boundaries");
+    }
     let rows = lengths.len();
     let mut values = Vec::new();
     let mut span = None;
@@ -61,15 +68,15 @@ pub(super) fn read_hot<'a>(
             span = Some(0);
             continue;
         };
-        let s = a.shape();
-        let width = g.width(family).expect("composed families are present") as i32;
-        if s.len() != 3 || s[0] as usize != rows || s[2] != width || a.dtype() != mode.read_dtype() {
+        let s = extents(&a);
+        let width = g.width(family).expect("composed families are present");
+        if s.len() != 3 || s[0] != rows || s[2] != width || a.dtype() != mode.read_dtype() {
             return bad("hot values");
         }
-        if span.is_some_and(|t| t != s[1] as usize) {
+        if span.is_some_and(|t| t != s[1]) {
             return bad("hot values");
         }
-        span = Some(s[1] as usize);
+        span = Some(s[1]);
         values.push((family, a));
     }
     // Every row that reads positions hot holds them in its hot row.

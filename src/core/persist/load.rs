@@ -53,6 +53,8 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
     if meta_sum != Some(&metadata_checksum(meta.iter().map(|(k, v)| (k.as_str(), v.as_str())))) {
         return fail!(InvalidArgument, "the file's metadata does not match its checksum (the file is damaged)");
     }
+    // Verifying the checksums reads every tensor into MLX's memory, where the loaded caches keep
+    // them: all of it must fit under MLX's memory limit first.
     for (name, a) in tensors {
         if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum::evaluated(a, a.shape(), version)?) {
             return fail!(InvalidArgument, "tensor {name} does not match its checksum (the file is damaged)");
@@ -75,6 +77,10 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
         let (pads, ends) = (parse_list(get(&format!("layer.{i}.left_pad"))?)?, parse_list(get(&format!("layer.{i}.row_ends"))?)?);
         let positions: usize =
             get(&format!("layer.{i}.positions"))?.parse().map_err(|_| error!(InvalidArgument, "layer {i}: positions"))?;
+        // MLX's extents are int32, and a layer holds at most its max_tokens.
+        if positions > i32::MAX as usize || (g.max_tokens != 0 && positions > g.max_tokens) {
+            return fail!(InvalidArgument, "layer {i}: {positions} positions (max_tokens {}, at most INT32_MAX)", g.max_tokens);
+        }
         let layout = RowLayout::from_rows(g.layout, &pads, &ends, positions).map_err(|mut e| {
             e.message = format!("layer {i}: {}", e.message);
             e
@@ -89,8 +95,8 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
                 if a.ndim() != 4 || a.shape()[1] != 1 {
                     return fail!(InvalidArgument, "tensor {name} is {:?}, not [B, 1, T, width]", a.shape());
                 }
-                let s = a.shape();
-                vec![ops::reshape(&a, &[s[0] as usize, s[2] as usize, s[3] as usize])?]
+                let s = extents(&a);
+                vec![ops::reshape(&a, &[s[0], s[2], s[3]])?]
             } else {
                 (0..specs.len()).map(|k| tensor(&format!("latent_cache.{i}.{}.{k}", family.name()))).collect::<Result<_>>()?
             };
@@ -98,8 +104,9 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
                 return fail!(InvalidArgument, "layer {i}: {} has {} parts, not {}", family.name(), arrays.len(), specs.len());
             }
             for (a, spec) in arrays.iter().zip(&specs) {
-                let want = [rows as i32, positions as i32, spec.width as i32];
-                if a.shape() != want || a.dtype() != spec.dtype {
+                // Compared as counts, never narrowed to MLX's int32 extents.
+                let want = [rows, positions, spec.width];
+                if extents(a) != want || a.dtype() != spec.dtype {
                     return fail!(
                         InvalidArgument,
                         "layer {i}: {} is {:?} {:?}, expected {:?} {:?}",
@@ -126,4 +133,9 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
             Ok(cache)
         })
         .collect()
+}
+
+/// An array's extents as counts (MLX's are int32, never negative).
+pub(super) fn extents(a: &Array) -> Vec<usize> {
+    a.shape().iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect()
 }

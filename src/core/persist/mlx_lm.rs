@@ -12,6 +12,7 @@ use crate::core::mlx::ops;
 use crate::core::model::families::Families;
 use crate::core::model::geometry::{Family, Geometry};
 use crate::core::model::storage_mode::StorageMode;
+use crate::core::persist::load::extents;
 use crate::core::persist::save::Contents;
 use crate::core::storage::buffers::Storage;
 
@@ -49,15 +50,24 @@ pub(super) fn float_tensor(i: usize, family: Family) -> String {
 /// keys), offsets as scalars, the class names.
 pub(super) fn add_float_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
     let t = cache.offset();
-    let state = cache.state()?;
-    c.tensor_as(float_tensor(i, Family::Latent), state.latent.clone(), with_head_axis(&state.latent))?;
-    c.tensor_as(float_tensor(i, Family::Rope), state.rope.clone(), with_head_axis(&state.rope))?;
+    // Each family as stored, in its own mode: a composed family's compact values (its hot
+    // positions ride along in the hot side, `hot.rs`), never the composed view in the hot dtype.
+    let stored = |family: Family| -> Result<Array> {
+        match cache.stored_parts(family)?.as_slice() {
+            [values] => Ok(values.clone()),
+            parts => fail!(Backend, "a float {} stored as {} parts", family.name(), parts.len()),
+        }
+    };
+    let (latent, rope) = (stored(Family::Latent)?, stored(Family::Rope)?);
+    let index_keys = cache.geometry().width(Family::IndexKeys).map(|_| stored(Family::IndexKeys)).transpose()?;
+    c.tensor_as(float_tensor(i, Family::Latent), latent.clone(), with_head_axis(&latent))?;
+    c.tensor_as(float_tensor(i, Family::Rope), rope.clone(), with_head_axis(&rope))?;
     c.scalar(format!("{i}.0.0.2"), int_scalar(t), "scalar")?;
     c.scalar(format!("{i}.0.1"), string_array("KVCache"), "string")?;
-    match &state.index_keys {
+    match &index_keys {
         Some(keys) => {
             let shape = with_head_axis(keys);
-            let s = shape.iter().map(|&d| d as usize).collect::<Vec<_>>();
+            let s = extents(keys);
             c.tensor(format!("{i}.1.0.1"), ops::zeros(&s, keys.dtype())?)?;
             c.tensor_as(float_tensor(i, Family::IndexKeys), keys.clone(), shape)?;
             c.scalar(format!("{i}.1.0.2"), int_scalar(t), "scalar")?;
@@ -73,8 +83,27 @@ pub(super) fn add_float_layer(c: &mut Contents, i: usize, cache: &LatentCache) -
     Ok(())
 }
 
+/// A cache's offset as mlx-lm saves it (a scalar, int32 in its files), read exactly: an
+/// integer scalar from 0 to INT32_MAX (a float one only where it holds such an integer exactly).
+fn offset_scalar(a: &Array) -> Option<usize> {
+    if a.size() != 1 {
+        return None;
+    }
+    let value = match a.dtype() {
+        Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 => {
+            let v = *ops::to_host(&ops::astype(a, Dtype::Float32).ok()?).ok()?.first()?;
+            // Past 2^24 a float32 no longer holds every integer.
+            (v >= 0.0 && v.fract() == 0.0 && v <= (1u32 << 24) as f32).then_some(v as i64)?
+        }
+        Dtype::Float64 | Dtype::Complex64 => return None,
+        _ => ops::to_host_i64(a).ok()?.first().copied()?,
+    };
+    usize::try_from(value).ok().filter(|&t| t <= i32::MAX as usize)
+}
+
 /// A prompt cache mlx-lm saved for a GLM-5-shaped model (batch rows without padding).
 pub(super) fn import_mlx_lm(tensors: &HashMap<String, Array>, meta: &HashMap<String, String>) -> Result<Vec<LatentCache>> {
+    // Every tensor was checked against MLX's memory limit before it was read (`mlx_read`).
     let mut caches = Vec::new();
     for i in 0.. {
         let Some(class) = meta.get(&format!("1.{i}")) else { break };
@@ -84,23 +113,19 @@ pub(super) fn import_mlx_lm(tensors: &HashMap<String, Array>, meta: &HashMap<Str
             other => return fail!(InvalidArgument, "layer {i} is an mlx-lm {other}, not a GLM-5 MLA cache"),
         };
         let get = |name: &str| tensors.get(name).ok_or_else(|| error!(InvalidArgument, "tensor {name} is missing"));
-        let offset = ops::to_host(&ops::astype(get(&format!("{base}.2"))?, Dtype::Float32)?)?;
-        let t = offset.first().copied().unwrap_or(-1.0);
-        if t < 0.0 || t.fract() != 0.0 {
-            return fail!(InvalidArgument, "layer {i}: offset {t} is not a position count");
-        }
-        let t = t as usize;
+        let t = offset_scalar(get(&format!("{base}.2"))?)
+            .ok_or_else(|| error!(InvalidArgument, "layer {i}: its offset is not a position count (0 to INT32_MAX)"))?;
         let window = |name: &str| -> Result<Option<Array>> {
             let a = get(name)?;
-            if a.ndim() == 1 && a.shape()[0] == 0 {
+            let s = extents(a);
+            if s == [0] {
                 return Ok(None);
             }
-            let s = a.shape();
-            if a.ndim() != 4 || s[1] != 1 || (s[2] as usize) < t {
+            if s.len() != 4 || s[1] != 1 || s[2] < t {
                 return fail!(InvalidArgument, "tensor {name} is {s:?}, not [B, 1, >= {t}, width]");
             }
-            let part = ops::slice(a, &[0, 0, 0, 0], &[s[0] as usize, 1, t, s[3] as usize])?;
-            Ok(Some(ops::reshape(&part, &[s[0] as usize, t, s[3] as usize])?))
+            let part = ops::slice(a, &[0, 0, 0, 0], &[s[0], 1, t, s[3]])?;
+            Ok(Some(ops::reshape(&part, &[s[0], t, s[3]])?))
         };
         let (Some(latent), Some(rope)) = (window(&format!("{base}.0"))?, window(&format!("{base}.1"))?) else {
             return fail!(InvalidArgument, "layer {i} holds no latent");
@@ -113,18 +138,18 @@ pub(super) fn import_mlx_lm(tensors: &HashMap<String, Array>, meta: &HashMap<Str
             Some(mode) => Ok(mode),
             None => fail!(InvalidArgument, "layer {i}: a {:?} tensor is not a float cache", a.dtype()),
         };
-        let rows = latent.shape()[0] as usize;
+        let rows = extents(&latent)[0];
         let g = Geometry {
-            kv_lora_rank: latent.shape()[2] as usize,
-            rope_head_dim: rope.shape()[2] as usize,
-            index_head_dim: keys.as_ref().map_or(0, |k| k.shape()[2] as usize),
+            kv_lora_rank: extents(&latent)[2],
+            rope_head_dim: extents(&rope)[2],
+            index_head_dim: keys.as_ref().map_or(0, |k| extents(k)[2]),
             latent_storage: mode(&latent)?,
             rope_storage: mode(&rope)?,
             index_storage: keys.as_ref().map_or(Ok(StorageMode::F32), mode)?,
             ..Geometry::default()
         };
         g.validate()?;
-        if rope.shape()[0] as usize != rows || keys.as_ref().is_some_and(|k| k.shape()[0] as usize != rows) {
+        if extents(&rope)[0] != rows || keys.as_ref().is_some_and(|k| extents(k)[0] != rows) {
             return fail!(InvalidArgument, "layer {i}: families with different batch sizes");
         }
         let layout = RowLayout::from_rows(LayoutKind::RightJustified, &vec![0; rows], &vec![t; rows], t)?;

@@ -67,9 +67,21 @@ fn add_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
     add_float_layer(c, i, cache)
 }
 
+/// Refuses (`State`) to save layers with an operation open (see `LatentCache::check_saveable`).
+pub(crate) fn check_at_rest(layers: &[&LatentCache]) -> Result<()> {
+    for (i, cache) in layers.iter().enumerate() {
+        cache.check_saveable().map_err(|mut e| {
+            e.message = format!("layer {i}: {}", e.message);
+            e
+        })?;
+    }
+    Ok(())
+}
+
 /// Everything a save writes but the checksums: the tensors evaluated and laid out along their
 /// innermost axis, the metadata; and the format version the checksums follow.
 fn laid_out(layers: &[&LatentCache]) -> Result<(Contents, u32)> {
+    check_at_rest(layers)?;
     let mut c = Contents::default();
     let composed = layers.iter().any(|l| l.geometry.composed());
     let version = if composed { FORMAT_VERSION } else { PLAIN_VERSION };

@@ -24,6 +24,11 @@ fn tensor_bytes(layer: &LatentCache, family: Family) -> Result<Vec<u8>> {
 
 /// Whether mlx-bun can hold `layer`: float32 storage, rows of one length without padding.
 fn check_savable(i: usize, layer: &LatentCache) -> Result<()> {
+    // A file holds a cache at rest (no round, padded prefill or maintenance open).
+    layer.check_saveable().map_err(|mut e| {
+        e.message = format!("layer {i}: {}", e.message);
+        e
+    })?;
     let g = layer.geometry();
     let modes = [g.latent_storage, g.rope_storage].into_iter().chain((g.index_head_dim > 0).then_some(g.index_storage));
     if modes.into_iter().any(|m| m != StorageMode::F32) {
