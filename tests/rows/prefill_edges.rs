@@ -128,7 +128,7 @@ fn a_source_mid_prefill_merges_its_prompts() {
 #[test]
 fn max_append_tokens_inside_a_padded_prefill_counts_settled_positions() {
     use crate::common::composed_rule::{boundary, composed_layer};
-    use latent_cache::StorageMode::{Bf16, Q8, F32};
+    use latent_cache::StorageMode::{Bf16, F32, Q8};
     let hot_window = 64;
     let g = Geometry { index_head_dim: 0, ..composed_layer(64, hot_window, F32, [Q8, Bf16, F32], LayoutKind::RightJustified) };
     let mut rng = Rng::new(4242);
