@@ -263,7 +263,8 @@ typedef struct {
   // How the rope key is stored: a `latent_cache_storage` value.
   uint32_t rope_storage;
   // How the index keys are stored: a `latent_cache_storage` value; ignored on a layer
-  // without index keys.
+  // without index keys (any value is then accepted; one that names no mode reads back as
+  // `F32` from `latent_cache_get_config`).
   uint32_t index_storage;
   // How rows sit in the stored window: a `latent_cache_layout` value (0, right-justified,
   // is the seed's layout).
@@ -271,7 +272,8 @@ typedef struct {
   // Which model layer the cache serves: a `latent_cache_role` value (0, a target-model layer).
   uint32_t role;
   // The float mode of composed storage's hot positions: a `latent_cache_storage` value,
-  // `F32` (0), `BF16` or `F16`; ignored while `hot_window` is 0.
+  // `F32` (0), `BF16` or `F16`; ignored while `hot_window` is 0 (any value is then
+  // accepted; one that names no mode reads back as `F32` from `latent_cache_get_config`).
   uint32_t hot_storage;
   // Composed storage: 0 (the default) stores every position in its family's mode. Otherwise
   // the newest `hot_window` positions of every row (up to 63 more: boundaries move in blocks
@@ -811,10 +813,15 @@ latent_cache_status latent_cache_index_head_dim(const latent_cache *cache, size_
 latent_cache_status latent_cache_bytes_per_token(const latent_cache *cache, size_t *out);
 
 // `*out` = positions an append may still add: `SIZE_MAX` when `max_tokens` is 0, else
-// `max_tokens` minus the longest row. With composed storage, outside rounds and prefills, the
+// `max_tokens` minus the longest row. With composed storage, outside speculative rounds, the
 // smaller of that and the positions an append may add before some row's precision boundary
 // moves (0 when the next position moves one); a larger append still succeeds, since moving a
-// boundary copies nothing.
+// boundary copies nothing. Inside a padded prefill (`latent_cache_prefill_prepare` to
+// `latent_cache_prefill_finalize`) boundaries follow the positions that cannot be right
+// padding, and so does this count: a row's last `right_padding[b]` positions to come, and
+// those past its declared prompt length (`lengths[b]`), move no boundary; where no append can
+// move one (every prompt in), only `max_tokens` limits it (`SIZE_MAX` when 0). Inside a round
+// only `max_tokens` limits it.
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 // serialized with other calls on the handle, like every call.
 latent_cache_status latent_cache_max_append_tokens(const latent_cache *cache, size_t *out);
@@ -1093,7 +1100,10 @@ latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
 // quantized matmul from their packed codes, never expanded (computing in float32), except on
 // MLX's CUDA backend, which has no kernel for these batched shapes: there they are decoded for
 // the call, like `FP8` families everywhere (O(stored) each time), unless the kernel below
-// reads them.
+// reads them. By the quantized matmul or decoded, a `Q8` / `Q4` value is `code * scale + bias`
+// in float32 (the bfloat16 scale and bias exact in it), where the cache's reads
+// (`latent_cache_state`, `latent_cache_read_host`: MLX's `dequantize`) and the kernel below
+// round it to bfloat16 (by 2^-9 of it at most).
 //
 // On MLX's CUDA backend, mode `NONE` or `CAUSAL` over latent and rope stored in the queries'
 // dtype (bfloat16 or float16), or over a `Q8`, `Q4` or `FP8` latent with `BF16` rope and
@@ -1152,10 +1162,19 @@ latent_cache_status latent_cache_donor_select(const latent_cache_donor *donor,
 // Attention over the selected positions alone: `latent_cache_donor_attend`'s formula with each
 // query reading only its `k` positions from `indices` (`[B, Lq, k]` int32, from
 // `latent_cache_donor_select`); selected positions the query does not see are masked out.
-// `*out` `[B, H, Lq, kv_lora_rank]` float32, lazily; reads k positions, not the window. For a
-// decode step (`Lq` 1) whose rows each span the window (no padding), the selected positions are
-// gathered as stored and attended by the split-K kernel where `latent_cache_donor_attend`
-// would take it (MLX's CUDA backend; Apple GPUs, as that function says).
+// `*out` `[B, H, Lq, kv_lora_rank]` float32, lazily; reads k positions, not the window.
+// Computed as `latent_cache_donor_attend` computes through MLX's ops, in every storage mode:
+// the selected positions are read as that function reads the window (`Q8` / `Q4` as
+// `code * scale + bias` in float32, `FP8` decoded to float32, float storage as stored, composed
+// storage's hot positions from their values), the products in the queries' dtype where the
+// family is stored in it, else in float32; so it equals `latent_cache_donor_attend` with a mask
+// array hiding the other positions, to float32 rounding (TF32 products on MLX's CUDA
+// backend). For a decode step (`Lq` 1) whose rows each span the window (no padding), the
+// selected positions are gathered as stored and attended by the split-K kernel where
+// `latent_cache_donor_attend` would take it (MLX's CUDA backend; Apple GPUs, as that function
+// says), computing as that kernel does (on CUDA: 16-bit queries only, a packed latent decoded
+// in bfloat16), so there it agrees with the masked `latent_cache_donor_attend` (MLX's ops) to
+// bfloat16 precision.
 // Returns what `latent_cache_donor_attend` returns (`mode` `NONE` or `CAUSAL`), and `SHAPE`
 // for indices of another shape or dtype.
 latent_cache_status latent_cache_donor_attend_selected(const latent_cache_donor *donor,

@@ -9,7 +9,7 @@ use super::role::{latent_cache_role, role};
 use super::status::latent_cache_status;
 use super::storage::{latent_cache_storage, storage_mode};
 use crate::core::model::budget::projected_bytes;
-use crate::core::Geometry;
+use crate::core::{Geometry, StorageMode};
 
 /// Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
 /// you need, so that code written today keeps compiling and meaning the same when fields are
@@ -32,7 +32,8 @@ pub struct latent_cache_config {
     /// How the rope key is stored: a `latent_cache_storage` value.
     pub rope_storage: u32,
     /// How the index keys are stored: a `latent_cache_storage` value; ignored on a layer
-    /// without index keys.
+    /// without index keys (any value is then accepted; one that names no mode reads back as
+    /// `F32` from `latent_cache_get_config`).
     pub index_storage: u32,
     /// How rows sit in the stored window: a `latent_cache_layout` value (0, right-justified,
     /// is the seed's layout).
@@ -40,7 +41,8 @@ pub struct latent_cache_config {
     /// Which model layer the cache serves: a `latent_cache_role` value (0, a target-model layer).
     pub role: u32,
     /// The float mode of composed storage's hot positions: a `latent_cache_storage` value,
-    /// `F32` (0), `BF16` or `F16`; ignored while `hot_window` is 0.
+    /// `F32` (0), `BF16` or `F16`; ignored while `hot_window` is 0 (any value is then
+    /// accepted; one that names no mode reads back as `F32` from `latent_cache_get_config`).
     pub hot_storage: u32,
     /// Composed storage: 0 (the default) stores every position in its family's mode. Otherwise
     /// the newest `hot_window` positions of every row (up to 63 more: boundaries move in blocks
@@ -76,14 +78,23 @@ impl latent_cache_config {
             max_tokens: self.max_tokens,
             latent_storage: storage_mode(self.latent_storage, "latent_storage")?,
             rope_storage: storage_mode(self.rope_storage, "rope_storage")?,
-            index_storage: storage_mode(self.index_storage, "index_storage")?,
+            index_storage: ignorable_storage(self.index_storage, "index_storage", self.index_head_dim == 0)?,
             layout: layout_kind(self.layout)?,
             role: role(self.role)?,
             hot_window: self.hot_window,
-            hot_storage: storage_mode(self.hot_storage, "hot_storage")?,
+            hot_storage: ignorable_storage(self.hot_storage, "hot_storage", self.hot_window == 0)?,
         };
         geometry.validate()?;
         Ok(geometry)
+    }
+}
+
+/// A storage field's mode; where the field is `ignored` (no index keys, no composition), any
+/// value: one that names no mode is the default, `F32`.
+fn ignorable_storage(value: u32, name: &str, ignored: bool) -> FfiResult<StorageMode> {
+    match storage_mode(value, name) {
+        Err(_) if ignored => Ok(StorageMode::F32),
+        mode => mode,
     }
 }
 

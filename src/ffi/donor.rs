@@ -135,7 +135,10 @@ pub unsafe extern "C" fn latent_cache_donor_rows(
 /// quantized matmul from their packed codes, never expanded (computing in float32), except on
 /// MLX's CUDA backend, which has no kernel for these batched shapes: there they are decoded for
 /// the call, like `FP8` families everywhere (O(stored) each time), unless the kernel below
-/// reads them.
+/// reads them. By the quantized matmul or decoded, a `Q8` / `Q4` value is `code * scale + bias`
+/// in float32 (the bfloat16 scale and bias exact in it), where the cache's reads
+/// (`latent_cache_state`, `latent_cache_read_host`: MLX's `dequantize`) and the kernel below
+/// round it to bfloat16 (by 2^-9 of it at most).
 ///
 /// On MLX's CUDA backend, mode `NONE` or `CAUSAL` over latent and rope stored in the queries'
 /// dtype (bfloat16 or float16), or over a `Q8`, `Q4` or `FP8` latent with `BF16` rope and
@@ -230,10 +233,19 @@ pub unsafe extern "C" fn latent_cache_donor_select(
 /// Attention over the selected positions alone: `latent_cache_donor_attend`'s formula with each
 /// query reading only its `k` positions from `indices` (`[B, Lq, k]` int32, from
 /// `latent_cache_donor_select`); selected positions the query does not see are masked out.
-/// `*out` `[B, H, Lq, kv_lora_rank]` float32, lazily; reads k positions, not the window. For a
-/// decode step (`Lq` 1) whose rows each span the window (no padding), the selected positions are
-/// gathered as stored and attended by the split-K kernel where `latent_cache_donor_attend`
-/// would take it (MLX's CUDA backend; Apple GPUs, as that function says).
+/// `*out` `[B, H, Lq, kv_lora_rank]` float32, lazily; reads k positions, not the window.
+/// Computed as `latent_cache_donor_attend` computes through MLX's ops, in every storage mode:
+/// the selected positions are read as that function reads the window (`Q8` / `Q4` as
+/// `code * scale + bias` in float32, `FP8` decoded to float32, float storage as stored, composed
+/// storage's hot positions from their values), the products in the queries' dtype where the
+/// family is stored in it, else in float32; so it equals `latent_cache_donor_attend` with a mask
+/// array hiding the other positions, to float32 rounding (TF32 products on MLX's CUDA
+/// backend). For a decode step (`Lq` 1) whose rows each span the window (no padding), the
+/// selected positions are gathered as stored and attended by the split-K kernel where
+/// `latent_cache_donor_attend` would take it (MLX's CUDA backend; Apple GPUs, as that function
+/// says), computing as that kernel does (on CUDA: 16-bit queries only, a packed latent decoded
+/// in bfloat16), so there it agrees with the masked `latent_cache_donor_attend` (MLX's ops) to
+/// bfloat16 precision.
 /// Returns what `latent_cache_donor_attend` returns (`mode` `NONE` or `CAUSAL`), and `SHAPE`
 /// for indices of another shape or dtype.
 #[no_mangle]

@@ -152,10 +152,15 @@ pub unsafe extern "C" fn latent_cache_bytes_per_token(cache: *const latent_cache
 }
 
 /// `*out` = positions an append may still add: `SIZE_MAX` when `max_tokens` is 0, else
-/// `max_tokens` minus the longest row. With composed storage, outside rounds and prefills, the
+/// `max_tokens` minus the longest row. With composed storage, outside speculative rounds, the
 /// smaller of that and the positions an append may add before some row's precision boundary
 /// moves (0 when the next position moves one); a larger append still succeeds, since moving a
-/// boundary copies nothing.
+/// boundary copies nothing. Inside a padded prefill (`latent_cache_prefill_prepare` to
+/// `latent_cache_prefill_finalize`) boundaries follow the positions that cannot be right
+/// padding, and so does this count: a row's last `right_padding[b]` positions to come, and
+/// those past its declared prompt length (`lengths[b]`), move no boundary; where no append can
+/// move one (every prompt in), only `max_tokens` limits it (`SIZE_MAX` when 0). Inside a round
+/// only `max_tokens` limits it.
 /// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:
 /// serialized with other calls on the handle, like every call.
 #[no_mangle]

@@ -146,3 +146,27 @@ fn byte_length_counts_valid_positions_and_projected_bytes_admits_requests() {
     assert_eq!(unsafe { latent_cache_projected_bytes(std::ptr::null(), 1, 1, &mut projected) }, Status::NullArgument);
     assert_eq!(projected, 1000 * (544 + 128 + 136), "refused calls write nothing");
 }
+
+/// A config field the header calls ignored accepts any value: `hot_storage` while `hot_window`
+/// is 0, `index_storage` on a layer without index keys (one naming no mode reads back as `F32`,
+/// 0); where they apply the same values are refused.
+#[test]
+fn ignored_storage_fields_accept_any_value() {
+    use latent_cache::ffi::config::latent_cache_get_config;
+    let mut cfg = config(0);
+    (cfg.hot_storage, cfg.index_storage) = (9, 9);
+    let cache = new(&cfg).unwrap_or_else(|(status, e)| panic!("ignored fields refused: {status:?} {e}"));
+    let mut back = config(128);
+    assert_eq!(unsafe { latent_cache_get_config(cache, &mut back) }, Status::Ok);
+    assert_eq!((back.hot_storage, back.index_storage, back.hot_window, back.index_head_dim), (0, 0, 0, 0));
+    unsafe { latent_cache_free(cache) };
+    let mut bytes = 0;
+    assert_eq!(unsafe { latent_cache_projected_bytes(&cfg, 1, 1, &mut bytes) }, Status::Ok);
+
+    let mut composed = cfg;
+    (composed.latent_storage, composed.hot_window) = (S::Q8 as u32, 64);
+    assert_eq!(new(&composed).map(|_| ()).unwrap_err().0, Status::InvalidArgument, "hot_storage applies");
+    let mut keyed = cfg;
+    keyed.index_head_dim = 128;
+    assert_eq!(new(&keyed).map(|_| ()).unwrap_err().0, Status::InvalidArgument, "index_storage applies");
+}

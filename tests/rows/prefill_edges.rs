@@ -118,3 +118,74 @@ fn a_source_mid_prefill_merges_its_prompts() {
         assert_eq!(dest.row_offsets()[0], extracted.row_offsets()[0], "merge kept row 0's right padding that extract drops");
     }
 }
+
+/// `max_append_tokens` inside a padded prefill over composed storage, as the header documents
+/// it: finite where an append could move a row's boundary, counted from the positions that
+/// cannot be right padding (a row's last `right_padding[b]`, or those past its declared
+/// prompt length, move none), and `usize::MAX` once no append can move one (every prompt in).
+/// Checked against the boundary rule computed here (`composed_rule`) and by appending: that
+/// many positions leave every boundary, one more moves one.
+#[test]
+fn max_append_tokens_inside_a_padded_prefill_counts_settled_positions() {
+    use crate::common::composed_rule::{boundary, composed_layer};
+    use latent_cache::StorageMode::{Bf16, F32, Q8};
+    let hot_window = 64;
+    let g = Geometry { index_head_dim: 0, ..composed_layer(64, hot_window, F32, [Q8, Bf16, F32], LayoutKind::RightJustified) };
+    let mut rng = Rng::new(4242);
+    let append = |cache: &mut LatentCache, rng: &mut Rng, tokens: usize| {
+        let (latent, rope) = (rng.floats(2 * tokens * 64), rng.floats(2 * tokens * 64));
+        cache.append_host(2, tokens, &latent, &rope, None).unwrap();
+    };
+    // The most an append may add before a row whose settled length after `n` more is
+    // `settled(b, n)` moves its boundary (usize::MAX when none ever does within `horizon`).
+    let rule = |cache: &LatentCache, settled: &dyn Fn(usize, usize) -> usize, horizon: usize| {
+        let converted = cache.converted_positions();
+        (0..2)
+            .map(|b| (0..horizon).find(|&n| boundary(settled(b, n), hot_window) != converted[b]).map_or(usize::MAX, |n| n - 1))
+            .min()
+            .unwrap()
+    };
+    let observe = |cache: &mut LatentCache, rng: &mut Rng, most: usize| {
+        let before = cache.converted_positions();
+        append(cache, rng, most);
+        assert_eq!(cache.converted_positions(), before, "{most} positions move no boundary");
+        append(cache, rng, 1);
+        assert_ne!(cache.converted_positions(), before, "one more moves one");
+    };
+
+    // Right padding: of rows holding 30 positions, the last 50 and 10 to come are padding.
+    let right = [50, 10];
+    let mut cache = LatentCache::new(g).unwrap();
+    cache.prefill_prepare(None, None, Some(&right)).unwrap();
+    append(&mut cache, &mut rng, 30);
+    let held = cache.row_offsets();
+    let most = rule(&cache, &|b, n| (held[b] + n).saturating_sub(right[b]), 1000);
+    assert_eq!(most, 107, "row 1 settles 128 positions (its boundary moves to 64) after 108 more");
+    assert_eq!(cache.max_append_tokens(), most, "inside a padded prefill: finite, from settled positions");
+    observe(&mut cache, &mut rng, most);
+
+    // Declared prompt lengths: positions past a row's prompt settle nothing.
+    let lengths = [100, 140];
+    let mut cache = LatentCache::new(g).unwrap();
+    cache.prefill_prepare(Some(&lengths), None, None).unwrap();
+    append(&mut cache, &mut rng, 100);
+    let held = cache.row_offsets();
+    let most = rule(&cache, &|b, n| (held[b] + n).min(lengths[b]), 1000);
+    assert_eq!(most, 27);
+    assert_eq!(cache.max_append_tokens(), most);
+    observe(&mut cache, &mut rng, most);
+    // Every prompt in (row 1 at 140): no append moves a boundary before finalize.
+    append(&mut cache, &mut rng, 12);
+    assert_eq!(cache.max_append_tokens(), usize::MAX, "every prompt is in");
+    let before = cache.converted_positions();
+    append(&mut cache, &mut rng, 300);
+    assert_eq!(cache.converted_positions(), before, "positions past the prompts are padding");
+
+    // Outside prefills the count is finite (a row of 30: its boundary moves at 128); inside a
+    // speculative round it is SIZE_MAX (max_tokens 0), as the header says.
+    let mut cache = LatentCache::new(g).unwrap();
+    append(&mut cache, &mut rng, 30);
+    assert_eq!(cache.max_append_tokens(), 97);
+    cache.spec_round_begin().unwrap();
+    assert_eq!(cache.max_append_tokens(), usize::MAX);
+}

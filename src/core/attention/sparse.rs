@@ -7,10 +7,12 @@ use super::{Donor, MaskMode};
 use crate::core::error::{fail, Result};
 use crate::core::mlx::{math, ops};
 use crate::core::model::geometry::Family;
+use crate::core::storage::hot::same_dtype;
 
 impl Donor {
     /// The values of a family at `indices` (`[B, Lq, k]` window positions), `[B, Lq, k, width]`
-    /// float32: the selected positions' parts are gathered, then decoded (k positions, not T).
+    /// in the dtype `decoded` reads the window in: the selected positions' parts are gathered,
+    /// then decoded by `decode_parts` as dense attention decodes them (k positions, not T).
     fn gather(&self, family: Family, indices: &Array) -> Result<Array> {
         let shape = indices.shape();
         let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
@@ -18,7 +20,7 @@ impl Donor {
         let parts =
             self.parts(family).iter().map(|part| math::take_along_axis(part, &flat, 1)).collect::<Result<Vec<Array>>>()?;
         let width = self.geometry.width(family).expect("present");
-        let mut values = ops::astype(&self.geometry.storage(family).decode(&parts, width)?, Dtype::Float32)?;
+        let mut values = self.decode_parts(family, &parts)?;
         if let Some((hot, bases, starts)) = self.hot_values(family) {
             // Selected hot positions are read from each row's hot row (the index is clamped into
             // it where the position is compact: that value is not used).
@@ -30,10 +32,12 @@ impl Donor {
                 &math::less(&shifted, &ops::indices(&[capacity], &[1]))?,
             )?;
             let at = math::select(&in_span, &shifted, &ops::indices(&[0], &[1]))?;
-            let hot = ops::astype(&math::take_along_axis(hot, &at, 1)?, Dtype::Float32)?;
+            let hot = math::take_along_axis(hot, &at, 1)?;
             let row_starts: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
             let is_hot = math::logical_and(&in_span, &math::greater_equal(&flat, &ops::indices(&row_starts, &[batch, 1, 1]))?)?;
-            values = math::select(&is_hot, &hot, &values)?;
+            // In one dtype as `overlay_hot` joins them (float32 where they differ).
+            let (cold, hot) = same_dtype(values, hot)?;
+            values = math::select(&is_hot, &hot, &cold)?;
         }
         ops::reshape(&values, &[batch, queries, k, width])
     }
@@ -106,6 +110,10 @@ impl Donor {
     /// formula of `attend` with `T` replaced by each query's `k` positions; selected positions
     /// the query does not see (a row shorter than `k`) are masked out. `[B, H, Lq,
     /// kv_lora_rank]` float32, lazily; reads `k` positions per query, not the whole window.
+    /// Computed with `attend`'s arithmetic: the selected positions decoded as `attend` reads
+    /// them (`decode_parts`), the products in the queries' dtype where the family is read in it
+    /// (16-bit queries over that storage), else in float32, as `attend`'s MLX-ops path does; the
+    /// kernel (`kernel_selected`) as `attend`'s kernel.
     pub fn attend_selected(
         &self,
         q_latent: &Array,
@@ -136,13 +144,15 @@ impl Donor {
         if let Some(out) = self.kernel_selected(q_latent, q_rope, scale, indices)? {
             return Ok(out);
         }
-        // [B, H, Lq, w] -> [B, Lq, H, w], against [B, Lq, k, w]^T: [B, Lq, H, k].
+        // [B, H, Lq, w] -> [B, Lq, H, w], against [B, Lq, k, w]^T: [B, Lq, H, k]. As `attend`'s
+        // `scores`: the queries as given against the values as read (MLX promotes the product
+        // to float32 unless both are in one 16-bit dtype), summed, then float32 and scaled.
         let per_query = |q: &Array, family: Family| -> Result<Array> {
-            let q = math::swapaxes(&ops::astype(q, Dtype::Float32)?, 1, 2)?;
+            let q = math::swapaxes(q, 1, 2)?;
             math::matmul(&q, &math::swapaxes(&self.gather(family, indices)?, -1, -2)?)
         };
         let scores = math::add(&per_query(q_latent, Family::Latent)?, &per_query(q_rope, Family::Rope)?)?;
-        let scores = ops::multiply(&scores, &ops::scalar(scale))?;
+        let scores = ops::multiply(&ops::astype(&scores, Dtype::Float32)?, &ops::scalar(scale))?;
         // Visibility of the selected positions: the row mask gathered at them, [B, Lq, 1, k].
         let scores = match self.masks(mode, dims.1 as usize) {
             true => {
@@ -153,7 +163,13 @@ impl Donor {
             false => scores,
         };
         let probs = math::softmax(&scores, -1)?;
-        let out = math::matmul(&probs, &self.gather(Family::Latent, indices)?)?;
+        // As `attend`'s `weighted_latent`: in the queries' dtype where the latent is read in it.
+        let (latent, compute) = (self.gather(Family::Latent, indices)?, q_latent.dtype());
+        let probs = match latent.dtype() == compute && compute != Dtype::Float32 {
+            true => ops::astype(&probs, compute)?,
+            false => probs,
+        };
+        let out = ops::astype(&math::matmul(&probs, &latent)?, Dtype::Float32)?;
         math::swapaxes(&out, 1, 2)
     }
 }

@@ -46,11 +46,29 @@ impl Donor {
         }
     }
 
-    /// A family's values `[B, T, width]` (decoded for the packed modes: O(stored)), with
-    /// composed storage's hot positions over the compact ones.
+    /// A family's stored `parts` (`[B, n, part_width]` each: the window, or positions gathered
+    /// from it) decoded as attention reads them, `[B, n, width]`: the affine modes (Q8, Q4) as
+    /// `code * scale + bias` in float32, their bfloat16 scales and biases converted first,
+    /// which is the arithmetic of `quantized_product` (MLX's `dequantize` of the stored parts,
+    /// which `StorageMode::decode` and reads use, rounds each value to bfloat16: up to 2^-9 of
+    /// it); the other modes as `StorageMode::decode` (float32 for FP8, float modes as stored).
+    /// Dense and selected attention both read through here, so they compute alike.
+    pub(super) fn decode_parts(&self, family: Family, parts: &[Array]) -> Result<Array> {
+        let (mode, width) = (self.geometry.storage(family), self.geometry.width(family).expect("present"));
+        let positions = parts[0].shape()[0] as usize * parts[0].shape()[1] as usize;
+        match mode.packing() {
+            Some(Packing::Affine(bits)) if positions > 0 => {
+                let [scales, biases] = [&parts[1], &parts[2]].map(|a| ops::astype(a, Dtype::Float32));
+                ops::dequantize(&parts[0], &scales?, &biases?, AFFINE_GROUP as i32, bits as i32)
+            }
+            _ => mode.decode(parts, width),
+        }
+    }
+
+    /// A family's values `[B, T, width]` (decoded for the packed modes by `decode_parts`:
+    /// O(stored)), with composed storage's hot positions over the compact ones.
     pub(super) fn decoded(&self, family: Family) -> Result<Array> {
-        let mode = self.geometry.storage(family);
-        let cold = mode.decode(self.parts(family), self.geometry.width(family).expect("present"))?;
+        let cold = self.decode_parts(family, self.parts(family))?;
         match self.hot_values(family) {
             Some((hot, bases, starts)) => overlay_hot(&cold, hot, bases, starts, (0, self.offset)),
             None => Ok(cold),
