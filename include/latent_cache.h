@@ -976,8 +976,11 @@ latent_cache_status latent_cache_set_save(const latent_cache_set *set, const cha
 // on any failure nothing is created. Every count in the file is range-checked as it is (never
 // narrowed), and composed boundaries against the rule. What the tensors will hold is checked
 // against MLX's memory limit before any is read. `*out` receives the set, owned by the caller.
+// The path is opened once and must name a regular file (a FIFO, a device or a folder is
+// `INVALID_ARGUMENT`); the file must end with its last tensor.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, a
-// newer format), `CAPACITY` (the state does not fit under MLX's memory limit), `BACKEND`.
+// newer format, bytes after the last tensor), `CAPACITY` (its tensors would take MLX past its
+// memory limit), `BACKEND`.
 latent_cache_status latent_cache_set_load(const char *path, latent_cache_set **out);
 
 // `latent_cache_set_save` into bytes: `*out` (`*out_len` bytes) receives them, owned by the
@@ -988,7 +991,8 @@ latent_cache_status latent_cache_set_save_to_buffer(const latent_cache_set *set,
                                                     uint8_t **out,
                                                     size_t *out_len);
 
-// `latent_cache_set_load` from `len` bytes at `data` (borrowed).
+// `latent_cache_set_load` from `len` bytes at `data` (borrowed), read from memory: no
+// temporary file (TMPDIR plays no part).
 latent_cache_status latent_cache_set_load_from_buffer(const uint8_t *data,
                                                       size_t len,
                                                       latent_cache_set **out);
@@ -1038,8 +1042,11 @@ latent_cache_status latent_cache_set_save_mlxbun(const latent_cache_set *set,
 // created. `*out` receives a set of float32 layers in the file's order, rows right-justified and
 // all holding the layer's offset, owned by the caller. The tokens and identity strings: read
 // them with `latent_cache_mlxbun_header` / `latent_cache_mlxbun_tokens`.
+// The path is opened once and must name a regular file (a FIFO, a device or a folder is
+// `INVALID_ARGUMENT`); the file must end with its last tensor.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, format
-// version 5), `CAPACITY`, `BACKEND`.
+// version 5, bytes after the last tensor), `CAPACITY` (its tensors would take MLX past its memory
+// limit; checked before any is read), `BACKEND`.
 latent_cache_status latent_cache_set_load_mlxbun(const char *path, latent_cache_set **out);
 
 // Copies the token ids of a file of the seed's format into `out` (`out_len` entries) and their
