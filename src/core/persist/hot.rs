@@ -8,9 +8,8 @@ use crate::core::layout::boundary::converted_for;
 use crate::core::layout::row_layout::RowLayout;
 use crate::core::model::geometry::{Family, Geometry};
 use crate::core::model::storage_mode::StorageMode;
-use crate::core::persist::load::extents;
+use crate::core::persist::contents::{extents, Contents};
 use crate::core::persist::metadata::{list, parse_list, PREFIX};
-use crate::core::persist::save::Contents;
 
 /// A composed layer's hot side (format 3): the composition, each row's boundary, where the
 /// hot values start, and the hot values of each composed family `[B, T_h, width]`.

@@ -12,6 +12,7 @@ use crate::core::layout::row_layout::RowLayout;
 use crate::core::mlx::ops;
 use crate::core::model::families::Families;
 use crate::core::persist::checksum::{self, metadata_checksum};
+use crate::core::persist::contents::extents;
 use crate::core::persist::hot::read_hot;
 use crate::core::persist::metadata::{float_layer, parse_geometry, parse_list, FORMAT_VERSION, PREFIX};
 use crate::core::persist::mlx_lm::{float_tensor, import_mlx_lm};
@@ -133,9 +134,4 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
             Ok(cache)
         })
         .collect()
-}
-
-/// An array's extents as counts (MLX's are int32, never negative).
-pub(super) fn extents(a: &Array) -> Vec<usize> {
-    a.shape().iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect()
 }

@@ -12,8 +12,7 @@ use crate::core::mlx::ops;
 use crate::core::model::families::Families;
 use crate::core::model::geometry::{Family, Geometry};
 use crate::core::model::storage_mode::StorageMode;
-use crate::core::persist::load::extents;
-use crate::core::persist::save::Contents;
+use crate::core::persist::contents::{extents, Contents};
 use crate::core::storage::buffers::Storage;
 
 fn int_scalar(value: usize) -> Array {

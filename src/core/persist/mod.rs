@@ -8,6 +8,7 @@
 //! | `mlx_lm.rs` | mlx-lm's own prompt-cache layout: float layers written as it writes them, its files imported |
 //! | `metadata.rs` | our metadata's text: versions, keys, a layer's geometry, lists |
 //! | `hot.rs` | a composed layer's hot side (format 3) |
+//! | `contents.rs` | what a save writes (`Contents`) and a read tensor's extents as counts |
 //! | `checksum.rs` | tensor and metadata checksums |
 //! | `safetensors.rs`, `tensor_bytes.rs` | writing safetensors, streaming tensors' bytes where they lie |
 //! | `mlx_read.rs` | reading safetensors through MLX, path and frame checked first |
@@ -35,6 +36,7 @@
 //! checksum, the row layout) before it creates anything. A file mlx-lm wrote (no metadata of
 //! ours) is imported: float storage in the file's dtype, rows right-justified, no padding.
 pub mod checksum;
+mod contents;
 mod file;
 mod hot;
 mod json;

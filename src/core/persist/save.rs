@@ -2,50 +2,20 @@
 //! float layers), sealed with checksums, to a file (through `file.rs`) or to bytes.
 use std::path::Path;
 
-use mlx_rs::Array;
-
 use crate::core::cache::LatentCache;
 use crate::core::error::{error, fail, Result};
 use crate::core::mlx::eval::eval;
 use crate::core::mlx::ops;
 use crate::core::model::geometry::Family;
 use crate::core::persist::checksum::{self, metadata_checksum, Hasher};
+use crate::core::persist::contents::Contents;
 use crate::core::persist::file;
 use crate::core::persist::hot::add_hot;
 use crate::core::persist::metadata::{describe, float_layer, list, FORMAT_VERSION, PLAIN_VERSION, PREFIX};
 use crate::core::persist::mlx_lm::add_float_layer;
 use crate::core::persist::mlx_read::mlx_path;
-use crate::core::persist::safetensors::{self, Tensor};
+use crate::core::persist::safetensors;
 use crate::core::persist::tensor_bytes;
-
-/// What a save writes: tensors and metadata strings.
-#[derive(Default)]
-pub(super) struct Contents {
-    pub(super) tensors: Vec<Tensor>,
-    pub(super) metadata: Vec<(String, String)>,
-    /// mlx-lm's scalar table: (tensor name, "scalar" | "string" | "none").
-    pub(super) scalars: Vec<(String, &'static str)>,
-}
-
-impl Contents {
-    /// Adds a tensor as it is (a view of the stored buffers): its checksum and the writer read
-    /// it where it lies.
-    pub(super) fn tensor(&mut self, name: String, a: Array) -> Result<()> {
-        let shape = a.shape().to_vec();
-        self.tensor_as(name, a, shape)
-    }
-
-    /// Adds a tensor the file holds under `shape` (a reshape keeping its row-major order).
-    pub(super) fn tensor_as(&mut self, name: String, array: Array, shape: Vec<i32>) -> Result<()> {
-        self.tensors.push(Tensor { name, array, shape });
-        Ok(())
-    }
-
-    pub(super) fn scalar(&mut self, name: String, a: Array, kind: &'static str) -> Result<()> {
-        self.scalars.push((name.clone(), kind));
-        self.tensor(name, a)
-    }
-}
 
 fn add_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
     let g = cache.geometry();
