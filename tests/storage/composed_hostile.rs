@@ -21,6 +21,7 @@ use crate::common::core_check::widths;
 use crate::common::mlx_helpers::{array, host};
 use crate::common::model::Rng;
 use latent_cache::core::attention::MaskMode;
+use latent_cache::core::mlx::{math, ops};
 
 use latent_cache::StorageMode::{Bf16, Fp8, F16, F32, Q4, Q8};
 use latent_cache::{ErrorKind, Family, Geometry, LatentCache, LayoutKind, StorageMode};
@@ -626,6 +627,40 @@ fn tolerance_of(g: &Geometry) -> f64 {
     }
 }
 
+/// Row `b`'s values of `family` as attention reads them: `read_row`'s, except that the affine
+/// modes' (Q8, Q4) compact positions are `code * scale + bias` computed from the stored codes,
+/// scales and biases (in float64, then float32), not MLX's `dequantize`, which reads use and
+/// which rounds each value to bfloat16. The codes are unpacked exactly by `dequantize` with
+/// scale 1 and bias 0.
+fn attention_row(cache: &LatentCache, family: Family, b: usize) -> Vec<f32> {
+    let mut row = cache.read_row(family, b).unwrap();
+    let (g, mode) = (cache.geometry(), cache.geometry().storage(family));
+    if !matches!(mode, Q8 | Q4) {
+        return row;
+    }
+    let width = g.width(family).unwrap();
+    let parts = cache.stored_parts(family).unwrap();
+    let window = parts[0].shape()[1] as usize;
+    let groups: Vec<usize> = parts[1].shape().iter().map(|&d| d as usize).collect();
+    let ones = math::add(&ops::zeros(&groups, mlx_rs::Dtype::Float32).unwrap(), &ops::scalar(1.0)).unwrap();
+    let zeros = ops::zeros(&groups, mlx_rs::Dtype::Float32).unwrap();
+    let bits = if mode == Q8 { 8 } else { 4 };
+    let codes = host(&ops::dequantize(&parts[0], &ones, &zeros, 64, bits).unwrap());
+    let (scales, biases) = (host(&parts[1]), host(&parts[2]));
+    // Valid position `j` of the row sits at window position `left_pad + j`; the first
+    // `converted` of them are read compact where the family is composed, all of them otherwise.
+    let compact = if g.is_composed(family) { cache.converted_positions()[b] } else { row.len() / width };
+    let pad = cache.left_pad()[b];
+    for j in 0..compact {
+        for c in 0..width {
+            let at = (b * window + pad + j) * width + c;
+            let group = at / 64;
+            row[j * width + c] = (codes[at] as f64 * scales[group] as f64 + biases[group] as f64) as f32;
+        }
+    }
+    row
+}
+
 /// Donor attention over the cache's rows against float64 over the values `read_row` gives.
 fn check_attention(h: &mut Harness, mode: MaskMode, what: &str) {
     let g = h.r.g;
@@ -726,8 +761,8 @@ fn check_dsa(h: &mut Harness, mode: MaskMode, what: &str) {
     let (t, pads) = (donor.offset(), h.cache.left_pad().to_vec());
     let tolerance = tolerance_of(&g).max(1e-3);
     for b in 0..batch {
-        let keys = h.cache.read_row(Family::IndexKeys, b).unwrap();
-        let rows = [h.cache.read_row(Family::Latent, b).unwrap(), h.cache.read_row(Family::Rope, b).unwrap()];
+        let keys = attention_row(&h.cache, Family::IndexKeys, b);
+        let rows = [attention_row(&h.cache, Family::Latent, b), attention_row(&h.cache, Family::Rope, b)];
         let len = h.r.lengths()[b];
         for i in 0..lq {
             let seen = seen(len, lq, i, mode == MaskMode::Causal);
