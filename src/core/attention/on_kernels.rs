@@ -183,7 +183,7 @@ impl Donor {
         (heads, queries, width): (usize, usize, usize),
     ) -> Result<Option<Array>> {
         let keys = &self.parts(Family::IndexKeys)[0];
-        let float = matches!(self.geometry.storage(Family::IndexKeys), StorageMode::Bf16 | StorageMode::F16);
+        let float = matches!(self.geometry.storage(Family::IndexKeys).float_dtype(), Some(Dtype::Bfloat16 | Dtype::Float16));
         let (batch, positions) = (self.batch_size(), self.offset);
         if !float
             || self.hot_values(Family::IndexKeys).is_some()

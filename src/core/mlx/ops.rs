@@ -279,43 +279,38 @@ pub fn to_host(a: &Array) -> Result<Vec<f32>> {
     if a.dtype() != Dtype::Float32 {
         return fail!(Dtype, "reading MLX array: float32 expected, got {:?}", a.dtype());
     }
-    eval([a])?;
-    let size = a.size();
-    if size == 0 {
-        return Ok(Vec::new());
-    }
-    // SAFETY: the array is evaluated and float32; its data pointer covers `size` elements when
-    // it is row-contiguous, which is checked first. Read through mlx-c directly: mlx-rs's
-    // `as_slice` evaluates again, outside the library's lock.
-    unsafe {
-        let mut contiguous = false;
-        if mlx_sys::_mlx_array_is_row_contiguous(&mut contiguous, a.as_ptr()) != 0 || !contiguous {
-            return fail!(Backend, "reading MLX array: not row-contiguous");
-        }
-        let data = mlx_sys::mlx_array_data_float32(a.as_ptr());
-        if data.is_null() {
-            return fail!(Backend, "reading MLX array: no data");
-        }
-        Ok(std::slice::from_raw_parts(data, size).to_vec())
-    }
+    // SAFETY: the array is float32, so mlx-c's float32 data pointer is its data.
+    unsafe { copy_out(a, |x| mlx_sys::mlx_array_data_float32(x)) }
 }
 
 /// Copies an integer array's elements to the host as int64 (exactly: no float on the way),
 /// row-major, after evaluating them under the library's lock.
 pub fn to_host_i64(a: &Array) -> Result<Vec<i64>> {
     let wide = contiguous(&astype(a, Dtype::Int64)?)?;
-    eval([&wide])?;
-    let size = wide.size();
+    // SAFETY: `wide` is int64, so mlx-c's int64 data pointer is its data.
+    unsafe { copy_out(&wide, |x| mlx_sys::mlx_array_data_int64(x)) }
+}
+
+/// Evaluates `a` under the library's lock and copies its `size` elements out through `data`
+/// (mlx-c's pointer for its dtype). Read through mlx-c directly: mlx-rs's `as_slice` evaluates
+/// again, outside the library's lock.
+///
+/// # Safety
+/// `data` must return the pointer to `a`'s elements as `T` (the accessor of `a`'s dtype).
+unsafe fn copy_out<T: Copy>(a: &Array, data: impl Fn(mlx_sys::mlx_array) -> *const T) -> Result<Vec<T>> {
+    eval([a])?;
+    let size = a.size();
     if size == 0 {
         return Ok(Vec::new());
     }
-    // SAFETY: evaluated, int64, and row-contiguous (checked); its data covers `size` elements.
+    // SAFETY: the array is evaluated; its data pointer covers `size` elements when it is
+    // row-contiguous, which is checked first.
     unsafe {
-        let mut row_contiguous = false;
-        if mlx_sys::_mlx_array_is_row_contiguous(&mut row_contiguous, wide.as_ptr()) != 0 || !row_contiguous {
+        let mut contiguous = false;
+        if mlx_sys::_mlx_array_is_row_contiguous(&mut contiguous, a.as_ptr()) != 0 || !contiguous {
             return fail!(Backend, "reading MLX array: not row-contiguous");
         }
-        let data = mlx_sys::mlx_array_data_int64(wide.as_ptr());
+        let data = data(a.as_ptr());
         if data.is_null() {
             return fail!(Backend, "reading MLX array: no data");
         }
