@@ -120,12 +120,13 @@ typedef enum {
   LATENT_CACHE_STATUS_OK = 0,
   // A required pointer argument was NULL (or a handle was not a live cache).
   LATENT_CACHE_STATUS_NULL_ARGUMENT = 1,
-  // An argument is outside what the call accepts (zero counts, a wrong family, reserved
-  // config fields not zero, duplicate rows).
+  // An argument is outside what the call accepts (zero counts, a wrong family, a config's
+  // `struct_size` no header declares, duplicate rows).
   LATENT_CACHE_STATUS_INVALID_ARGUMENT = 2,
   // An array or buffer has the wrong rank, width, batch, token count or length.
   LATENT_CACHE_STATUS_SHAPE = 3,
-  // An array is not float32.
+  // An array's element type is not one the call takes (appends: float32, bfloat16 or
+  // float16; host arrays: `latent_cache_dtype`'s FLOAT32, BFLOAT16, FLOAT16 or INT32).
   LATENT_CACHE_STATUS_DTYPE = 4,
   // A row, count or position beyond what the cache holds.
   LATENT_CACHE_STATUS_OUT_OF_RANGE = 5,
@@ -390,7 +391,8 @@ latent_cache_status latent_cache_get_config_sized(const latent_cache *cache,
 
 // Creates an empty cache with the geometry in `*config`.
 //
-// - `config`: borrowed for the call; `reserved` fields must be zero.
+// - `config`: borrowed for the call; start it from `latent_cache_config_default()` (which
+//   sets `struct_size`).
 // - `out`: receives the new handle, owned by the caller; release it with `latent_cache_free`.
 //   Written only on success.
 //

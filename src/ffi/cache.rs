@@ -13,7 +13,8 @@ use crate::core::LatentCache;
 
 /// Creates an empty cache with the geometry in `*config`.
 ///
-/// - `config`: borrowed for the call; `reserved` fields must be zero.
+/// - `config`: borrowed for the call; start it from `latent_cache_config_default()` (which
+///   sets `struct_size`).
 /// - `out`: receives the new handle, owned by the caller; release it with `latent_cache_free`.
 ///   Written only on success.
 ///
