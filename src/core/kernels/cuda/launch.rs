@@ -150,7 +150,8 @@ pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Resul
             rc |= mlx_sys::mlx_vector_array_append_value(l.inputs, a.as_ptr());
         }
         let mut outputs = l.outputs;
-        if rc != 0 || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel.0, l.inputs, l.config, device::library_stream()) != 0
+        if rc != 0
+            || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel.0, l.inputs, l.config, device::library_stream()) != 0
         {
             return fail!(Backend, "MLX could not apply a kernel of the library");
         }
