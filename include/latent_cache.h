@@ -516,9 +516,10 @@ latent_cache_status latent_cache_read_host(const latent_cache *cache,
 // the offset; copies nothing; later appends overwrite the dropped positions.
 //
 // Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (n beyond the shortest row), `INVALID_STATE`
-// (inside a round without bypass; with composed storage, below
-// `latent_cache_minimum_reusable_offset` without bypass). On failure nothing changed. With
-// bypass, a row's boundary stops at its new end.
+// (inside a round without bypass; inside a round, with bypass, `n` beyond what the round
+// appended to a row: a rollback must still find what the rows held when the round began;
+// with composed storage, below `latent_cache_minimum_reusable_offset` without bypass). On
+// failure nothing changed. With bypass, a row's boundary stops at its new end.
 latent_cache_status latent_cache_trim(latent_cache *cache, size_t n, bool bypass);
 
 // Empties the cache: no rows, no positions, no open round, padded prefill or prefill
