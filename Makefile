@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-.PHONY: deps build header check-header lint test test-rust test-c test-valgrind test-interop demo examples bench bench-quick bench-ab bench-deps fuzz clean
+.PHONY: deps build header check-header lint test test-rust test-c test-valgrind test-interop test-host-mlx demo examples bench bench-quick bench-ab bench-deps fuzz clean
 
 UNAME := $(shell uname -s)
 DEPS := $(CURDIR)/.deps
@@ -67,7 +67,7 @@ lint: deps
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
-test: build check-header lint test-rust test-c test-valgrind check-symbols test-install test-interop
+test: build check-header lint test-rust test-c test-valgrind check-symbols test-install test-interop test-host-mlx
 
 test-rust: deps
 	cargo test --release -p latent-cache
@@ -109,6 +109,32 @@ test-c: ship
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -O1 -Iinclude examples/attention.c -o $(OUT)/attention_asan $(LINK) -lm
 	$(OUT)/attention_asan --context 700 --steps 2 --topk 256
 	$(OUT)/decode_cpp_asan --steps 8
+
+# An engine that brings its own MLX (docs/packaging.md, "Bringing your own MLX"): the library
+# built with MLX=host (target/ship-host) must define no MLX or mlx-c and reference mlx-c; a C++
+# program compiles its own mlx-c from the library's mlx-c source (incrementally, in
+# target/host-mlx-test/mlxc), links the wheel's libmlx itself, and appends its own arrays and
+# reads the views back with its own mlx-c, linked once against the shared library and once
+# against the archive (with the .pc's Libs.private, which names no MLX).
+HOST_MLX_OUT := target/host-mlx-test
+HOST_SHIP := target/ship-host
+HOST_CXXFLAGS := -std=c++20 $(CWARN) -g -O1 -isystem $(PY)/mlx/include -include crates/mlx-sys/compat/prelude.h -Iinclude
+test-host-mlx: deps
+	$(MAKE) --no-print-directory ship MLX=host
+	bash tests/host_mlx/check-symbols.sh $(HOST_SHIP)/lib/liblatent_cache.$(SO) $(HOST_SHIP)/lib/liblatent_cache.a \
+	  target/ship-host-work/latent_cache.o $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc
+	@mkdir -p $(HOST_MLX_OUT)
+	mlxc=$$(bash tests/host_mlx/mlx-c-src.sh $(CURDIR) $(CURDIR)/$(HOST_MLX_OUT)/locate) && \
+	$(MAKE) --no-print-directory -j2 -f tests/host_mlx/mlxc.mk MLX_C_SRC="$$mlxc" MLX_INCLUDE=$(PY)/mlx/include \
+	  COMPAT=$(CURDIR)/crates/mlx-sys/compat OBJ=$(CURDIR)/$(HOST_MLX_OUT)/mlxc CXX="$(CXX)" && \
+	$(CXX) $(HOST_CXXFLAGS) -isystem "$$mlxc" -c tests/host_mlx/host.cpp -o $(HOST_MLX_OUT)/host.o
+	$(CXX) $(HOST_MLX_OUT)/host.o -o $(HOST_MLX_OUT)/host-shared -L$(HOST_SHIP)/lib -llatent_cache \
+	  $(HOST_MLX_OUT)/mlxc/libmlxc.a -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(CURDIR)/$(HOST_SHIP)/lib -Wl,-rpath,$(PY)/mlx/lib
+	$(CXX) $(HOST_MLX_OUT)/host.o -o $(HOST_MLX_OUT)/host-static $(HOST_SHIP)/lib/liblatent_cache.a \
+	  $(HOST_MLX_OUT)/mlxc/libmlxc.a -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(PY)/mlx/lib \
+	  $$(sed -n 's/^Libs.private: *//p' $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc)
+	$(HOST_MLX_OUT)/host-shared shared
+	$(HOST_MLX_OUT)/host-static static
 
 examples: ship
 	@mkdir -p $(OUT)
