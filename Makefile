@@ -118,6 +118,14 @@ test-c: ship
 # against the archive (with the .pc's Libs.private, which names no MLX).
 HOST_MLX_OUT := target/host-mlx-test
 HOST_SHIP := target/ship-host
+# The shared library's mlx_* references must be defined and exported by the program. GNU ld takes
+# archive members for a shared library's undefined symbols; ld64 does not (the dylib leaves them
+# to dynamic lookup), so on macOS the whole mlx-c archive goes in.
+ifeq ($(UNAME),Darwin)
+HOST_MLXC_FOR_SHARED := -Wl,-force_load,$(HOST_MLX_OUT)/mlxc/libmlxc.a
+else
+HOST_MLXC_FOR_SHARED := $(HOST_MLX_OUT)/mlxc/libmlxc.a
+endif
 HOST_CXXFLAGS := -std=c++20 $(CWARN) -g -O1 -isystem $(PY)/mlx/include -include crates/mlx-sys/compat/prelude.h -Iinclude
 test-host-mlx: deps
 	$(MAKE) --no-print-directory ship MLX=host
@@ -129,7 +137,7 @@ test-host-mlx: deps
 	  COMPAT=$(CURDIR)/crates/mlx-sys/compat OBJ=$(CURDIR)/$(HOST_MLX_OUT)/mlxc CXX="$(CXX)" && \
 	$(CXX) $(HOST_CXXFLAGS) -isystem "$$mlxc" -c tests/host_mlx/host.cpp -o $(HOST_MLX_OUT)/host.o
 	$(CXX) $(HOST_MLX_OUT)/host.o -o $(HOST_MLX_OUT)/host-shared -L$(HOST_SHIP)/lib -llatent_cache \
-	  $(HOST_MLX_OUT)/mlxc/libmlxc.a -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(CURDIR)/$(HOST_SHIP)/lib -Wl,-rpath,$(PY)/mlx/lib
+	  $(HOST_MLXC_FOR_SHARED) -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(CURDIR)/$(HOST_SHIP)/lib -Wl,-rpath,$(PY)/mlx/lib
 	$(CXX) $(HOST_MLX_OUT)/host.o -o $(HOST_MLX_OUT)/host-static $(HOST_SHIP)/lib/liblatent_cache.a \
 	  $(HOST_MLX_OUT)/mlxc/libmlxc.a -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(PY)/mlx/lib \
 	  $$(sed -n 's/^Libs.private: *//p' $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc)
