@@ -3,7 +3,8 @@
 # static archive and the prelinked object both are made from must define no mlx_* (mlx-c) and no
 # mlx::core (MLX, demangled) symbol, local ones included (a local copy of MLX code is still a
 # second runtime's code), and must reference mlx-c's functions (undefined) for the engine's link
-# to resolve. The shared library must not depend on libmlx nor carry a run path.
+# to resolve. The shared library must not depend on libmlx nor carry a run path, and the .pc and
+# CMake files beside it must say the host provides MLX.
 #
 #   check-symbols.sh SHARED_LIBRARY ARCHIVE OBJECT PC_FILE
 set -euo pipefail
@@ -59,9 +60,11 @@ else
   ! grep -qE '\((RPATH|RUNPATH)\)' <<<"$dynamic" || fail "$shared has a run path"
 fi
 
-# pkg-config: the host provides MLX, so a static link adds none.
+# pkg-config and CMake: the host provides MLX, so a static link adds none.
 grep -qx 'mlx=host' "$pc" || fail "$pc does not say mlx=host"
 ! grep -E '^Libs' "$pc" | grep -q -- '-lmlx' || fail "$pc links -lmlx"
+cmake_config=$(dirname "$pc")/../cmake/LatentCache/LatentCacheConfig.cmake
+grep -qF 'set(LatentCache_MLX "host")' "$cmake_config" || fail "$cmake_config does not say LatentCache_MLX host"
 
 [[ $status == 0 ]] && echo "host-MLX symbol check: ok"
 exit "$status"
