@@ -84,7 +84,12 @@
  * MLX
  *   One libmlx per process: the mlx_array functions expect arrays of the same MLX runtime the
  *   library was linked with. When your engine uses mlx-c, include <mlx/c/array.h> before this
- *   header; otherwise the layout-identical declaration below is used.
+ *   header; otherwise the layout-identical declaration below is used. An engine that links MLX
+ *   itself (mlx-swift's Cmlx, its own libmlx and mlx-c) uses the library built with MLX=host,
+ *   which defines neither and uses the engine's: they must be mlx-c 0.7.0 and MLX 0.32.x. An
+ *   engine on another MLX exchanges host buffers instead (latent_cache_append_host,
+ *   latent_cache_read_host, latent_cache_array_from_host / _to_host); docs/packaging.md,
+ *   "Bringing your own MLX".
  *
  * Aliasing
  *   `const latent_cache*` parameters are reads; `latent_cache*` parameters may change the cache.
