@@ -58,7 +58,7 @@ impl Donor {
     /// left-padded prefill) and get zeros (`padding_queries`).
     pub(super) fn check_rows(&self, mode: MaskMode, queries: usize) -> Result<()> {
         let lengths: Vec<usize> = self.left_pad.iter().zip(&self.row_ends).map(|(p, e)| e - p).collect();
-        if self.batch_size() == 0 || lengths.iter().any(|&l| l == 0) {
+        if self.batch_size() == 0 || lengths.contains(&0) {
             return fail!(State, "every row must hold a position (rows: {lengths:?}, {queries} queries, {mode:?})");
         }
         Ok(())
