@@ -8,6 +8,13 @@ public struct DonorRows: Sendable, Equatable {
   public let offset: Int
   public let leftPadding: [Int]
   public let rowEnds: [Int]
+
+  public init(batch: Int, offset: Int, leftPadding: [Int], rowEnds: [Int]) {
+    self.batch = batch
+    self.offset = offset
+    self.leftPadding = leftPadding
+    self.rowEnds = rowEnds
+  }
 }
 
 /// A snapshot of a cache (`Cache.captureDonor()`), unchanged by later appends; freed in deinit.
