@@ -99,9 +99,9 @@
 #include <stdint.h>
 
 #define LATENT_CACHE_VERSION_MAJOR 0
-#define LATENT_CACHE_VERSION_MINOR 1
+#define LATENT_CACHE_VERSION_MINOR 2
 #define LATENT_CACHE_VERSION_PATCH 0
-#define LATENT_CACHE_VERSION "0.1.0"
+#define LATENT_CACHE_VERSION "0.2.0"
 #ifndef MLX_ARRAY_H
 /* mlx-c's array handle (declared here only when <mlx/c/array.h> was not included first). */
 typedef struct mlx_array_ {
@@ -120,12 +120,13 @@ typedef enum {
   LATENT_CACHE_STATUS_OK = 0,
   // A required pointer argument was NULL (or a handle was not a live cache).
   LATENT_CACHE_STATUS_NULL_ARGUMENT = 1,
-  // An argument is outside what the call accepts (zero counts, a wrong family, reserved
-  // config fields not zero, duplicate rows).
+  // An argument is outside what the call accepts (zero counts, a wrong family, a config's
+  // `struct_size` no header declares, duplicate rows).
   LATENT_CACHE_STATUS_INVALID_ARGUMENT = 2,
   // An array or buffer has the wrong rank, width, batch, token count or length.
   LATENT_CACHE_STATUS_SHAPE = 3,
-  // An array is not float32.
+  // An array's element type is not one the call takes (appends: float32, bfloat16 or
+  // float16; host arrays: `latent_cache_dtype`'s FLOAT32, BFLOAT16, FLOAT16 or INT32).
   LATENT_CACHE_STATUS_DTYPE = 4,
   // A row, count or position beyond what the cache holds.
   LATENT_CACHE_STATUS_OUT_OF_RANGE = 5,
@@ -247,7 +248,16 @@ typedef struct latent_cache_set latent_cache_set;
 // Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
 // you need, so that code written today keeps compiling and meaning the same when fields are
 // added. A field left 0 keeps the default behaviour.
+//
+// The struct grows at its end (docs/packaging.md, "Versions and the ABI"): `struct_size` says
+// which version of it the caller compiled against, so a program built against an older header
+// keeps working with a newer library, and one built against a newer header works with an
+// older library as long as it leaves the fields that library does not know at 0.
 typedef struct {
+  // `sizeof(latent_cache_config)` as the caller's header declares it: set by
+  // `latent_cache_config_default()` (and `latent_cache_config_init`); leave it as they set
+  // it. 0 is read as this version's size.
+  size_t struct_size;
   // Width of the compressed KV latent per position (GLM-5.2: 512). From 1 to 1,048,576.
   size_t kv_lora_rank;
   // Width of the decoupled RoPE key per position (GLM-5.2: 64). From 1 to 1,048,576.
@@ -321,6 +331,20 @@ typedef struct {
 // A lock or unlock callback; receives the `ctx` given to `latent_cache_set_eval_lock`.
 typedef void (*latent_cache_lock_fn)(void *ctx);
 
+// What MLX's allocator holds, in bytes (`latent_cache_memory_info`). Process-wide: every
+// cache, set, donor and array of the process, and the engine's own MLX arrays.
+typedef struct {
+  // Held by live arrays.
+  size_t active;
+  // Freed by arrays and kept by MLX for reuse; `latent_cache_clear_memory_cache` returns it
+  // to the system.
+  size_t cache;
+  // The most `active` has been since the process started.
+  size_t peak;
+  // MLX's memory limit (`latent_cache_set_memory_limit`).
+  size_t limit;
+} latent_cache_memory;
+
 
 
 
@@ -334,11 +358,14 @@ extern "C" {
 // `latent_cache_status`. For logs and exception messages.
 const char *latent_cache_status_name(uint32_t status);
 
-// GLM-5.2's geometry for a sparse-attention (DSA) layer: kv_lora_rank 512, rope_head_dim 64,
-// index_head_dim 128, unbounded, every family in float32, rows right-justified. Set
-// `index_head_dim = 0` for a layer without index keys.
-// Never fails.
-latent_cache_config latent_cache_config_default(void);
+// Writes GLM-5.2's geometry for a sparse-attention (DSA) layer to `*out` (kv_lora_rank 512,
+// rope_head_dim 64, index_head_dim 128, unbounded, every family in float32, rows
+// right-justified; every later field 0) and sets `out->struct_size` to `struct_size`, the
+// size of the caller's `latent_cache_config` (`sizeof *out`). The header's inline
+// `latent_cache_config_default()` calls it; call it directly only from a language that cannot
+// use that inline. Set `index_head_dim = 0` for a layer without index keys.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a `struct_size` no header declares).
+latent_cache_status latent_cache_config_init(latent_cache_config *out, size_t struct_size);
 
 // `*out` = the bytes `batch` rows of `tokens` positions would hold in a cache made from
 // `*config` (`batch * tokens * bytes_per_token`): admission control before a request is
@@ -353,19 +380,25 @@ latent_cache_status latent_cache_projected_bytes(const latent_cache_config *conf
                                                  size_t *out);
 
 // `*out` = the config the cache was made with (or loaded as): its geometry, storage modes,
-// layout, role and composition (`hot_window`, `hot_storage`).
-// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written).
-latent_cache_status latent_cache_get_config(const latent_cache *cache, latent_cache_config *out);
+// layout, role and composition (`hot_window`, `hot_storage`). `struct_size` is the size of the
+// caller's `latent_cache_config` (`sizeof *out`); the header's inline
+// `latent_cache_get_config(cache, out)` passes it.
+// Returns `OK`, `NULL_ARGUMENT` (cache or out NULL), `INVALID_ARGUMENT` (a `struct_size` no
+// header declares); nothing is written on failure.
+latent_cache_status latent_cache_get_config_sized(const latent_cache *cache,
+                                                  latent_cache_config *out,
+                                                  size_t struct_size);
 
 // Creates an empty cache with the geometry in `*config`.
 //
-// - `config`: borrowed for the call; `reserved` fields must be zero.
+// - `config`: borrowed for the call; start it from `latent_cache_config_default()` (which
+//   sets `struct_size`).
 // - `out`: receives the new handle, owned by the caller; release it with `latent_cache_free`.
 //   Written only on success.
 //
 // Returns `OK`, `NULL_ARGUMENT` (config or out is NULL), `INVALID_ARGUMENT` (a zero
-// kv_lora_rank or rope_head_dim, a width over 1,048,576, max_tokens over INT32_MAX, non-zero
-// reserved fields).
+// kv_lora_rank or rope_head_dim, a width over 1,048,576, max_tokens over INT32_MAX, a
+// `struct_size` no header declares, a field this library does not know set).
 latent_cache_status latent_cache_new(const latent_cache_config *config, latent_cache **out);
 
 // Releases a cache and every buffer it owns. `NULL` is accepted and does nothing; so is a
@@ -610,6 +643,47 @@ void latent_cache_array_free(mlx_array array);
 // should evaluate through this call, or under the lock they handed the library.
 // Returns `OK`, `NULL_ARGUMENT` (`arrays` NULL with `len > 0`), `BACKEND`.
 latent_cache_status latent_cache_eval(const mlx_array *arrays, size_t len);
+
+// Makes an array of `dtype` (a `latent_cache_dtype`: `FLOAT32`, `BFLOAT16`, `FLOAT16` or
+// `INT32`) and shape `shape` (`ndim` extents, 1 to 8, each at most INT32_MAX) holding a copy of
+// `data`: `data_len` elements of that type (`float`, `uint16_t` bit patterns, or `int32_t`),
+// which must equal the shape's product. `*out` receives it, owned by the caller. bfloat16
+// queries reach the 16-bit attention paths; int32 arrays serve as indices.
+// Returns `OK`, `NULL_ARGUMENT`, `DTYPE` (another type), `SHAPE`, `CAPACITY` (the copy would
+// take MLX past its memory limit).
+latent_cache_status latent_cache_array_from_host_typed(const void *data,
+                                                       size_t data_len,
+                                                       uint32_t dtype,
+                                                       const size_t *shape,
+                                                       size_t ndim,
+                                                       mlx_array *out);
+
+// Evaluates `array` (borrowed; under the evaluation lock), converts it to `dtype` (as MLX's
+// `astype`: `FLOAT32`, `BFLOAT16`, `FLOAT16` or `INT32`) and copies its elements to `out`,
+// row-major; `out_len` counts elements of that type and must hold them all; `*written`
+// receives the element count. Nothing is written on failure.
+// Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `BUFFER_TOO_SMALL`, `BACKEND`.
+latent_cache_status latent_cache_array_to_host_typed(mlx_array array,
+                                                     uint32_t dtype,
+                                                     void *out,
+                                                     size_t out_len,
+                                                     size_t *written);
+
+// `*out` = `array`'s element type, a `latent_cache_dtype` (no evaluation).
+// Returns `OK`, `NULL_ARGUMENT`.
+latent_cache_status latent_cache_array_dtype(mlx_array array, uint32_t *out);
+
+// `*out` = `array`'s rank, the number of its extents (0 for a scalar; no evaluation).
+// Returns `OK`, `NULL_ARGUMENT`.
+latent_cache_status latent_cache_array_ndim(mlx_array array, size_t *out);
+
+// Copies `array`'s extents to `out` (`out_len` entries, at least its rank,
+// `latent_cache_array_ndim`) and stores their count in `*ndim` (no evaluation).
+// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL` (nothing written).
+latent_cache_status latent_cache_array_shape(mlx_array array,
+                                             size_t *out,
+                                             size_t out_len,
+                                             size_t *ndim);
 
 // Opens a round: records every row's position count. Appends, reads and queries inside the
 // round behave as outside it; `latent_cache_trim` needs `bypass`.
@@ -949,10 +1023,14 @@ latent_cache_status latent_cache_set_bytes_in_use(const latent_cache_set *set, s
 // checkpoint that names other layers sets `index_head_dim` itself), then the MTP layer
 // (`LATENT_CACHE_ROLE_MTP`, no index keys). Edit the copies (storage modes, layout, limits)
 // before `latent_cache_set_new`.
-// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL` (`out_len` < 79; nothing written).
-latent_cache_status latent_cache_glm52_configs(latent_cache_config *out,
-                                               size_t out_len,
-                                               size_t *written);
+// `struct_size` is the size of the caller's `latent_cache_config` (`sizeof *out`, the array's
+// stride); the header's inline `latent_cache_glm52_configs(out, out_len, written)` passes it.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a `struct_size` no header declares),
+// `BUFFER_TOO_SMALL` (`out_len` < 79); nothing is written on failure.
+latent_cache_status latent_cache_glm52_configs_sized(latent_cache_config *out,
+                                                     size_t out_len,
+                                                     size_t struct_size,
+                                                     size_t *written);
 
 // Saves every layer of `set` to `path` (safetensors; the README and docs/packaging describe
 // the layout): written to a temporary file in the same folder, synced, then renamed over
@@ -1233,6 +1311,21 @@ latent_cache_status latent_cache_set_eval_lock(latent_cache_lock_fn lock,
 // Never fails.
 void latent_cache_set_evaluation_thread(bool enabled);
 
+// `*out` = what MLX's allocator holds now. Returns `OK`, `NULL_ARGUMENT`.
+latent_cache_status latent_cache_memory_info(latent_cache_memory *out);
+
+// Sets MLX's memory limit to `bytes` for the whole process (as mlx-c's `mlx_set_memory_limit`):
+// every later reserve, growing append, row rebuild and host array is checked against it and
+// refused with `CAPACITY` when it would pass it. `*previous` (may be NULL) receives the limit
+// before the call. Returns `OK`, `BACKEND`.
+latent_cache_status latent_cache_set_memory_limit(size_t bytes, size_t *previous);
+
+// Returns the memory MLX keeps from freed arrays to the system (as mlx-c's `mlx_clear_cache`).
+// Live arrays, the caches' buffers included, are untouched. Call it after freeing caches an
+// engine no longer needs (a finished request, a dropped model), when the process's resident
+// memory matters. Returns `OK`, `BACKEND`.
+latent_cache_status latent_cache_clear_memory_cache(void);
+
 // The library's version as a static NUL-terminated string ("MAJOR.MINOR.PATCH"); never NULL,
 // never freed.
 const char *latent_cache_version(void);
@@ -1242,3 +1335,35 @@ const char *latent_cache_version(void);
 #endif  // __cplusplus
 
 #endif  /* LATENT_CACHE_H */
+
+#ifndef LATENT_CACHE_INLINE_H
+#define LATENT_CACHE_INLINE_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* GLM-5.2's geometry for a sparse-attention (DSA) layer: kv_lora_rank 512, rope_head_dim 64,
+ * index_head_dim 128, unbounded, every family in float32, rows right-justified, every later
+ * field 0, and struct_size set. Set index_head_dim = 0 for a layer without index keys. */
+static inline latent_cache_config latent_cache_config_default(void) {
+  latent_cache_config config;
+  (void)latent_cache_config_init(&config, sizeof config);
+  return config;
+}
+
+/* latent_cache_get_config_sized with this header's config size. */
+static inline latent_cache_status latent_cache_get_config(const latent_cache *cache,
+                                                          latent_cache_config *out) {
+  return latent_cache_get_config_sized(cache, out, sizeof *out);
+}
+
+/* latent_cache_glm52_configs_sized with this header's config size. */
+static inline latent_cache_status latent_cache_glm52_configs(latent_cache_config *out,
+                                                             size_t out_len, size_t *written) {
+  return latent_cache_glm52_configs_sized(out, out_len, sizeof *out, written);
+}
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+#endif  /* LATENT_CACHE_INLINE_H */

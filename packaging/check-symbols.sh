@@ -24,7 +24,7 @@ else
   exports=$(nm -D --defined-only "$lib" | awk '{print $NF}' | sort -u)
 fi
 # Functions the header declares: a declaration line names latent_cache_<name>( after its type.
-declared=$(grep -oE '^[A-Za-z_][A-Za-z0-9_ ]*[ *]latent_cache_[a-z0-9_]+\(' "$header" |
+declared=$(grep -v '^static inline' "$header" | grep -oE '^[A-Za-z_][A-Za-z0-9_ ]*[ *]latent_cache_[a-z0-9_]+\(' |
   grep -oE 'latent_cache_[a-z0-9_]+\($' | tr -d '(' | sort -u)
 
 if [[ $write == 1 ]]; then

@@ -3,7 +3,8 @@
 //! with a message and change nothing; with the default limit, huge reserves either really
 //! allocate or return CAPACITY, and later appends and reads stay consistent; a layer of width
 //! INT32_MAX cannot crash the process; after the limit is restored the caches work again. Also:
-//! reserve allocates during the call. Every check is against the reference model. (Its own test
+//! reserve allocates during the call, and the memory calls (limit, counters, clearing MLX's buffer
+//! cache) agree with MLX's own counters. Every check is against the reference model. (Its own test
 //! binary, one test: the memory limit and active-memory counts are process-wide.)
 mod common;
 
@@ -12,6 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use latent_cache::ffi::arrays::*;
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
+use latent_cache::ffi::memory::*;
 use latent_cache::ffi::persist::*;
 use latent_cache::ffi::rows::*;
 use latent_cache::ffi::set::*;
@@ -24,21 +26,39 @@ use common::model::{Model, Rng};
 const GLM: [usize; 3] = [512, 64, 128];
 const MB: usize = 1 << 20;
 
+/// MLX's own counters, read through mlx-c: the reference for the library's memory calls.
+fn mlx_counters() -> (usize, usize, usize) {
+    let (mut active, mut cache, mut limit) = (0, 0, 0);
+    unsafe {
+        assert_eq!(mlx_sys::mlx_get_active_memory(&mut active), 0);
+        assert_eq!(mlx_sys::mlx_get_cache_memory(&mut cache), 0);
+        assert_eq!(mlx_sys::mlx_get_memory_limit(&mut limit), 0);
+    }
+    (active, cache, limit)
+}
+
+fn info() -> latent_cache_memory {
+    let mut out = latent_cache_memory { active: 0, cache: 0, peak: 0, limit: 0 };
+    assert_eq!(unsafe { latent_cache_memory_info(&mut out) }, Status::Ok);
+    out
+}
+
 fn active_memory() -> usize {
-    let mut bytes = 0;
-    assert_eq!(unsafe { mlx_sys::mlx_get_active_memory(&mut bytes) }, 0);
-    bytes
+    info().active
 }
 
 fn memory_limit() -> usize {
-    let mut bytes = 0;
-    assert_eq!(unsafe { mlx_sys::mlx_get_memory_limit(&mut bytes) }, 0);
-    bytes
+    info().limit
 }
 
+/// Sets the limit through the library's call and checks MLX took it and the previous one
+/// came back.
 fn set_memory_limit(limit: usize) {
+    let before = mlx_counters().2;
     let mut previous = 0;
-    assert_eq!(unsafe { mlx_sys::mlx_set_memory_limit(&mut previous, limit) }, 0);
+    assert_eq!(unsafe { latent_cache_set_memory_limit(limit, &mut previous) }, Status::Ok);
+    assert_eq!(previous, before, "the previous limit comes back");
+    assert_eq!(mlx_counters().2, limit, "MLX's limit is the one set");
 }
 
 /// The call was refused as an allocation failure, with a message.
@@ -283,6 +303,22 @@ fn allocations_beyond_the_memory_limit_are_refused_and_change_nothing() {
     for cache in [glm, wide, long] {
         unsafe { latent_cache_free(cache) };
     }
+
+    part(&mut failures, default_limit, "freed memory returns to the system when the engine asks", || {
+        let (cache, _) = filled(GLM, 2, 3_000, &mut rng);
+        let held = info();
+        let (active, _, limit) = mlx_counters();
+        assert_eq!((held.active, held.limit), (active, limit), "the library reports MLX's own counters");
+        assert!(held.peak >= held.active);
+        unsafe { latent_cache_free(cache) };
+        let freed = info();
+        let stored = 2 * 3_000 * bytes_per_token(GLM);
+        assert!(held.active - freed.active >= stored, "freeing the cache releases its {stored} bytes");
+        assert!(freed.cache >= stored, "MLX keeps them for reuse: {} bytes cached", freed.cache);
+        assert_eq!(latent_cache_clear_memory_cache(), Status::Ok);
+        assert_eq!(info().cache, 0, "clearing returns every cached buffer");
+        assert_eq!(mlx_counters().1, 0);
+    });
     assert!(failures.is_empty(), "{} part(s) failed:\n{}", failures.len(), failures.join("\n"));
 }
 

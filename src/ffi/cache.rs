@@ -2,8 +2,8 @@
 use std::ffi::c_char;
 
 use super::args::{copy_out, copy_out_str, in_slice, optional_slice, out_ptr, write};
-use super::config::latent_cache_config;
-use super::error::{set_last_error, Failure, FfiResult};
+use super::config::{latent_cache_config, read_config};
+use super::error::{set_last_error, FfiResult};
 use super::family::family;
 use super::handle::{latent_cache, with_cache, Handle, Release};
 use super::panic::ffi_boundary;
@@ -13,25 +13,23 @@ use crate::core::LatentCache;
 
 /// Creates an empty cache with the geometry in `*config`.
 ///
-/// - `config`: borrowed for the call; `reserved` fields must be zero.
+/// - `config`: borrowed for the call; start it from `latent_cache_config_default()` (which
+///   sets `struct_size`).
 /// - `out`: receives the new handle, owned by the caller; release it with `latent_cache_free`.
 ///   Written only on success.
 ///
 /// Returns `OK`, `NULL_ARGUMENT` (config or out is NULL), `INVALID_ARGUMENT` (a zero
-/// kv_lora_rank or rope_head_dim, a width over 1,048,576, max_tokens over INT32_MAX, non-zero
-/// reserved fields).
+/// kv_lora_rank or rope_head_dim, a width over 1,048,576, max_tokens over INT32_MAX, a
+/// `struct_size` no header declares, a field this library does not know set).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_new(
     config: *const latent_cache_config,
     out: *mut *mut latent_cache,
 ) -> latent_cache_status {
     ffi_boundary! {
-        if config.is_null() {
-            return Err(Failure::null("config"));
-        }
+        let config = unsafe { read_config(config, "config") }?;
         let out = out_ptr(out, "out")?;
-        // SAFETY: checked non-NULL; the caller's config is borrowed for the call.
-        let geometry = unsafe { &*config }.geometry()?;
+        let geometry = config.geometry()?;
         let cache = LatentCache::new(geometry)?;
         unsafe { write(out, Handle::register(cache)) };
         Ok(())

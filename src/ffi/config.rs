@@ -14,9 +14,18 @@ use crate::core::{Geometry, StorageMode};
 /// Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
 /// you need, so that code written today keeps compiling and meaning the same when fields are
 /// added. A field left 0 keeps the default behaviour.
+///
+/// The struct grows at its end (docs/packaging.md, "Versions and the ABI"): `struct_size` says
+/// which version of it the caller compiled against, so a program built against an older header
+/// keeps working with a newer library, and one built against a newer header works with an
+/// older library as long as it leaves the fields that library does not know at 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct latent_cache_config {
+    /// `sizeof(latent_cache_config)` as the caller's header declares it: set by
+    /// `latent_cache_config_default()` (and `latent_cache_config_init`); leave it as they set
+    /// it. 0 is read as this version's size.
+    pub struct_size: usize,
     /// Width of the compressed KV latent per position (GLM-5.2: 512). From 1 to 1,048,576.
     pub kv_lora_rank: usize,
     /// Width of the decoupled RoPE key per position (GLM-5.2: 64). From 1 to 1,048,576.
@@ -56,6 +65,7 @@ impl latent_cache_config {
     /// The config that makes a cache of `geometry`.
     pub(crate) fn of(geometry: &Geometry) -> Self {
         latent_cache_config {
+            struct_size: CONFIG_SIZE,
             kv_lora_rank: geometry.kv_lora_rank,
             rope_head_dim: geometry.rope_head_dim,
             index_head_dim: geometry.index_head_dim,
@@ -98,16 +108,106 @@ fn ignorable_storage(value: u32, name: &str, ignored: bool) -> FfiResult<Storage
     }
 }
 
-/// GLM-5.2's geometry for a sparse-attention (DSA) layer: kv_lora_rank 512, rope_head_dim 64,
-/// index_head_dim 128, unbounded, every family in float32, rows right-justified. Set
-/// `index_head_dim = 0` for a layer without index keys.
-/// Never fails.
+/// Writes GLM-5.2's geometry for a sparse-attention (DSA) layer to `*out` (kv_lora_rank 512,
+/// rope_head_dim 64, index_head_dim 128, unbounded, every family in float32, rows
+/// right-justified; every later field 0) and sets `out->struct_size` to `struct_size`, the
+/// size of the caller's `latent_cache_config` (`sizeof *out`). The header's inline
+/// `latent_cache_config_default()` calls it; call it directly only from a language that cannot
+/// use that inline. Set `index_head_dim = 0` for a layer without index keys.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a `struct_size` no header declares).
 #[no_mangle]
-pub extern "C" fn latent_cache_config_default() -> latent_cache_config {
-    ffi_boundary!(on_panic = GLM_DSA_LAYER; GLM_DSA_LAYER)
+pub unsafe extern "C" fn latent_cache_config_init(out: *mut latent_cache_config, struct_size: usize) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        unsafe { write_config(out, struct_size, &GLM_DSA_LAYER) }
+    }
+}
+
+/// `latent_cache_config_init` for Rust callers of the C layer (its tests and benchmarks); C,
+/// C++ and Swift get the header's inline of the same name.
+pub fn latent_cache_config_default() -> latent_cache_config {
+    GLM_DSA_LAYER
+}
+
+/// This library's `latent_cache_config`.
+pub(crate) const CONFIG_SIZE: usize = std::mem::size_of::<latent_cache_config>();
+/// The largest `struct_size` taken: room for many more fields, and a bound that turns an
+/// uninitialized `struct_size` into a refusal rather than a read of stray memory.
+const CONFIG_SIZE_MAX: usize = 4096;
+
+/// The size a caller's config says it has (0: this version's), checked: no smaller than the
+/// first config with `struct_size` (this one), at most `CONFIG_SIZE_MAX`, a whole number of
+/// words.
+fn caller_size(struct_size: usize, name: &str) -> FfiResult<usize> {
+    let size = if struct_size == 0 { CONFIG_SIZE } else { struct_size };
+    if size < CONFIG_SIZE || size > CONFIG_SIZE_MAX || size % std::mem::align_of::<latent_cache_config>() != 0 {
+        return Err(Failure::new(
+            latent_cache_status::InvalidArgument,
+            format!(
+                "{name}.struct_size is {struct_size}, which no latent_cache_config declares (this library's is {CONFIG_SIZE}): \
+                 start from latent_cache_config_default()"
+            ),
+        ));
+    }
+    Ok(size)
+}
+
+/// Reads a caller's config of `struct_size` bytes (0: this version's) at `ptr`. A larger config
+/// (a newer header's) is taken when every field this library does not know is 0, their
+/// default; otherwise `INVALID_ARGUMENT` names the first unknown byte that is set.
+///
+/// # Safety
+/// `ptr` must point to `struct_size` readable bytes (this version's size when 0).
+pub(crate) unsafe fn read_config_at(ptr: *const u8, struct_size: usize, name: &str) -> FfiResult<latent_cache_config> {
+    let size = caller_size(struct_size, name)?;
+    // SAFETY: the caller's promise: `size` readable bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr, size) };
+    if let Some(at) = bytes[CONFIG_SIZE..].iter().position(|&b| b != 0) {
+        return Err(Failure::new(
+            latent_cache_status::InvalidArgument,
+            format!(
+                "{name} sets a field this library does not know (byte {} of its {size}; this library's config has {CONFIG_SIZE}): \
+                 a newer header's option needs a newer library",
+                CONFIG_SIZE + at
+            ),
+        ));
+    }
+    // SAFETY: at least CONFIG_SIZE readable bytes, and every bit pattern of the plain integer
+    // fields is a valid latent_cache_config; read unaligned since it comes as bytes.
+    let mut config = unsafe { ptr.cast::<latent_cache_config>().read_unaligned() };
+    config.struct_size = CONFIG_SIZE;
+    Ok(config)
+}
+
+/// Reads the config `ptr` points to (its own `struct_size` says how large it is).
+pub(crate) unsafe fn read_config(ptr: *const latent_cache_config, name: &str) -> FfiResult<latent_cache_config> {
+    if ptr.is_null() {
+        return Err(Failure::null(name));
+    }
+    // SAFETY: `struct_size` is the first field, at offset 0 of every version of the struct.
+    let struct_size = unsafe { ptr.cast::<usize>().read() };
+    unsafe { read_config_at(ptr.cast(), struct_size, name) }
+}
+
+/// Writes `value` into a caller's config of `struct_size` bytes: this library's fields, the
+/// fields it does not know set to 0 (their defaults), and `struct_size` the caller's.
+///
+/// # Safety
+/// `out` must point to `struct_size` writable bytes.
+pub(crate) unsafe fn write_config(out: *mut latent_cache_config, struct_size: usize, value: &latent_cache_config) -> FfiResult {
+    let size = caller_size(struct_size, "out")?;
+    let mut config = *value;
+    config.struct_size = size;
+    // SAFETY: the caller's promise: `size` (at least CONFIG_SIZE) writable bytes.
+    unsafe {
+        out.cast::<u8>().add(CONFIG_SIZE).write_bytes(0, size - CONFIG_SIZE);
+        out.write_unaligned(config);
+    }
+    Ok(())
 }
 
 const GLM_DSA_LAYER: latent_cache_config = latent_cache_config {
+    struct_size: CONFIG_SIZE,
     kv_lora_rank: 512,
     rope_head_dim: 64,
     index_head_dim: 128,
@@ -137,8 +237,7 @@ pub unsafe extern "C" fn latent_cache_projected_bytes(
 ) -> latent_cache_status {
     ffi_boundary! {
         let out = out_ptr(out, "out")?;
-        // SAFETY: a non-NULL config is a readable latent_cache_config (the caller's promise).
-        let config = unsafe { config.as_ref() }.ok_or_else(|| Failure::null("config"))?;
+        let config = unsafe { read_config(config, "config") }?;
         let bytes = projected_bytes(&config.geometry()?, batch, tokens)?;
         unsafe { write(out, bytes) };
         Ok(())
@@ -146,18 +245,27 @@ pub unsafe extern "C" fn latent_cache_projected_bytes(
 }
 
 /// `*out` = the config the cache was made with (or loaded as): its geometry, storage modes,
-/// layout, role and composition (`hot_window`, `hot_storage`).
-/// Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written).
+/// layout, role and composition (`hot_window`, `hot_storage`). `struct_size` is the size of the
+/// caller's `latent_cache_config` (`sizeof *out`); the header's inline
+/// `latent_cache_get_config(cache, out)` passes it.
+/// Returns `OK`, `NULL_ARGUMENT` (cache or out NULL), `INVALID_ARGUMENT` (a `struct_size` no
+/// header declares); nothing is written on failure.
 #[no_mangle]
-pub unsafe extern "C" fn latent_cache_get_config(
+pub unsafe extern "C" fn latent_cache_get_config_sized(
     cache: *const latent_cache,
     out: *mut latent_cache_config,
+    struct_size: usize,
 ) -> latent_cache_status {
     ffi_boundary! {
         let out = out_ptr(out, "out")?;
-        with_cache(cache, |cache| {
-            unsafe { write(out, latent_cache_config::of(cache.geometry())) };
-            Ok(())
-        })
+        caller_size(struct_size, "out")?;
+        let config = with_cache(cache, |cache| Ok(latent_cache_config::of(cache.geometry())))?;
+        unsafe { write_config(out, struct_size, &config) }
     }
+}
+
+/// `latent_cache_get_config_sized` for Rust callers of the C layer (C, C++ and Swift get the
+/// header's inline of the same name).
+pub unsafe fn latent_cache_get_config(cache: *const latent_cache, out: *mut latent_cache_config) -> latent_cache_status {
+    unsafe { latent_cache_get_config_sized(cache, out, CONFIG_SIZE) }
 }

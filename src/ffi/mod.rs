@@ -11,11 +11,13 @@
 //! Exports, one concept a file, in the order a user learns the API (cbindgen writes the header
 //! in the order of the modules below, so keep it that way): `status`; the enums `family`,
 //! `storage`, `layout`, `role`; `config` (a layer's config, its defaults, its projected bytes, a
-//! cache's config); `cache` (a cache's life and host path); `arrays` (the MLX-array path);
+//! cache's config); `cache` (a cache's life and host path); `arrays` (the MLX-array path); `host_arrays` (arrays
+//! from and to host data of several types, an array's shape and type);
 //! `spec` (speculative rounds); `prefill` (padded prefills and prefill maintenance); `rows`
 //! (merge, extract, filter); `query` (read-only queries, composed storage's boundaries
 //! included); `set` (the model-level set: every set-wide export); `persist` and `mlxbun` (saving
-//! and loading); `donor` (the read path); `last_error`; `eval_lock`; `version`.
+//! and loading); `donor` (the read path); `last_error`; `eval_lock`; `memory` (MLX's
+//! memory limit and buffer cache); `version`.
 //!
 //! A new export goes into the file of its concept, its body one `ffi_boundary!` (see `panic`).
 #![allow(non_camel_case_types)]
@@ -31,6 +33,7 @@ pub mod handle;
 pub mod config;
 pub mod cache;
 pub mod arrays;
+pub mod host_arrays;
 pub mod spec;
 pub mod prefill;
 pub mod rows;
@@ -41,6 +44,7 @@ pub mod mlxbun;
 pub mod donor;
 pub mod last_error;
 pub mod eval_lock;
+pub mod memory;
 pub mod version;
 
 mod args;

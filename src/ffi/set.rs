@@ -4,8 +4,8 @@
 //! `latent_cache*` for the per-layer calls of a forward (appends, reads).
 use std::sync::{Arc, MutexGuard};
 
-use super::args::{copy_out, in_slice, out_ptr, write};
-use super::config::latent_cache_config;
+use super::args::{in_slice, out_ptr, write};
+use super::config::{latent_cache_config, read_config_at, write_config, CONFIG_SIZE};
 use super::error::{set_last_error, Failure, FfiResult};
 use super::handle::{latent_cache, Handle, Release};
 use super::panic::ffi_boundary;
@@ -86,11 +86,30 @@ pub unsafe extern "C" fn latent_cache_set_new(
     out: *mut *mut latent_cache_set,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let configs = unsafe { in_slice(layers, n_layers, "layers") }?;
+        if layers.is_null() && n_layers > 0 {
+            return Err(Failure::null("layers"));
+        }
         let out = out_ptr(out, "out")?;
-        let mut geometries = Vec::with_capacity(configs.len());
-        for (i, config) in configs.iter().enumerate() {
-            geometries.push(config.geometry().map_err(|f| f.prefixed(&format!("layers[{i}]")))?);
+        // The array's stride is the caller's struct size, which the first config says; every
+        // config must say the same (one header compiled them all).
+        let first_size = if n_layers == 0 { 0 } else { unsafe { layers.cast::<usize>().read() } };
+        let stride = if first_size == 0 { CONFIG_SIZE } else { first_size };
+        let mut geometries = Vec::with_capacity(n_layers);
+        for i in 0..n_layers {
+            let name = format!("layers[{i}]");
+            // SAFETY: the caller's promise: `n_layers` configs of its own size; the stride is
+            // checked by read_config_at before any byte past the first config is read, and
+            // the first config's size before the second's address is formed.
+            let at = unsafe { layers.cast::<u8>().add(i * stride) };
+            let size = unsafe { at.cast::<usize>().read_unaligned() };
+            if size != first_size {
+                return Err(Failure::new(
+                    latent_cache_status::InvalidArgument,
+                    format!("{name}.struct_size is {size}, layers[0]'s {first_size}: configs of one array come from one header"),
+                ));
+            }
+            let config = unsafe { read_config_at(at, size, &name) }?;
+            geometries.push(config.geometry().map_err(|f| f.prefixed(&name))?);
         }
         let caches = new_all(&geometries)?;
         unsafe { write(out, register_set(caches)) };
@@ -348,16 +367,46 @@ pub unsafe extern "C" fn latent_cache_set_bytes_in_use(set: *const latent_cache_
 /// checkpoint that names other layers sets `index_head_dim` itself), then the MTP layer
 /// (`LATENT_CACHE_ROLE_MTP`, no index keys). Edit the copies (storage modes, layout, limits)
 /// before `latent_cache_set_new`.
-/// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL` (`out_len` < 79; nothing written).
+/// `struct_size` is the size of the caller's `latent_cache_config` (`sizeof *out`, the array's
+/// stride); the header's inline `latent_cache_glm52_configs(out, out_len, written)` passes it.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a `struct_size` no header declares),
+/// `BUFFER_TOO_SMALL` (`out_len` < 79); nothing is written on failure.
 #[no_mangle]
-pub unsafe extern "C" fn latent_cache_glm52_configs(
+pub unsafe extern "C" fn latent_cache_glm52_configs_sized(
     out: *mut latent_cache_config,
     out_len: usize,
+    struct_size: usize,
     written: *mut usize,
 ) -> latent_cache_status {
     ffi_boundary! {
         let written = out_ptr(written, "written")?;
         let configs: Vec<latent_cache_config> = glm52_layers().iter().map(latent_cache_config::of).collect();
-        unsafe { copy_out(out, out_len, &configs, written, "out") }
+        if out.is_null() && out_len > 0 {
+            return Err(Failure::null("out"));
+        }
+        if out_len < configs.len() {
+            return Err(Failure::new(
+                latent_cache_status::BufferTooSmall,
+                format!("out holds {out_len} configs; {} are needed", configs.len()),
+            ));
+        }
+        let stride = if struct_size == 0 { CONFIG_SIZE } else { struct_size };
+        for (i, config) in configs.iter().enumerate() {
+            // SAFETY: the caller's promise: `out_len` (>= 79) configs of `struct_size` bytes;
+            // write_config checks the size before it writes (the first write refuses a bad one).
+            unsafe { write_config(out.cast::<u8>().add(i * stride).cast(), struct_size, config) }?;
+        }
+        unsafe { write(written, configs.len()) };
+        Ok(())
     }
+}
+
+/// `latent_cache_glm52_configs_sized` for Rust callers of the C layer (C, C++ and Swift get the
+/// header's inline of the same name).
+pub unsafe fn latent_cache_glm52_configs(
+    out: *mut latent_cache_config,
+    out_len: usize,
+    written: *mut usize,
+) -> latent_cache_status {
+    unsafe { latent_cache_glm52_configs_sized(out, out_len, CONFIG_SIZE, written) }
 }

@@ -11,12 +11,13 @@ pub enum latent_cache_status {
     Ok = 0,
     /// A required pointer argument was NULL (or a handle was not a live cache).
     NullArgument = 1,
-    /// An argument is outside what the call accepts (zero counts, a wrong family, reserved
-    /// config fields not zero, duplicate rows).
+    /// An argument is outside what the call accepts (zero counts, a wrong family, a config's
+    /// `struct_size` no header declares, duplicate rows).
     InvalidArgument = 2,
     /// An array or buffer has the wrong rank, width, batch, token count or length.
     Shape = 3,
-    /// An array is not float32.
+    /// An array's element type is not one the call takes (appends: float32, bfloat16 or
+    /// float16; host arrays: `latent_cache_dtype`'s FLOAT32, BFLOAT16, FLOAT16 or INT32).
     Dtype = 4,
     /// A row, count or position beyond what the cache holds.
     OutOfRange = 5,

@@ -1,4 +1,5 @@
-//! The C ABI's contract: rejected inputs and the panic boundary (`ffi_contract`), what a ported
+//! The C ABI's contract: rejected inputs and the panic boundary (`ffi_contract`), the config's
+//! growth (`config_growth`), host arrays of several types (`host_arrays`), what a ported
 //! engine relies on (`fidelity`), stale handles (`handles`), threads on their own and shared
 //! handles (`threads`) and handles hopping between threads (`thread_hop`). Grouped in one binary
 //! (one link of mlx-c): none of these tests sets process-wide state (handles are tokens never
@@ -9,8 +10,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod config_growth;
 mod ffi_contract;
 mod fidelity;
 mod handles;
+mod host_arrays;
 mod thread_hop;
 mod threads;

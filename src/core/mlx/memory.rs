@@ -29,3 +29,47 @@ pub fn check_alloc(bytes: Option<usize>, what: &str) -> Result<()> {
         None => fail!(Capacity, "{what} needs more bytes than this process can address"),
     }
 }
+
+/// What MLX's allocator holds, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Held by live arrays.
+    pub active: usize,
+    /// Freed by arrays but kept by MLX for reuse (returned to the system by `clear_cache`).
+    pub cache: usize,
+    /// The most `active` has been since the process started (or MLX's peak was reset).
+    pub peak: usize,
+    /// The limit `check_alloc` and MLX's own allocator measure requests against.
+    pub limit: usize,
+}
+
+pub fn info() -> MemoryInfo {
+    let (limit, active) = limit_and_active();
+    let (mut cache, mut peak) = (0usize, 0usize);
+    // SAFETY: plain getters writing one integer each.
+    unsafe {
+        mlx_sys::mlx_get_cache_memory(&mut cache);
+        mlx_sys::mlx_get_peak_memory(&mut peak);
+    }
+    MemoryInfo { active, cache, peak, limit }
+}
+
+/// Sets MLX's memory limit (process-wide; what every later allocation check measures against)
+/// and returns the previous one.
+pub fn set_limit(bytes: usize) -> Result<usize> {
+    let mut previous = 0usize;
+    // SAFETY: a plain setter writing the previous limit to one integer.
+    if unsafe { mlx_sys::mlx_set_memory_limit(&mut previous, bytes) } != 0 {
+        return fail!(Backend, "MLX refused the memory limit {bytes}");
+    }
+    Ok(previous)
+}
+
+/// Returns the buffers MLX keeps for reuse to the system (arrays still alive are untouched).
+pub fn clear_cache() -> Result<()> {
+    // SAFETY: no arguments; MLX's allocator locks itself.
+    if unsafe { mlx_sys::mlx_clear_cache() } != 0 {
+        return fail!(Backend, "MLX could not clear its buffer cache");
+    }
+    Ok(())
+}

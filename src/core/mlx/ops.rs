@@ -297,7 +297,7 @@ pub fn to_host_i64(a: &Array) -> Result<Vec<i64>> {
 ///
 /// # Safety
 /// `data` must return the pointer to `a`'s elements as `T` (the accessor of `a`'s dtype).
-unsafe fn copy_out<T: Copy>(a: &Array, data: impl Fn(mlx_sys::mlx_array) -> *const T) -> Result<Vec<T>> {
+pub(crate) unsafe fn copy_out<T: Copy>(a: &Array, data: impl Fn(mlx_sys::mlx_array) -> *const T) -> Result<Vec<T>> {
     eval([a])?;
     let size = a.size();
     if size == 0 {
