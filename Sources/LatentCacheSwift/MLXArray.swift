@@ -38,9 +38,77 @@ public final class MLXArray: @unchecked Sendable {
 
   deinit { latent_cache_array_free(handle) }
 
+  /// An array of `dtype` (`.float32`, `.bfloat16`, `.float16` or `.int32`) holding a copy of
+  /// `data`, whose elements are of that type (16-bit floats as their bit patterns).
+  init<T>(typed data: [T], dtype: DType, shape: [Int]) throws {
+    var out = mlx_array(ctx: nil)
+    try data.withUnsafeBytes { data in
+      try shape.withUnsafeBufferPointer { shape in
+        try check(
+          latent_cache_array_from_host_typed(
+            data.baseAddress, data.count / MemoryLayout<T>.stride, dtype.rawValue, shape.baseAddress, shape.count, &out))
+      }
+    }
+    handle = out
+  }
+
+  /// An int32 array (indices, for example).
+  public convenience init(_ data: [Int32], shape: [Int]) throws { try self.init(typed: data, dtype: .int32, shape: shape) }
+
+  /// A bfloat16 array from bit patterns (the upper 16 bits of a float32 that bfloat16 holds).
+  public convenience init(bfloat16Bits data: [UInt16], shape: [Int]) throws {
+    try self.init(typed: data, dtype: .bfloat16, shape: shape)
+  }
+
+  /// A float16 array from IEEE half-precision bit patterns.
+  public convenience init(float16Bits data: [UInt16], shape: [Int]) throws {
+    try self.init(typed: data, dtype: .float16, shape: shape)
+  }
+
+  /// The element type (no evaluation).
+  public var dtype: DType {
+    get throws {
+      var out: UInt32 = 0
+      try check(latent_cache_array_dtype(handle, &out))
+      return DType(rawValue: out) ?? .unknown
+    }
+  }
+
+  /// The rank (no evaluation).
+  public var ndim: Int {
+    get throws {
+      var out = 0
+      try check(latent_cache_array_ndim(handle, &out))
+      return out
+    }
+  }
+
+  /// The extents (no evaluation).
+  public var shape: [Int] {
+    get throws { try readSized(filler: 0, estimate: { try ndim }) { latent_cache_array_shape(handle, $0, $1, $2) } }
+  }
+
+  /// The element count (the product of the extents).
+  public var count: Int { get throws { try shape.reduce(1, *) } }
+
   /// Evaluates the array (under the library's evaluation lock) and copies it out as float32,
   /// row-major.
   public func toHost() throws -> [Float] { try MLXArray.toHost(handle) }
+
+  /// Evaluates and copies out converted to int32 (as MLX's astype).
+  public func toHostInt32() throws -> [Int32] { try toHost(as: .int32, filler: Int32(0)) }
+
+  /// Evaluates and copies out converted to bfloat16, as bit patterns.
+  public func toHostBFloat16Bits() throws -> [UInt16] { try toHost(as: .bfloat16, filler: UInt16(0)) }
+
+  /// Evaluates and copies out converted to float16, as bit patterns.
+  public func toHostFloat16Bits() throws -> [UInt16] { try toHost(as: .float16, filler: UInt16(0)) }
+
+  private func toHost<T>(as dtype: DType, filler: T) throws -> [T] {
+    try readSized(filler: filler, estimate: { try count }) { out, len, written in
+      latent_cache_array_to_host_typed(handle, dtype.rawValue, out, len, written)
+    }
+  }
 
   /// Evaluates the array under the library's evaluation lock.
   public func eval() throws { try MLXArray.eval([self]) }
@@ -58,8 +126,12 @@ public final class MLXArray: @unchecked Sendable {
 
   /// `toHost` for any array (borrowed): an engine's own, or a view inside a `PackedState`.
   public static func toHost(_ array: mlx_array) throws -> [Float] {
-    // The element count is unknown here, so the buffer grows until it holds the array (each
-    // retry finds it already evaluated).
-    try readSized(filler: Float(0), estimate: { 1024 }) { latent_cache_array_to_host(array, $0, $1, $2) }
+    // An array's shape never changes, so its element count sizes the buffer exactly.
+    try readSized(filler: Float(0), estimate: { try elementCount(array) }) { latent_cache_array_to_host(array, $0, $1, $2) }
+  }
+
+  /// The element count of a borrowed array.
+  static func elementCount(_ array: mlx_array) throws -> Int {
+    try readSized(filler: 0, estimate: { 8 }) { latent_cache_array_shape(array, $0, $1, $2) }.reduce(1, *)
   }
 }

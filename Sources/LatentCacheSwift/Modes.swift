@@ -86,3 +86,12 @@ public enum MaskMode: Sendable, Hashable, CaseIterable {
     }
   }
 }
+
+/// An MLX array's element type (`latent_cache_dtype`). The header does not declare that enum's
+/// constants yet (only its name), so the values mirror the library's definition
+/// (src/ffi/host_arrays.rs); tests check them against arrays of known types.
+public enum DType: UInt32, Sendable, CaseIterable {
+  case float32 = 0, bfloat16, float16, int32, uint32, int64, uint8, bool, int8, int16, uint16, uint64, float64, complex64
+  /// A value this Swift layer does not know (a newer library).
+  case unknown = 0xFFFF_FFFF
+}
