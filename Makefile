@@ -4,19 +4,29 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-.PHONY: deps build header check-header lint test test-rust test-c test-swift test-valgrind test-interop demo examples bench bench-quick bench-ab bench-deps fuzz clean
+.PHONY: deps build header check-header lint lint-apple test test-rust test-c test-swift test-valgrind test-interop demo examples bench bench-quick bench-ab bench-deps fuzz clean
 
 UNAME := $(shell uname -s)
 DEPS := $(CURDIR)/.deps
 PY := $(DEPS)/py
 MLX_VERSION := 0.32.2
-# Linux uses PyPI's CPU build of MLX; macOS the regular wheel (Metal).
+# MLX 0.32.2's wheels are for CPython 3.10 and newer (the Command Line Tools' python3 is 3.9:
+# run `make PYTHON=python3.12 ...` with a newer one).
+PYTHON ?= python3
+# Linux uses PyPI's CPU build of MLX; macOS the regular wheel (Metal), which pulls `mlx-metal`.
 ifeq ($(UNAME),Darwin)
 MLX_WHEEL := mlx==$(MLX_VERSION)
 SO := dylib
+# MLX 0.32.2 needs macOS 14 (its wheels start there; Metal 3.1's bfloat). Everything built here
+# (rustc, the cc crate's mlx-c, the ship link) targets it, and pip takes the macOS 14 build of
+# mlx-metal, the oldest, whatever macOS builds, so the shipped tree runs on every macOS MLX
+# supports (pip would otherwise pick the 15.0 or 26 build on a newer Mac).
+export MACOSX_DEPLOYMENT_TARGET := 14.0
+PIP_PLATFORM := --platform macosx_14_0_arm64 --only-binary=:all:
 else
 MLX_WHEEL := mlx-cpu==$(MLX_VERSION)
 SO := so
+PIP_PLATFORM :=
 endif
 PIP_STAMP := $(DEPS)/.pip-$(MLX_VERSION)
 export MLX_PREFIX := $(PY)
@@ -33,13 +43,26 @@ LINK := -Ltarget/ship/lib -llatent_cache -Wl,-rpath,$(CURDIR)/target/ship/lib
 # LeakSanitizer checks the C clients' runs, our library's allocations included (it shares the
 # process's malloc). Live handles stay reachable through the handle registry, so leaked handles
 # are caught by the soak test's memory accounting instead.
+# Apple clang's ASan has no LeakSanitizer (detect_leaks=1 stops every program before main
+# there); on macOS the leak check is `leaks`, in test-valgrind.
+ifeq ($(UNAME),Darwin)
+export ASAN_OPTIONS := abort_on_error=1
+else
 export ASAN_OPTIONS := detect_leaks=1:abort_on_error=1
+endif
 export UBSAN_OPTIONS := print_stacktrace=1:halt_on_error=1
 
 $(PIP_STAMP):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "error: MLX $(MLX_VERSION)'s \
+	  wheels need Python 3.10 or newer; $(PYTHON) is $$($(PYTHON) -V 2>&1). Install a newer Python \
+	  (python.org, Homebrew) and run make PYTHON=python3.12 (or put it first on PATH)." >&2; exit 1; }
 	@mkdir -p $(DEPS)
-	python3 -m pip install --quiet --disable-pip-version-check --target $(PY) \
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target $(PY) $(PIP_PLATFORM) \
 	  "$(MLX_WHEEL)" libclang==18.1.1
+ifeq ($(UNAME),Darwin)
+	@grep -q 'Tag: .*macosx_14_0_arm64' $(PY)/mlx_metal-$(MLX_VERSION).dist-info/WHEEL || \
+	  { echo "error: pip did not take mlx-metal's macOS 14.0 build" >&2; exit 1; }
+endif
 	@touch $@
 
 deps: $(PIP_STAMP)
@@ -58,16 +81,19 @@ check-header:
 	@cmp include/latent_cache.h target/header/latent_cache.h || \
 	  { echo "include/latent_cache.h is stale: run 'make header' and commit it"; exit 1; }
 
-# House style: the floor plan (tools/floor-plan.py: rooms import only the rooms below them, no
+# House style: the scripts `make test` runs keep to bash 3.2 (macOS's /bin/bash;
+# tools/bash32-lint.py), the floor plan (tools/floor-plan.py: rooms import only the rooms below them, no
 # import circles, no file over 400 lines, each file opening with its job), rustfmt (rustfmt.toml)
 # and clippy with every warning an error, on every crate and target of the workspace (library,
 # tests, benchmark driver, header tool, mlx-sys).
+SCRIPTS := Makefile packaging/ship.mk $(wildcard packaging/*.sh tests/*/*.sh tools/*.sh tools/*/*.sh) .ci/run
 lint: deps
-	python3 tools/floor-plan.py
+	$(PYTHON) tools/bash32-lint.py $(SCRIPTS)
+	$(PYTHON) tools/floor-plan.py
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
-test: build check-header lint test-rust test-c test-valgrind check-symbols test-install test-interop test-swift
+test: build check-header lint lint-apple test-rust test-c test-valgrind check-symbols test-install test-interop test-swift
 
 test-rust: deps
 	cargo test --release -p latent-cache
@@ -78,12 +104,33 @@ test-rust: deps
 test-interop: bench-deps
 	LATENT_CACHE_MLX_LM_PYTHONPATH=$(BENCH_PY) cargo test --release -p latent-cache --test mlx_lm -- --ignored
 
-# The soak test again under valgrind memcheck (fewer operations: memcheck is slow): no definite
-# leaks, no memory errors.
-VALGRIND := valgrind --quiet --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite --error-exitcode=3
+# The soak test again under a leak checker (fewer operations: the checkers are slow): on Linux
+# valgrind memcheck (no definite leaks, no memory errors); on macOS, where valgrind has no
+# Apple-silicon port, the system's leaks(1), which inspects the process as it exits.
+ifeq ($(UNAME),Darwin)
+LEAK_CHECK := leaks --atExit --
+LEAK_ENV := MallocStackLogging=1
+else
+LEAK_CHECK := valgrind --quiet --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite --error-exitcode=3
+LEAK_ENV :=
+endif
 test-valgrind: deps
-	SOAK_OPS=3000 cargo test --release -p latent-cache --test soak \
-	  --config "target.'cfg(all())'.runner = [$(foreach w,$(VALGRIND),'$(w)',)]"
+	SOAK_OPS=3000 $(LEAK_ENV) cargo test --release -p latent-cache --test soak \
+	  --config "target.'cfg(all())'.runner = [$(foreach w,$(LEAK_CHECK),'$(w)',)]"
+
+# Clippy as it runs on Apple silicon (the macOS-only code paths), from this Linux machine:
+# rustup's standard library for the target, and mlx-sys in its check-only mode (nothing compiled
+# for or linked against macOS; `cargo clippy` needs neither). On a Mac `make lint` does this.
+APPLE_TARGET := aarch64-apple-darwin
+lint-apple: deps
+ifeq ($(UNAME),Darwin)
+	@echo "lint-apple: on a Mac, make lint checks the Apple code paths itself"
+else
+	@if ! rustup target add $(APPLE_TARGET); then \
+	  echo "lint-apple: SKIPPED: rustup could not install the $(APPLE_TARGET) standard library" >&2; exit 0; fi; \
+	LATENT_CACHE_MLX_SYS=check cargo clippy --release --workspace --all-targets --target $(APPLE_TARGET) \
+	  --target-dir target/lint-apple -- -D warnings
+endif
 
 # C and C++ clients against the shipped library, under ASan/UBSan; the header must compile as
 # C11 and C++17, included twice.
@@ -95,7 +142,7 @@ test-c: ship
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_threads.c -o $(OUT)/test_threads $(LINK) -lpthread
 	$(CXX) -std=c++17 $(CWARN) $(SAN) -g -Iinclude tests/c/test_cpp.cpp -o $(OUT)/test_cpp $(LINK)
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -O1 -Iinclude examples/engine.c -o $(OUT)/engine_asan $(LINK) -lm
-	python3 tools/readme-examples.py README.md $(OUT)/readme
+	$(PYTHON) tools/readme-examples.py README.md $(OUT)/readme
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude $(OUT)/readme/readme_decode.c -o $(OUT)/readme_decode $(LINK)
 	$(OUT)/readme_decode
 	$(OUT)/test_api
@@ -134,13 +181,23 @@ BENCH_PY := $(DEPS)/bench-py
 BENCH_STAMP := $(DEPS)/.bench-$(MLX_VERSION)
 BENCH_OUT := target/bench
 
+# mlx-cpu has no macOS wheel; there `mlx` brings mlx-metal.
+BENCH_MLX := "mlx==$(MLX_VERSION)" $(if $(filter Darwin,$(UNAME)),,"mlx-cpu==$(MLX_VERSION)")
 $(BENCH_STAMP):
-	python3 -m pip install --quiet --disable-pip-version-check --target $(BENCH_PY) \
-	  "mlx==$(MLX_VERSION)" "mlx-cpu==$(MLX_VERSION)" "matplotlib==3.10.*"
-	python3 -m pip install --quiet --disable-pip-version-check --no-deps --target $(BENCH_PY) "mlx-lm==0.32.2"
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target $(BENCH_PY) \
+	  $(BENCH_MLX) "matplotlib==3.10.*"
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps --target $(BENCH_PY) "mlx-lm==0.32.2"
 	@touch $@
 
 bench-deps: deps $(BENCH_STAMP)
+
+# What the benchmarks run on, for the report's title: MLX's GPU on a Mac (Metal), its CPU here.
+NCPU := $(shell getconf _NPROCESSORS_ONLN 2>/dev/null || echo '?')
+ifeq ($(UNAME),Darwin)
+BENCH_DEVICE = $(shell sysctl -n machdep.cpu.brand_string 2>/dev/null) GPU (Metal), $(NCPU)-core host
+else
+BENCH_DEVICE = $(NCPU)-core CPU
+endif
 
 # Both drivers run pinned to one core where taskset exists: on a 2-core machine, MLX's worker
 # thread and the caller waking each other across cores made whole runs 1.5-3x slower at random.
@@ -154,11 +211,11 @@ bench bench-quick: bench-deps
 	$(PIN) target/release/latent-cache-bench --rounds $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/rounds.json
 	$(PIN) target/release/latent-cache-bench --persist $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/persist.json
 	$(PIN) target/release/latent-cache-bench --attention $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/attention.json
-	PYTHONPATH=$(BENCH_PY) $(PIN) python3 bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
-	PYTHONPATH=$(BENCH_PY) $(PIN) python3 bench/mlx_lm_attention_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_attention.json
-	PYTHONPATH=$(BENCH_PY) python3 bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/rounds.json $(BENCH_OUT)/persist.json $(BENCH_OUT)/mlx_lm.json \
+	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
+	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_attention_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_attention.json
+	PYTHONPATH=$(BENCH_PY) $(PYTHON) bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/rounds.json $(BENCH_OUT)/persist.json $(BENCH_OUT)/mlx_lm.json \
 	  $(BENCH_OUT)/attention.json $(BENCH_OUT)/mlx_lm_attention.json \
-	  --title "decode step time, GLM-5.2 shape, $$(nproc)-core CPU$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"
+	  --title "decode step time, GLM-5.2 shape, $(BENCH_DEVICE)$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"
 	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png"
 
 # This tree's benchmark driver against another revision's, side by side in one run (the two
@@ -173,7 +230,7 @@ bench-ab: deps
 	git worktree add --detach target/bench-base $(BASE)
 	ln -s $(DEPS) target/bench-base/.deps
 	cd target/bench-base && cargo build --release -p latent-cache-bench --target-dir $(CURDIR)/target/bench-base-target
-	$(PIN) python3 bench/ab.py --new target/release/latent-cache-bench \
+	$(PIN) $(PYTHON) bench/ab.py --new target/release/latent-cache-bench \
 	  --base target/bench-base-target/release/latent-cache-bench --base-name "$(BASE) ($$(git rev-parse --short $(BASE)))" \
 	  --rounds $(AB_ROUNDS) --out $(BENCH_OUT)/ab -- $(AB_ARGS)
 	git worktree remove --force target/bench-base
@@ -196,7 +253,7 @@ fuzz: deps $(CARGO_FUZZ)
 	RUSTC_BOOTSTRAP=1 $(CARGO_FUZZ) run --fuzz-dir fuzz load target/fuzz-corpus-load fuzz/corpus/load -- \
 	  -max_total_time=$(FUZZ_SECONDS)
 	@mkdir -p target/fuzz-corpus-mlxbun
-	python3 tests/interop/mlxbun_kv.py write-example target/fuzz-corpus-mlxbun/seed-example.mlxkv
+	$(PYTHON) tests/interop/mlxbun_kv.py write-example target/fuzz-corpus-mlxbun/seed-example.mlxkv
 	RUSTC_BOOTSTRAP=1 $(CARGO_FUZZ) run --fuzz-dir fuzz load_mlxbun target/fuzz-corpus-mlxbun -- \
 	  -max_total_time=$(FUZZ_SECONDS) -max_len=131072
 

@@ -20,7 +20,7 @@
  *   Fallible calls return latent_cache_status. On failure the cache is exactly as before the
  *   call, including failures MLX reports while evaluating, and latent_cache_last_error gives
  *   this thread's message. A request the process cannot hold (reserve, an append that grows the
- *   buffers, a row rebuild) is checked against MLX's memory limit (mlx_set_memory_limit; by
+ *   buffers, a row rebuild) is checked against MLX's memory limit (latent_cache_set_memory_limit; by
  *   default a share of the device's memory) before anything is built, and refused with
  *   CAPACITY.
  *
@@ -231,6 +231,38 @@ typedef enum {
   // Every valid position, plus the additive `mask` array.
   LATENT_CACHE_MASK_ARRAY = 2,
 } latent_cache_mask_mode;
+
+// An MLX array's element type (`latent_cache_array_dtype`, and the `dtype` argument of the
+// typed host calls, passed as `uint32_t`). The host calls take `FLOAT32`, `BFLOAT16`, `FLOAT16`
+// and `INT32`; 16-bit floats travel as their bit patterns in `uint16_t` (bfloat16: the upper
+// half of the float32; float16: IEEE binary16).
+typedef enum {
+  LATENT_CACHE_DTYPE_FLOAT32 = 0,
+  LATENT_CACHE_DTYPE_BFLOAT16 = 1,
+  LATENT_CACHE_DTYPE_FLOAT16 = 2,
+  LATENT_CACHE_DTYPE_INT32 = 3,
+  LATENT_CACHE_DTYPE_UINT32 = 4,
+  LATENT_CACHE_DTYPE_INT64 = 5,
+  LATENT_CACHE_DTYPE_UINT8 = 6,
+  LATENT_CACHE_DTYPE_BOOL = 7,
+  LATENT_CACHE_DTYPE_INT8 = 8,
+  LATENT_CACHE_DTYPE_INT16 = 9,
+  LATENT_CACHE_DTYPE_UINT16 = 10,
+  LATENT_CACHE_DTYPE_UINT64 = 11,
+  LATENT_CACHE_DTYPE_FLOAT64 = 12,
+  LATENT_CACHE_DTYPE_COMPLEX64 = 13,
+} latent_cache_dtype;
+
+// A device for the library's MLX work (`latent_cache_set_device`, `latent_cache_get_device`;
+// passed as `uint32_t`).
+typedef enum {
+  // MLX's default device (the GPU where MLX has one: Metal on Apple silicon, CUDA on
+  // NVIDIA) when its device loads, MLX's CPU otherwise (for example a Mac virtual machine
+  // without a Metal device).
+  LATENT_CACHE_DEVICE_DEFAULT = 0,
+  LATENT_CACHE_DEVICE_CPU = 1,
+  LATENT_CACHE_DEVICE_GPU = 2,
+} latent_cache_device;
 
 // One layer's cache, as C names it. Opaque and never dereferenced: a `latent_cache*` is a
 // token from `latent_cache_new` (or `latent_cache_extract_row`), released with
@@ -1310,6 +1342,19 @@ latent_cache_status latent_cache_set_eval_lock(latent_cache_lock_fn lock,
 // on that thread. Set it before other threads use the library, or while none is evaluating.
 // Never fails.
 void latent_cache_set_evaluation_thread(bool enabled);
+
+// Chooses the device every graph of the library runs on (one for the process; the library's
+// views and arrays live there). Call it before the first call that uses MLX (any append,
+// read, array or load); until then `LATENT_CACHE_DEVICE=cpu` or `gpu` in the environment
+// chooses, and otherwise `DEFAULT`. Choosing the device already in use later is accepted.
+// Returns `OK`, `INVALID_ARGUMENT` (no such device), `INVALID_STATE` (the library already runs
+// on the other device), `BACKEND` (`GPU`, before first use, where MLX has no working GPU;
+// nothing changes).
+latent_cache_status latent_cache_set_device(uint32_t device);
+
+// `*out` = the device the library runs on, `CPU` or `GPU` (after this call the choice is
+// made: the library's stream exists). Returns `OK`, `NULL_ARGUMENT`.
+latent_cache_status latent_cache_get_device(uint32_t *out);
 
 // `*out` = what MLX's allocator holds now. Returns `OK`, `NULL_ARGUMENT`.
 latent_cache_status latent_cache_memory_info(latent_cache_memory *out);

@@ -23,7 +23,26 @@ if [[ $(uname -s) == Darwin ]]; then
 else
   exports=$(nm -D --defined-only "$lib" | awk '{print $NF}' | sort -u)
 fi
-# Functions the header declares: a declaration line names latent_cache_<name>( after its type.
+# The static archive (when given as ARCHIVE): its global definitions must be the exports and
+# nothing else, so it links beside other Rust or mlx-c libraries. On Apple platforms Rust's
+# unwinding personality stays global too (packaging/ship.mk says why).
+if [[ -n ${ARCHIVE:-} ]]; then
+  if [[ $(uname -s) == Darwin ]]; then
+    archived=$(nm -gU "$ARCHIVE" 2>/dev/null | awk 'NF == 3 {print $3}' | sed 's/^_//' | grep -vx rust_eh_personality | sort -u)
+  else
+    archived=$(nm -g --defined-only "$ARCHIVE" 2>/dev/null | awk 'NF == 3 {print $3}' | sort -u)
+  fi
+  stray=$(grep -v '^latent_cache_' <<<"$archived" || true)
+  if [[ -n $stray ]]; then
+    echo "error: $ARCHIVE defines global symbols besides latent_cache_*:" >&2
+    head -n 20 <<<"$stray" | sed 's/^/  /' >&2
+    exit 1
+  fi
+  [[ $archived == "$exports" ]] || { echo "error: $ARCHIVE's global functions differ from $lib's exports" >&2; exit 1; }
+fi
+
+# Functions the header declares: a declaration line names latent_cache_<name>( after its type
+# (the header's static inline wrappers are not exports).
 declared=$(grep -v '^static inline' "$header" | grep -oE '^[A-Za-z_][A-Za-z0-9_ ]*[ *]latent_cache_[a-z0-9_]+\(' |
   grep -oE 'latent_cache_[a-z0-9_]+\($' | tr -d '(' | sort -u)
 

@@ -39,7 +39,7 @@ SHIP_GLOB := liblatent_cache*.dylib
 # The system libraries rustc lists for a staticlib (--print native-static-libs), plus libc++.
 NATIVE_LIBS := -lc++ -liconv -lSystem -lc -lm
 SHIP_RPATH := $(if $(filter 1,$(BUNDLE_MLX)),-Wl$(comma)-rpath$(comma)@loader_path/$(MLX_PRIVATE)/mlx/lib)
-SHIP_LDFLAGS := -dynamiclib -Wl,-install_name,@rpath/$(SHIP_SONAME) \
+SHIP_LDFLAGS := -dynamiclib -mmacosx-version-min=$(MACOSX_DEPLOYMENT_TARGET) -Wl,-install_name,@rpath/$(SHIP_SONAME) \
   -Wl,-current_version,$(VERSION) -Wl,-compatibility_version,$(ABI).0 \
   -Wl,-exported_symbols_list,$(SHIP_WORK)/exports.txt -Wl,-dead_strip
 else
@@ -79,7 +79,12 @@ $(SHIP_WORK)/latent_cache.o: $(STATICLIB)
 	@mkdir -p $(SHIP_WORK)
 ifeq ($(UNAME),Darwin)
 	nm -gU $(STATICLIB) | awk '$$2 == "T" && $$3 ~ /^_latent_cache_/ {print $$3}' | sort -u >$(SHIP_WORK)/exports.txt
-	ld -r -all_load -exported_symbols_list $(SHIP_WORK)/exports.txt $(STATICLIB) -o $@
+	# The prelink keeps Rust's unwinding personality global as well: every Rust function's
+	# unwind info names it, and once `ld -r` hides it Apple's linker reports it undefined in the
+	# next link (rust-lang/rust#104707; Ruby's YJIT keeps it exported for the same reason). The
+	# dylib's own link hides it again (exports.txt); the archive keeps it (docs/packaging.md).
+	{ cat $(SHIP_WORK)/exports.txt; echo _rust_eh_personality; } >$(SHIP_WORK)/prelink-exports.txt
+	ld -r -all_load -exported_symbols_list $(SHIP_WORK)/prelink-exports.txt $(STATICLIB) -o $@
 else
 	readelf -sW $(STATICLIB) | awk '$$4 == "FUNC" && $$5 == "GLOBAL" && $$7 != "UND" && $$8 ~ /^latent_cache_/ {print $$8}' \
 	  | sort -u >$(SHIP_WORK)/exports.txt
@@ -168,7 +173,7 @@ uninstall:
 
 # The exports against packaging/symbols.txt and the header (see packaging/check-symbols.sh).
 check-symbols: ship
-	bash packaging/check-symbols.sh $(SHIP)/lib/$(SHIP_REAL) packaging/symbols.txt include/latent_cache.h $(ABI)
+	ARCHIVE=$(SHIP)/lib/liblatent_cache.a bash packaging/check-symbols.sh $(SHIP)/lib/$(SHIP_REAL) packaging/symbols.txt include/latent_cache.h $(ABI)
 
 # Records the current exports as the ABI's symbol list (after adding functions, or with a new
 # ABI version).
@@ -188,7 +193,7 @@ PKG_CONFIG := $(TOOLS)/pkgconf/.bin/pkgconf
 
 $(TOOLS_STAMP):
 	@mkdir -p $(DEPS)
-	python3 -m pip install --quiet --disable-pip-version-check --upgrade --target $(TOOLS) \
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --upgrade --target $(TOOLS) \
 	  "cmake==$(CMAKE_PIN)" "pkgconf==$(PKGCONF_PIN)"
 	@touch $@
 

@@ -5,6 +5,9 @@
 //!   `mlx-cpu` on Linux, `mlx` on macOS). Defaults to `<repo>/.deps/py`, where the Makefile puts it.
 //! - `MLX_C_SRC`: an mlx-c source tree to use instead of the one inside crates.io's mlx-sys 0.7.0.
 //! - `LIBCLANG_PATH`: for bindgen; defaults to PyPI libclang's folder under `MLX_PREFIX`.
+//! - `LATENT_CACHE_MLX_SYS=check`: for `cargo check`/`clippy` of another platform (the Makefile's
+//!   `lint-apple`): no mlx-c is compiled and nothing linked; the bindings are generated for the
+//!   build machine (mlx-c's API uses fixed-size types, so they type-check the same).
 //!
 //! Outputs: a static `mlxc`, `dylib=mlx`, and `cargo:libdir` (read by dependents as
 //! `DEP_MLX_LIBDIR`, for a run path).
@@ -20,7 +23,7 @@ const UPSTREAM_VERSION: &str = "0.7.0";
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    for var in ["MLX_PREFIX", "MLX_C_SRC", "LIBCLANG_PATH"] {
+    for var in ["MLX_PREFIX", "MLX_C_SRC", "LIBCLANG_PATH", "LATENT_CACHE_MLX_SYS"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=compat");
@@ -38,9 +41,12 @@ fn main() {
     let mlx_c = env::var_os("MLX_C_SRC").map(PathBuf::from).unwrap_or_else(|| upstream_mlx_c(&out));
     let prelude = manifest.join("compat/prelude.h");
 
-    compile_mlx_c(&mlx_c, &mlx_include, &prelude, &manifest.join("compat"));
-    println!("cargo:rustc-link-search=native={}", mlx_lib.display());
-    println!("cargo:rustc-link-lib=dylib=mlx");
+    let check_only = env::var("LATENT_CACHE_MLX_SYS").is_ok_and(|v| v == "check");
+    if !check_only {
+        compile_mlx_c(&mlx_c, &mlx_include, &prelude, &manifest.join("compat"));
+        println!("cargo:rustc-link-search=native={}", mlx_lib.display());
+        println!("cargo:rustc-link-lib=dylib=mlx");
+    }
     println!("cargo:libdir={}", mlx_lib.display());
 
     if env::var_os("LIBCLANG_PATH").is_none() {
@@ -49,7 +55,7 @@ fn main() {
             env::set_var("LIBCLANG_PATH", bundled);
         }
     }
-    generate_bindings(&mlx_c, &prelude, &out);
+    generate_bindings(&mlx_c, &prelude, &out, check_only);
 }
 
 /// Finds the mlx-c tree inside crates.io's mlx-sys package: a throwaway manifest that depends on
@@ -139,9 +145,14 @@ fn has_std_format(build: &cc::Build) -> bool {
 
 /// Same bindgen settings as crates.io's mlx-sys 0.7.0, plus the prelude and the C compiler's
 /// builtin headers (PyPI's libclang ships none).
-fn generate_bindings(mlx_c: &Path, prelude: &Path, out: &Path) {
+fn generate_bindings(mlx_c: &Path, prelude: &Path, out: &Path, for_host: bool) {
     let headers = mlx_c_files(mlx_c, "h");
-    let mut builder = bindgen::Builder::default()
+    let mut builder = bindgen::Builder::default();
+    if for_host {
+        // The build machine's own C headers, whatever platform cargo checks for.
+        builder = builder.clang_arg(format!("--target={}", env::var("HOST").unwrap()));
+    }
+    builder = builder
         .rust_target("1.73.0".parse().expect("rust-version"))
         .clang_arg(format!("-I{}", mlx_c.display()))
         .clang_arg("-include")

@@ -140,7 +140,7 @@ const CONFIG_SIZE_MAX: usize = 4096;
 /// words.
 fn caller_size(struct_size: usize, name: &str) -> FfiResult<usize> {
     let size = if struct_size == 0 { CONFIG_SIZE } else { struct_size };
-    if size < CONFIG_SIZE || size > CONFIG_SIZE_MAX || size % std::mem::align_of::<latent_cache_config>() != 0 {
+    if !(CONFIG_SIZE..=CONFIG_SIZE_MAX).contains(&size) || size % std::mem::align_of::<latent_cache_config>() != 0 {
         return Err(Failure::new(
             latent_cache_status::InvalidArgument,
             format!(

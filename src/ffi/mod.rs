@@ -16,8 +16,8 @@
 //! `spec` (speculative rounds); `prefill` (padded prefills and prefill maintenance); `rows`
 //! (merge, extract, filter); `query` (read-only queries, composed storage's boundaries
 //! included); `set` (the model-level set: every set-wide export); `persist` and `mlxbun` (saving
-//! and loading); `donor` (the read path); `last_error`; `eval_lock`; `memory` (MLX's
-//! memory limit and buffer cache); `version`.
+//! and loading); `donor` (the read path); `last_error`; `eval_lock`; `device` (the device
+//! the library runs on); `memory` (MLX's memory limit and buffer cache); `version`.
 //!
 //! A new export goes into the file of its concept, its body one `ffi_boundary!` (see `panic`).
 #![allow(non_camel_case_types)]
@@ -44,6 +44,7 @@ pub mod mlxbun;
 pub mod donor;
 pub mod last_error;
 pub mod eval_lock;
+pub mod device;
 pub mod memory;
 pub mod version;
 

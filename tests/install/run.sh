@@ -7,6 +7,8 @@
 #
 #   run.sh SOURCE_TREE INSTALLED_PREFIX WORK_DIR
 # Environment (from the Makefile): CC, CXX, CMAKE, PKG_CONFIG, VERSION, ABI, SHIP_REAL, SHIP_SONAME.
+# Written for bash 3.2 (macOS's /bin/bash): an array that may be empty is expanded as
+# ${a[@]+"${a[@]}"}, since 3.2 calls the plain quoted expansion of an empty array unbound under `set -u`.
 set -euo pipefail
 
 src=$1 prefix=$2 work=$3
@@ -32,6 +34,17 @@ if [[ $darwin == 0 ]]; then
   readelf -S "$prefix/lib/$SHIP_REAL" | grep -q '\.debug_info' && fail "the installed library has debug info"
 else
   otool -D "$prefix/lib/$SHIP_REAL" | grep -q "@rpath/$SHIP_SONAME" || fail "install name is not @rpath/$SHIP_SONAME"
+  [[ -L $prefix/lib/liblatent_cache.dylib ]] || fail "lib/liblatent_cache.dylib is not a symbolic link"
+  # MLX is referenced through the run path, and the only run path is relative to the library.
+  otool -L "$prefix/lib/$SHIP_REAL" | grep -q '@rpath/libmlx.dylib' || fail "libmlx.dylib is not referenced as @rpath/libmlx.dylib"
+  rpaths=$(otool -l "$prefix/lib/$SHIP_REAL" | awk '$1 == "cmd" {cmd = $2} cmd == "LC_RPATH" && $1 == "path" {print $2}')
+  [[ -n $rpaths ]] || fail "the library has no LC_RPATH"
+  for r in $rpaths; do
+    [[ $r == @loader_path/* ]] || fail "run path is not relative to the library: $r"
+  done
+  for f in lib/latent-cache/mlx/lib/libmlx.dylib lib/latent-cache/mlx/lib/mlx.metallib; do
+    [[ -f $prefix/$f ]] || fail "missing $f (MLX loads mlx.metallib from beside libmlx.dylib)"
+  done
 fi
 
 # The consumers' run path: the installed lib/ seen from their bin/ beside it.
@@ -46,15 +59,15 @@ pc_version=$("$PKG_CONFIG" --modversion latent-cache)
 [[ $pc_version == "$VERSION" ]] || fail "pkg-config says version $pc_version, Cargo.toml $VERSION"
 read -r -a cflags <<<"$("$PKG_CONFIG" --cflags latent-cache)"
 read -r -a libs <<<"$("$PKG_CONFIG" --libs latent-cache)"
-"$CC" -std=c11 -O1 "${cflags[@]}" "$src/examples/engine.c" -o "$bin/engine-pc" "${libs[@]}" -lm "${rpath_flags[@]}"
-"$CXX" -std=c++17 -O1 "${cflags[@]}" "$src/tests/c/test_cpp.cpp" -o "$bin/test_cpp-pc" "${libs[@]}" "${rpath_flags[@]}"
-"$CC" -std=c11 -O1 "${cflags[@]}" -DEXPECTED_VERSION="\"$pc_version\"" "$src/tests/install/version.c" \
-  -o "$bin/version-pc" "${libs[@]}" "${rpath_flags[@]}"
+"$CC" -std=c11 -O1 ${cflags[@]+"${cflags[@]}"} "$src/examples/engine.c" -o "$bin/engine-pc" ${libs[@]+"${libs[@]}"} -lm ${rpath_flags[@]+"${rpath_flags[@]}"}
+"$CXX" -std=c++17 -O1 ${cflags[@]+"${cflags[@]}"} "$src/tests/c/test_cpp.cpp" -o "$bin/test_cpp-pc" ${libs[@]+"${libs[@]}"} ${rpath_flags[@]+"${rpath_flags[@]}"}
+"$CC" -std=c11 -O1 ${cflags[@]+"${cflags[@]}"} -DEXPECTED_VERSION="\"$pc_version\"" "$src/tests/install/version.c" \
+  -o "$bin/version-pc" ${libs[@]+"${libs[@]}"} ${rpath_flags[@]+"${rpath_flags[@]}"}
 # Static: the archive in place of -llatent_cache, then what it needs (Libs.private).
 read -r -a static_libs <<<"$("$PKG_CONFIG" --static --libs latent-cache)"
-static_libs=("${static_libs[@]/#-llatent_cache/$prefix/lib/liblatent_cache.a}")
-"$CC" -std=c11 -O1 "${cflags[@]}" "$src/examples/engine.c" -o "$bin/engine-static-pc" "${static_libs[@]}" -lm \
-  "${rpath_flags[@]}" -Wl,-rpath,"$run_path/latent-cache/mlx/lib"
+static_libs=(${static_libs[@]+"${static_libs[@]/#-llatent_cache/$prefix/lib/liblatent_cache.a}"})
+"$CC" -std=c11 -O1 ${cflags[@]+"${cflags[@]}"} "$src/examples/engine.c" -o "$bin/engine-static-pc" ${static_libs[@]+"${static_libs[@]}"} -lm \
+  ${rpath_flags[@]+"${rpath_flags[@]}"} -Wl,-rpath,"$run_path/latent-cache/mlx/lib"
 
 step "CMake: find_package(LatentCache CONFIG) from $prefix"
 "$CMAKE" -S "$src/tests/install" -B "$work/cmake-build" -DCMAKE_BUILD_TYPE=Release \
@@ -78,6 +91,9 @@ cp -RP "$prefix" "$moved"
 rm -rf "$prefix" "$work/cmake-build"
 unset LD_LIBRARY_PATH DYLD_LIBRARY_PATH DYLD_FALLBACK_LIBRARY_PATH
 
+physical=$(cd "$moved" && pwd -P)
+# A library's path as the loader reports it, checked to lie in the moved tree.
+in_moved() { [[ $1 == "$moved"/* || $1 == "$physical"/* ]]; }
 for exe in engine-pc engine-static-pc engine-cmake engine-static-cmake test_cpp-pc test_cpp-cmake version-pc version-cmake; do
   if [[ $darwin == 0 ]]; then
     # Where each library was found: ours and MLX's must come from the moved tree.
@@ -96,7 +112,23 @@ for exe in engine-pc engine-static-pc engine-cmake engine-static-cmake test_cpp-
     *) args=() ;;
   esac
   step "run $exe"
-  "$moved/bin/$exe" "${args[@]}" >"$work/$exe.log" 2>&1 || { cat "$work/$exe.log"; fail "$exe failed"; }
+  if [[ $darwin == 0 ]]; then
+    "$moved/bin/$exe" ${args[@]+"${args[@]}"} >"$work/$exe.log" 2>&1 || { cat "$work/$exe.log"; fail "$exe failed"; }
+  else
+    # dyld names every image it loads on stderr: ours and MLX's must come from the moved tree,
+    # and mlx.metallib must sit beside the libmlx.dylib loaded (where MLX looks for it).
+    DYLD_PRINT_LIBRARIES=1 "$moved/bin/$exe" ${args[@]+"${args[@]}"} >"$work/$exe.log" 2>"$work/$exe.dyld" ||
+      { cat "$work/$exe.log" "$work/$exe.dyld"; fail "$exe failed"; }
+    mlx=$(sed -n 's/^dyld[^ ]* \(loaded: \)\{0,1\}\(.*libmlx\.dylib\)$/\2/p' "$work/$exe.dyld" | head -n 1)
+    in_moved "$mlx" || fail "$exe: libmlx.dylib not loaded from $moved: '$mlx'"
+    [[ -f $(dirname "$mlx")/mlx.metallib ]] || fail "$exe: no mlx.metallib beside $mlx"
+    ours=$(sed -n 's/^dyld[^ ]* \(loaded: \)\{0,1\}\(.*liblatent_cache[^/]*\.dylib\)$/\2/p' "$work/$exe.dyld" | head -n 1)
+    if [[ $exe != engine-static-* ]]; then
+      in_moved "$ours" || fail "$exe: $SHIP_SONAME not loaded from $moved: '$ours'"
+    elif [[ -n $ours ]]; then
+      fail "$exe: linked statically, yet loads $ours"
+    fi
+  fi
   tail -n 1 "$work/$exe.log"
 done
 echo "install test: passed (pkg-config and CMake consumers, relocated, no LD_LIBRARY_PATH)"

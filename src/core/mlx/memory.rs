@@ -24,7 +24,7 @@ pub fn check_alloc(bytes: Option<usize>, what: &str) -> Result<()> {
         Some(bytes) if bytes <= limit.saturating_sub(active) => Ok(()),
         Some(bytes) => fail!(
             Capacity,
-            "{what} needs {bytes} bytes; MLX has {active} of its {limit}-byte memory limit in use (mlx_set_memory_limit raises it)"
+            "{what} needs {bytes} bytes; MLX has {active} of its {limit}-byte memory limit in use (latent_cache_set_memory_limit raises it)"
         ),
         None => fail!(Capacity, "{what} needs more bytes than this process can address"),
     }

@@ -1,9 +1,10 @@
 //! The one door to MLX: array operations that return `Result` and check MLX's memory limit
-//! before they allocate (`ops`, `math`), host data of several element types (`host`),
+//! before they allocate (`ops`, `math`), the library's stream and its device (`device`), host data of several element types (`host`),
 //! evaluation on a thread of our own (`eval`), and MLX's memory: the allocation check, its
 //! limit and its buffer cache (`memory`). Nothing else in the core calls mlx-sys directly.
 //!
 //! May import: `error`.
+pub mod device;
 pub mod eval;
 pub mod host;
 pub mod math;

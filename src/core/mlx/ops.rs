@@ -1,56 +1,16 @@
 //! The few MLX operations the cache is built from, called through mlx-c directly so that an
 //! append costs one slice update per family and nothing else on the host. Every graph the
-//! library builds runs on one process-wide stream (see `stream`), so a handle's calls, and the
+//! library builds runs on one process-wide stream (`device`), so a handle's calls, and the
 //! evaluation of the arrays they return, may land on any thread.
 use mlx_rs::{Array, Dtype};
-use once_cell::sync::Lazy;
 
 use crate::core::error::{fail, Result};
+use crate::core::mlx::device::library_stream;
 use crate::core::mlx::eval::eval;
 use crate::core::mlx::memory::check_alloc;
 
-/// The library's stream. MLX 0.32 binds ordinary streams to the thread that made them: an array
-/// left unevaluated on thread A's stream cannot be evaluated on thread B, and every thread that
-/// touches MLX's default stream gets a worker thread of its own. A stream from
-/// `mlx_stream_new_thread_unsafe` is registered for the whole process instead: usable from any
-/// thread, one worker however many threads call us, and its evaluations serialized by the
-/// library's evaluation lock (`eval`). Made once, on the default device (the GPU where MLX has
-/// one: Metal on Apple silicon, CUDA on NVIDIA), and never freed.
-struct LibraryStream(mlx_sys::mlx_stream);
-
-// SAFETY: the stream is registered process-wide by MLX; the handle is an immutable token, and
-// evaluation on it is serialized by the evaluation lock.
-unsafe impl Send for LibraryStream {}
-unsafe impl Sync for LibraryStream {}
-
-static STREAM: Lazy<LibraryStream> = Lazy::new(|| {
-    ensure_error_handler();
-    // SAFETY: plain mlx-c constructors; the device is freed once the stream holds its own copy.
-    unsafe {
-        let mut device = mlx_sys::mlx_device_new();
-        mlx_sys::mlx_get_default_device(&mut device);
-        let stream = mlx_sys::mlx_stream_new_thread_unsafe(device);
-        mlx_sys::mlx_device_free(device);
-        LibraryStream(stream)
-    }
-});
-
-/// The library's stream, for the few mlx-c calls outside this file that take one.
-pub(crate) fn library_stream() -> mlx_sys::mlx_stream {
-    STREAM.0
-}
-
-/// mlx-c reports failures through a process-wide handler; mlx-rs installs one that keeps the
-/// message for the failing thread instead of exiting the process. Make sure it is installed
-/// before our first direct mlx-c call. Cloning an array is a guarded mlx-rs call that touches
-/// no stream (an evaluation would make the calling thread a stream and a worker of its own).
-fn ensure_error_handler() {
-    static INSTALLED: std::sync::Once = std::sync::Once::new();
-    INSTALLED.call_once(|| drop(Array::from_slice(&[0f32], &[1]).clone()));
-}
-
 pub(crate) fn call(op: &str, f: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32) -> Result<Array> {
-    let stream = STREAM.0;
+    let stream = library_stream();
     // SAFETY: `res` is a fresh handle that either receives the result or is freed here.
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
@@ -192,7 +152,7 @@ pub(crate) fn optional(value: i32) -> mlx_sys::mlx_optional_int {
 /// MLX's affine quantization along the last axis: `[packed uint32, scales, biases]`, scales and
 /// biases in `w`'s dtype.
 pub fn quantize(w: &Array, group_size: i32, bits: i32) -> Result<Vec<Array>> {
-    let stream = STREAM.0;
+    let stream = library_stream();
     // SAFETY: the vector is freed here; each element is copied into an owned Array first.
     unsafe {
         let mut out = mlx_sys::mlx_vector_array_new();

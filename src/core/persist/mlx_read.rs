@@ -17,7 +17,7 @@ use mlx_rs::Array;
 use serde_json::Value;
 
 use crate::core::error::{error, fail, Result};
-use crate::core::mlx::{eval::eval, memory::check_alloc, ops};
+use crate::core::mlx::{device, eval::eval, memory::check_alloc};
 use crate::core::persist::file::open_regular;
 
 fn cstring(s: &str) -> Result<CString> {
@@ -309,7 +309,7 @@ fn read_source(data: Data, len: u64, what: &str) -> Result<Contents> {
     let _revoke = Revoke(&source);
     check_frame(&source, what)?;
     let desc = Box::into_raw(Box::new(Reader { source: Arc::clone(&source), pos: Mutex::new(0) })).cast::<c_void>();
-    let stream = ops::library_stream();
+    let stream = device::library_stream();
     // SAFETY: `desc` is handed to MLX's reader, which frees it through `free` (or here when no
     // reader was made); the maps are MLX's results, read and freed here; arrays are copied into
     // owned handles, strings into Rust strings.

@@ -9,20 +9,19 @@ use once_cell::sync::Lazy;
 
 use crate::core::error::{fail, Result};
 use crate::core::kernels::launch::{cstr, made_once, Launch, Made, Source};
-use crate::core::mlx::ops;
+use crate::core::mlx::{device, ops};
 
-/// The default device's compute capability when it is a GPU driven by MLX's CUDA backend.
+/// The GPU's compute capability when the library runs on a GPU driven by MLX's CUDA backend.
 static CUDA_CAPABILITY: Lazy<Option<(usize, usize)>> = Lazy::new(|| {
     let mut cuda = false;
     // SAFETY: a plain query writing one bool.
     unsafe { mlx_sys::mlx_cuda_is_available(&mut cuda) };
-    if !cuda || !matches!(mlx_rs::Device::default().get_type(), Ok(mlx_rs::DeviceType::Gpu)) {
+    if !cuda || !device::on_gpu() {
         return None;
     }
     // SAFETY: the device and info objects are made and freed here; the keys are C strings.
     unsafe {
-        let mut device = mlx_sys::mlx_device_new();
-        mlx_sys::mlx_get_default_device(&mut device);
+        let device = mlx_sys::mlx_device_new_type(mlx_sys::mlx_device_type__MLX_GPU, 0);
         let mut info = mlx_sys::mlx_device_info_new();
         let (mut major, mut minor) = (0usize, 0usize);
         let ok = mlx_sys::mlx_device_info_get(&mut info, device) == 0
@@ -151,7 +150,8 @@ pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Resul
             rc |= mlx_sys::mlx_vector_array_append_value(l.inputs, a.as_ptr());
         }
         let mut outputs = l.outputs;
-        if rc != 0 || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel.0, l.inputs, l.config, ops::library_stream()) != 0
+        if rc != 0
+            || mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel.0, l.inputs, l.config, device::library_stream()) != 0
         {
             return fail!(Backend, "MLX could not apply a kernel of the library");
         }

@@ -10,14 +10,14 @@ use once_cell::sync::Lazy;
 
 use crate::core::error::{fail, Result};
 use crate::core::kernels::launch::{cstr, made_once, Launch, Made, Source};
-use crate::core::mlx::ops;
+use crate::core::mlx::device;
 
-/// Whether the default device is a GPU driven by MLX's Metal backend.
+/// Whether the library runs on a GPU driven by MLX's Metal backend.
 static ON_METAL: Lazy<bool> = Lazy::new(|| {
     let mut metal = false;
     // SAFETY: a plain query writing one bool.
     unsafe { mlx_sys::mlx_metal_is_available(&mut metal) };
-    metal && matches!(mlx_rs::Device::default().get_type(), Ok(mlx_rs::DeviceType::Gpu))
+    metal && device::on_gpu()
 });
 
 /// Whether the library's Metal kernels can run here (an Apple GPU through MLX's Metal backend).
@@ -80,7 +80,7 @@ pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Resul
             rc |= mlx_sys::mlx_vector_array_append_value(ins, a.as_ptr());
         }
         let applied =
-            rc == 0 && mlx_sys::mlx_fast_metal_kernel_apply(&mut outs, kernel.0, ins, config, ops::library_stream()) == 0;
+            rc == 0 && mlx_sys::mlx_fast_metal_kernel_apply(&mut outs, kernel.0, ins, config, device::library_stream()) == 0;
         let mut arrays = Vec::new();
         for i in 0..if applied { mlx_sys::mlx_vector_array_size(outs) } else { 0 } {
             let mut a = mlx_sys::mlx_array_new();
