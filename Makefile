@@ -163,7 +163,7 @@ test-c: ship
 # made once under .deps/swift-root (needs root: debootstrap, chroot, mounts); on macOS, the
 # system's swift.
 test-swift: ship
-	bash tools/swift/run.sh
+	PYTHON=$(PYTHON) bash tools/swift/run.sh
 
 examples: ship
 	@mkdir -p $(OUT)

@@ -1,6 +1,7 @@
 // Evaluation.swift: where and under which lock the library evaluates MLX work
-// (latent_cache_set_eval_lock, latent_cache_set_evaluation_thread), with Swift closures as the
-// lock. The closures live in a box the C callbacks reach through their context pointer.
+// (latent_cache_set_eval_lock, latent_cache_set_evaluation_thread, the device), with Swift
+// closures as the lock. The closures live in a box the C callbacks reach through their context
+// pointer.
 #if canImport(Darwin)
   import Darwin
 #else
@@ -34,6 +35,19 @@ public enum Evaluation {
   /// `true` (the default): evaluations run on one thread the library owns, so caller threads
   /// (Swift's cooperative pool included) never hold MLX state. `false`: on the calling thread.
   public static func setEvaluationThread(_ enabled: Bool) { latent_cache_set_evaluation_thread(enabled) }
+
+  /// Chooses the device every graph of the library runs on (one per process). Call it before
+  /// the first call that uses MLX; later, only the device already in use is accepted.
+  public static func setDevice(_ device: Device) throws { try check(latent_cache_set_device(device.cValue)) }
+
+  /// The device the library runs on, `.cpu` or `.gpu` (asking makes the choice).
+  public static var device: Device {
+    get throws {
+      var out: UInt32 = 0
+      try check(latent_cache_get_device(&out))
+      return Device(cValue: out) ?? .default
+    }
+  }
 }
 
 /// The closures of a lock given to `Evaluation.setLock`.

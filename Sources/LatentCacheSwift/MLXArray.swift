@@ -46,7 +46,7 @@ public final class MLXArray: @unchecked Sendable {
       try shape.withUnsafeBufferPointer { shape in
         try check(
           latent_cache_array_from_host_typed(
-            data.baseAddress, data.count / MemoryLayout<T>.stride, dtype.rawValue, shape.baseAddress, shape.count, &out))
+            data.baseAddress, data.count / MemoryLayout<T>.stride, dtype.cValue, shape.baseAddress, shape.count, &out))
       }
     }
     handle = out
@@ -70,7 +70,11 @@ public final class MLXArray: @unchecked Sendable {
     get throws {
       var out: UInt32 = 0
       try check(latent_cache_array_dtype(handle, &out))
-      return DType(rawValue: out) ?? .unknown
+      // Every value the library returns is a case; a newer library's would be a status.
+      guard let type = DType(cValue: out) else {
+        throw LatentCacheError(status: .invalidArgument, message: "element type \(out) is not known to this Swift layer")
+      }
+      return type
     }
   }
 
@@ -106,7 +110,7 @@ public final class MLXArray: @unchecked Sendable {
 
   private func toHost<T>(as dtype: DType, filler: T) throws -> [T] {
     try readSized(filler: filler, estimate: { try count }) { out, len, written in
-      latent_cache_array_to_host_typed(handle, dtype.rawValue, out, len, written)
+      latent_cache_array_to_host_typed(handle, dtype.cValue, out, len, written)
     }
   }
 

@@ -87,11 +87,52 @@ public enum MaskMode: Sendable, Hashable, CaseIterable {
   }
 }
 
-/// An MLX array's element type (`latent_cache_dtype`). The header does not declare that enum's
-/// constants yet (only its name), so the values mirror the library's definition
-/// (src/ffi/host_arrays.rs); tests check them against arrays of known types.
-public enum DType: UInt32, Sendable, CaseIterable {
-  case float32 = 0, bfloat16, float16, int32, uint32, int64, uint8, bool, int8, int16, uint16, uint64, float64, complex64
-  /// A value this Swift layer does not know (a newer library).
-  case unknown = 0xFFFF_FFFF
+/// An MLX array's element type (`latent_cache_dtype`). Host arrays are made and read in
+/// `.float32`, `.bfloat16`, `.float16` and `.int32`; the others name what arrays may hold.
+public enum DType: Sendable, Hashable, CaseIterable {
+  case float32, bfloat16, float16, int32, uint32, int64, uint8, bool, int8, int16, uint16, uint64, float64, complex64
+
+  public init?(cValue: UInt32) {
+    guard let type = Self.allCases.first(where: { $0.cValue == cValue }) else { return nil }
+    self = type
+  }
+
+  public var cValue: UInt32 {
+    switch self {
+    case .float32: LATENT_CACHE_DTYPE_FLOAT32.rawValue
+    case .bfloat16: LATENT_CACHE_DTYPE_BFLOAT16.rawValue
+    case .float16: LATENT_CACHE_DTYPE_FLOAT16.rawValue
+    case .int32: LATENT_CACHE_DTYPE_INT32.rawValue
+    case .uint32: LATENT_CACHE_DTYPE_UINT32.rawValue
+    case .int64: LATENT_CACHE_DTYPE_INT64.rawValue
+    case .uint8: LATENT_CACHE_DTYPE_UINT8.rawValue
+    case .bool: LATENT_CACHE_DTYPE_BOOL.rawValue
+    case .int8: LATENT_CACHE_DTYPE_INT8.rawValue
+    case .int16: LATENT_CACHE_DTYPE_INT16.rawValue
+    case .uint16: LATENT_CACHE_DTYPE_UINT16.rawValue
+    case .uint64: LATENT_CACHE_DTYPE_UINT64.rawValue
+    case .float64: LATENT_CACHE_DTYPE_FLOAT64.rawValue
+    case .complex64: LATENT_CACHE_DTYPE_COMPLEX64.rawValue
+    }
+  }
+}
+
+/// The device the library's MLX work runs on (`latent_cache_device`).
+public enum Device: Sendable, Hashable, CaseIterable {
+  /// MLX's default device (the GPU where MLX has one), its CPU otherwise.
+  case `default`
+  case cpu, gpu
+
+  public init?(cValue: UInt32) {
+    guard let device = Self.allCases.first(where: { $0.cValue == cValue }) else { return nil }
+    self = device
+  }
+
+  public var cValue: UInt32 {
+    switch self {
+    case .default: LATENT_CACHE_DEVICE_DEFAULT.rawValue
+    case .cpu: LATENT_CACHE_DEVICE_CPU.rawValue
+    case .gpu: LATENT_CACHE_DEVICE_GPU.rawValue
+    }
+  }
 }

@@ -53,7 +53,8 @@ final class ConcurrencyTests: XCTestCase {
         group.addTask {
           var reads = 0
           var last = 0
-          while last < steps {
+          // Cancelled when the appender failed: stop rather than wait for positions never coming.
+          while last < steps && !Task.isCancelled {
             // Every read kind sized by the Swift layer; none may throw while appends run.
             let row = try cache.batchSize > 0 ? cache.readRow(.latent, row: 0) : []
             let positions = row.count / w

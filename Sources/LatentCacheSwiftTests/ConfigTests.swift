@@ -1,7 +1,9 @@
 // ConfigTests.swift: configs and process-wide settings: GLM-5.2's presets (checked against the
 // header's rule for which layers carry index keys), projected bytes against a made cache's own
 // accounting, config round trips, signatures, the evaluation lock and thread settings.
-#if canImport(Glibc)
+#if canImport(Darwin)
+  import Darwin
+#else
   import Glibc
 #endif
 import LatentCacheSwift
@@ -88,5 +90,18 @@ final class LockCounter: @unchecked Sendable {
     pthread_mutex_lock(&mutex)
     defer { pthread_mutex_unlock(&mutex) }
     return (locks, unlocks)
+  }
+}
+
+final class DeviceTests: XCTestCase {
+  func testDeviceIsFixedOnceChosen() throws {
+    let device = try Evaluation.device
+    XCTAssertTrue(device == .cpu || device == .gpu, "\(device)")
+    try Evaluation.setDevice(device)  // the device in use is accepted
+    let other: Device = device == .cpu ? .gpu : .cpu
+    assertThrows(.invalidState, "the other device after first use") { try Evaluation.setDevice(other) }
+    XCTAssertEqual(try Evaluation.device, device)
+    // The C call directly, with a value no Swift case names.
+    assertThrows(.invalidArgument, "no such device") { try check(latent_cache_set_device(99)) }
   }
 }

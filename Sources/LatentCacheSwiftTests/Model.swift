@@ -1,7 +1,9 @@
 // Model.swift: the plain-Swift reference the tests compare the library with: each row's valid
 // positions per family as arrays of Float, with the operations' documented meaning (append,
 // padded append, trim, rounds with per-row rollback, filter, extract, merge). No library call.
-#if canImport(Glibc)
+#if canImport(Darwin)
+  import Darwin
+#else
   import Glibc
 #endif
 import LatentCacheSwift
@@ -28,8 +30,19 @@ struct CacheModel: Equatable {
   /// Each row's position count when the open round began (nil: no round).
   var roundStart: [Int]?
 
+  /// Each family's storage mode: bfloat16 families hold their values rounded as the library
+  /// documents (to nearest even), float32 ones exactly.
+  let storages: [Storage]
+
   init(_ config: CacheConfig) {
     widths = Family.allCases.map { config.width($0) }
+    storages = [config.latentStorage, config.ropeStorage, config.indexStorage]
+  }
+
+  /// float32 to bfloat16 and back, rounding to nearest even (finite values).
+  static func bfloat16(_ x: Float) -> Float {
+    let bits = x.bitPattern
+    return Float(bitPattern: (bits &+ 0x7FFF &+ ((bits >> 16) & 1)) & 0xFFFF_0000)
   }
 
   var batch: Int { rows.count }
@@ -48,8 +61,12 @@ struct CacheModel: Equatable {
     if rows.isEmpty { rows = Array(repeating: widths.map { _ in [] }, count: batch) }
     for b in 0..<batch {
       for (f, w) in widths.enumerated() where w > 0 {
-        let row = data[f][(b * tokens * w)..<((b + 1) * tokens * w)]
-        rows[b][f] += row.dropFirst((leftPadding?[b] ?? 0) * w)
+        let row = data[f][(b * tokens * w)..<((b + 1) * tokens * w)].dropFirst((leftPadding?[b] ?? 0) * w)
+        switch storages[f] {
+        case .f32: rows[b][f] += row
+        case .bf16: rows[b][f] += row.map(CacheModel.bfloat16)
+        default: preconditionFailure("the model holds float32 and bfloat16 families only")
+        }
       }
     }
   }

@@ -1,7 +1,9 @@
 // PersistenceTests.swift: save/load round trips (file and bytes, one cache and a set, the
 // library's format and the seed's mlx-bun format with its tokens and header), compared with the
 // plain model of what was appended.
-#if canImport(Glibc)
+#if canImport(Darwin)
+  import Darwin
+#else
   import Glibc
 #endif
 import LatentCacheSwift

@@ -11,6 +11,13 @@ final class RandomSequenceTests: XCTestCase {
   func testRightJustifiedWithoutIndexKeys() throws { try run(seed: 3, config: smallConfig(index: false)) }
   func testRaggedWithoutIndexKeys() throws { try run(seed: 4, config: smallConfig(index: false, layout: .ragged)) }
 
+  func testBfloat16LatentAndIndexKeys() throws {
+    var config = smallConfig(layout: .ragged)
+    config.latentStorage = .bf16
+    config.indexStorage = .bf16
+    try run(seed: 5, config: config)
+  }
+
   private func run(seed: UInt64, config: CacheConfig, steps: Int = 160) throws {
     var rng = SeededRandom(seed: seed)
     var cache = try Cache(config: config)

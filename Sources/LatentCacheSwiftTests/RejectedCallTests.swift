@@ -1,7 +1,9 @@
 // RejectedCallTests.swift: bad calls throw the documented Status, carry a message that is this
 // thread's last error, and leave the cache exactly as it was (every read compared before and
 // after).
-#if canImport(Glibc)
+#if canImport(Darwin)
+  import Darwin
+#else
   import Glibc
 #endif
 import LatentCacheSwift

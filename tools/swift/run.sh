@@ -12,7 +12,7 @@ ship=$repo/target/ship
 [ -f "$ship/lib/pkgconfig/latent-cache.pc" ] || { echo "test-swift: no $ship (run make ship)" >&2; exit 1; }
 
 echo "== coverage: every header function called from Sources/LatentCacheSwift"
-python3 "$repo/tools/swift/coverage.py" "$repo/include/latent_cache.h" "$repo/Sources/LatentCacheSwift" \
+"${PYTHON:-python3}" "$repo/tools/swift/coverage.py" "$repo/include/latent_cache.h" "$repo/Sources/LatentCacheSwift" \
   "$repo/tools/swift/coverage-allow.txt"
 
 if [ "$(uname -s)" = Darwin ]; then
