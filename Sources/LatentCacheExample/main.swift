@@ -4,12 +4,12 @@
 // evaluation per step and attention over a donor, runs a speculative round with per-row
 // rollback, then saves and reloads the set. Each stage checks what it prints against the values
 // it appended (kept on the host) and exits non-zero on any mismatch.
+import LatentCacheSwift
 #if canImport(Darwin)
   import Darwin
 #else
   import Glibc
 #endif
-import LatentCacheSwift
 
 func require(_ ok: Bool, _ what: String) {
   if !ok {
@@ -23,8 +23,9 @@ let glm = try CacheConfig.glm52()
 let configs = Array(glm[0..<4]) + [glm[78]]
 let set = try CacheSet(layers: configs)
 let layers = try set.layers()
-print("latent-cache \(LatentCacheLibrary.version): \(configs.count) layers, signatures "
-  + (try layers.map { try $0.signature }).joined(separator: ", "))
+print(
+  "latent-cache \(LatentCacheLibrary.version): \(configs.count) layers, signatures "
+    + (try layers.map { try $0.signature }).joined(separator: ", "))
 
 // A deterministic value per (layer, row, position, channel); `history[l][b][f]` keeps what each
 // layer's row holds per family, the reference every check compares with.

@@ -39,14 +39,16 @@ extension Cache {
             return latent_cache_append_latent(handle, latent.handle, rope.handle, keys, l, r, k)
           }
           return leftPadding.withUnsafeBufferPointer {
-            latent_cache_append_latent_padded(handle, $0.baseAddress, $0.count, latent.handle, rope.handle, keys, l, r, k)
+            latent_cache_append_latent_padded(
+              handle, $0.baseAddress, $0.count, latent.handle, rope.handle, keys, l, r, k)
           }
         }
       }
     }
     try check(status)
     guard wantState else { return nil }
-    return CacheState(latent: MLXArray(adopting: outs.0)!, rope: MLXArray(adopting: outs.1)!, indexKeys: MLXArray(adopting: outs.2))
+    return CacheState(
+      latent: MLXArray(adopting: outs.0)!, rope: MLXArray(adopting: outs.1)!, indexKeys: MLXArray(adopting: outs.2))
   }
 
   /// The values of every stored family (`[0, 0, width]` before the first append).

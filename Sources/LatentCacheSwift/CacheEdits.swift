@@ -26,11 +26,15 @@ extension Cache {
 
   /// Closes the round; row b keeps the first `keepingPerRow[b]` positions it appended in it.
   public func rollBackSpeculativeRound(keepingPerRow keep: [Int]) throws {
-    try keep.withUnsafeBufferPointer { try check(latent_cache_spec_round_rollback_rows(handle, $0.baseAddress, $0.count)) }
+    try keep.withUnsafeBufferPointer {
+      try check(latent_cache_spec_round_rollback_rows(handle, $0.baseAddress, $0.count))
+    }
   }
 
   /// Opens a padded batched prefill over `rows` rows; each vector is nil or `rows` entries.
-  public func preparePrefill(rows: Int, lengths: [Int]? = nil, leftPadding: [Int]? = nil, rightPadding: [Int]? = nil) throws {
+  public func preparePrefill(rows: Int, lengths: [Int]? = nil, leftPadding: [Int]? = nil, rightPadding: [Int]? = nil)
+    throws
+  {
     try withOptionalBuffer(lengths) { lengths in
       try withOptionalBuffer(leftPadding) { left in
         try withOptionalBuffer(rightPadding) { right in

@@ -69,7 +69,9 @@ public final class CacheSet: @unchecked Sendable {
     }
   }
 
-  public func preparePrefill(rows: Int, lengths: [Int]? = nil, leftPadding: [Int]? = nil, rightPadding: [Int]? = nil) throws {
+  public func preparePrefill(rows: Int, lengths: [Int]? = nil, leftPadding: [Int]? = nil, rightPadding: [Int]? = nil)
+    throws
+  {
     try withOptionalBuffer(lengths) { lengths in
       try withOptionalBuffer(leftPadding) { left in
         try withOptionalBuffer(rightPadding) { right in

@@ -30,7 +30,8 @@ public final class MLXArray: @unchecked Sendable {
     var out = mlx_array(ctx: nil)
     try data.withUnsafeBufferPointer { data in
       try shape.withUnsafeBufferPointer { shape in
-        try check(latent_cache_array_from_host_shape(data.baseAddress, data.count, shape.baseAddress, shape.count, &out))
+        try check(
+          latent_cache_array_from_host_shape(data.baseAddress, data.count, shape.baseAddress, shape.count, &out))
       }
     }
     handle = out
@@ -53,7 +54,9 @@ public final class MLXArray: @unchecked Sendable {
   }
 
   /// An int32 array (indices, for example).
-  public convenience init(_ data: [Int32], shape: [Int]) throws { try self.init(typed: data, dtype: .int32, shape: shape) }
+  public convenience init(_ data: [Int32], shape: [Int]) throws {
+    try self.init(typed: data, dtype: .int32, shape: shape)
+  }
 
   /// A bfloat16 array from bit patterns (the upper 16 bits of a float32 that bfloat16 holds).
   public convenience init(bfloat16Bits data: [UInt16], shape: [Int]) throws {
@@ -72,7 +75,8 @@ public final class MLXArray: @unchecked Sendable {
       try check(latent_cache_array_dtype(handle, &out))
       // Every value the library returns is a case; a newer library's would be a status.
       guard let type = DType(cValue: out) else {
-        throw LatentCacheError(status: .invalidArgument, message: "element type \(out) is not known to this Swift layer")
+        throw LatentCacheError(
+          status: .invalidArgument, message: "element type \(out) is not known to this Swift layer")
       }
       return type
     }
@@ -131,7 +135,9 @@ public final class MLXArray: @unchecked Sendable {
   /// `toHost` for any array (borrowed): an engine's own, or a view inside a `PackedState`.
   public static func toHost(_ array: mlx_array) throws -> [Float] {
     // An array's shape never changes, so its element count sizes the buffer exactly.
-    try readSized(filler: Float(0), estimate: { try elementCount(array) }) { latent_cache_array_to_host(array, $0, $1, $2) }
+    try readSized(filler: Float(0), estimate: { try elementCount(array) }) {
+      latent_cache_array_to_host(array, $0, $1, $2)
+    }
   }
 
   /// The element count of a borrowed array.

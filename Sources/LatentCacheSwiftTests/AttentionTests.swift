@@ -100,7 +100,8 @@ final class AttentionTests: XCTestCase {
     func dot(_ a: [Float], _ ai: Int, _ bv: [Float], _ bi: Int, _ n: Int) -> Double {
       (0..<n).reduce(0.0) { $0 + Double(a[ai + $1]) * Double(bv[bi + $1]) }
     }
-    func reference(_ seen: (Int, Int) -> [Int], bias: (Int, Int, Int, Int) -> Double = { _, _, _, _ in 0 }) -> [Double] {
+    func reference(_ seen: (Int, Int) -> [Int], bias: (Int, Int, Int, Int) -> Double = { _, _, _, _ in 0 }) -> [Double]
+    {
       var out: [Double] = []
       for r in 0..<b {
         for hh in 0..<h {
@@ -108,8 +109,9 @@ final class AttentionTests: XCTestCase {
             let qi = ((r * h + hh) * lq + q)
             let ts = seen(r, q)
             let logits = ts.map {
-              Double(scale) * (dot(qLatent, qi * 16, latent, (r * tokens + $0) * 16, 16)
-                + dot(qRope, qi * 4, rope, (r * tokens + $0) * 4, 4)) + bias(r, hh, q, $0)
+              Double(scale)
+                * (dot(qLatent, qi * 16, latent, (r * tokens + $0) * 16, 16)
+                  + dot(qRope, qi * 4, rope, (r * tokens + $0) * 4, 4)) + bias(r, hh, q, $0)
             }
             let m = logits.max()!
             let e = logits.map { exp($0 - m) }
@@ -127,23 +129,34 @@ final class AttentionTests: XCTestCase {
       XCTAssertEqual(host.count, want.count, what)
       for (g, w) in zip(host, want) { XCTAssertEqual(Double(g), w, accuracy: 1e-4, what) }
     }
-    try assertClose(try donor.attend(qLatent: ql, qRope: qr, scale: scale, mode: .none), reference { r, q in visible(r, q, causal: false) }, "none")
-    try assertClose(try donor.attend(qLatent: ql, qRope: qr, scale: scale, mode: .causal), reference { r, q in visible(r, q, causal: true) }, "causal")
+    try assertClose(
+      try donor.attend(qLatent: ql, qRope: qr, scale: scale, mode: .none),
+      reference { r, q in visible(r, q, causal: false) }, "none")
+    try assertClose(
+      try donor.attend(qLatent: ql, qRope: qr, scale: scale, mode: .causal),
+      reference { r, q in visible(r, q, causal: true) }, "causal")
     let maskValues = randoms(b * h * lq * tokens)
     let mask = try MLXArray(maskValues, shape: [b, h, lq, tokens])
     try assertClose(
       try donor.attend(qLatent: ql, qRope: qr, scale: scale, mode: .array, mask: mask),
-      reference({ r, q in visible(r, q, causal: false) }, bias: { r, hh, q, t in Double(maskValues[((r * h + hh) * lq + q) * tokens + t]) }),
+      reference(
+        { r, q in visible(r, q, causal: false) },
+        bias: { r, hh, q, t in Double(maskValues[((r * h + hh) * lq + q) * tokens + t]) }),
       "mask array")
-    assertThrows(.invalidArgument, "a mask without the array mode") { _ = try donor.attend(qLatent: ql, qRope: qr, scale: scale, mode: .none, mask: mask) }
-    assertThrows(.shape, "a query of the wrong width") { _ = try donor.attend(qLatent: qr, qRope: qr, scale: scale, mode: .none) }
+    assertThrows(.invalidArgument, "a mask without the array mode") {
+      _ = try donor.attend(qLatent: ql, qRope: qr, scale: scale, mode: .none, mask: mask)
+    }
+    assertThrows(.shape, "a query of the wrong width") {
+      _ = try donor.attend(qLatent: qr, qRope: qr, scale: scale, mode: .none)
+    }
 
     // Index scores: sum over heads of weights * ReLU(q . k), -inf where a query sees nothing.
     let hi = 2
     let qIndex = randoms(b * hi * lq * 8)
     let weights = randoms(b * lq * hi)
     let scores = try donor.indexScores(
-      qIndex: try MLXArray(qIndex, shape: [b, hi, lq, 8]), weights: try MLXArray(weights, shape: [b, lq, hi]), mode: .causal)
+      qIndex: try MLXArray(qIndex, shape: [b, hi, lq, 8]), weights: try MLXArray(weights, shape: [b, lq, hi]),
+      mode: .causal)
     let got = try scores.toHost()
     var want: [Double] = []
     for r in 0..<b {

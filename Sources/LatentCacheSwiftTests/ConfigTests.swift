@@ -1,13 +1,13 @@
 // ConfigTests.swift: configs and process-wide settings: GLM-5.2's presets (checked against the
 // header's rule for which layers carry index keys), projected bytes against a made cache's own
 // accounting, config round trips, signatures, the evaluation lock and thread settings.
+import LatentCacheSwift
+import XCTest
 #if canImport(Darwin)
   import Darwin
 #else
   import Glibc
 #endif
-import LatentCacheSwift
-import XCTest
 
 final class ConfigTests: XCTestCase {
   func testGlm52Presets() throws {
@@ -44,7 +44,9 @@ final class ConfigTests: XCTestCase {
     }
     XCTAssertEqual(try Cache(config: ragged).signature, "kv:ragged:kv:mla-storage:f32-f32-bf16:kv:mla:target:dsa")
     XCTAssertEqual(try Cache().signature, "kv:mla:target:dsa")
-    assertThrows(.capacity, "a product beyond size_t") { _ = try CacheConfig().projectedBytes(batch: Int.max, tokens: 2) }
+    assertThrows(.capacity, "a product beyond size_t") {
+      _ = try CacheConfig().projectedBytes(batch: Int.max, tokens: 2)
+    }
   }
 
   func testEvaluationLockWrapsEvaluations() throws {
@@ -84,8 +86,16 @@ final class LockCounter: @unchecked Sendable {
   private var locks = 0
   private var unlocks = 0
   init() { pthread_mutex_init(&mutex, nil) }
-  func lock() { pthread_mutex_lock(&mutex); locks += 1; pthread_mutex_unlock(&mutex) }
-  func unlock() { pthread_mutex_lock(&mutex); unlocks += 1; pthread_mutex_unlock(&mutex) }
+  func lock() {
+    pthread_mutex_lock(&mutex)
+    locks += 1
+    pthread_mutex_unlock(&mutex)
+  }
+  func unlock() {
+    pthread_mutex_lock(&mutex)
+    unlocks += 1
+    pthread_mutex_unlock(&mutex)
+  }
   var counts: (Int, Int) {
     pthread_mutex_lock(&mutex)
     defer { pthread_mutex_unlock(&mutex) }

@@ -19,7 +19,9 @@ final class HostArrayTests: XCTestCase {
     XCTAssertEqual(try MLXArray([1, 2, 3] as [Int32], shape: [3]).dtype, .int32)
     XCTAssertEqual(try MLXArray(bfloat16Bits: [0], shape: [1]).dtype, .bfloat16)
     XCTAssertEqual(try MLXArray(float16Bits: [0], shape: [1, 1]).dtype, .float16)
-    assertThrows(.shape, "nine extents") { _ = try MLXArray([Float](repeating: 1, count: 512), shape: [Int](repeating: 2, count: 9)) }
+    assertThrows(.shape, "nine extents") {
+      _ = try MLXArray([Float](repeating: 1, count: 512), shape: [Int](repeating: 2, count: 9))
+    }
     assertThrows(.shape, "int32 product") { _ = try MLXArray([1, 2] as [Int32], shape: [3]) }
   }
 

@@ -1,13 +1,13 @@
 // Model.swift: the plain-Swift reference the tests compare the library with: each row's valid
 // positions per family as arrays of Float, with the operations' documented meaning (append,
 // padded append, trim, rounds with per-row rollback, filter, extract, merge). No library call.
+import LatentCacheSwift
+import XCTest
 #if canImport(Darwin)
   import Darwin
 #else
   import Glibc
 #endif
-import LatentCacheSwift
-import XCTest
 
 /// A deterministic generator (SplitMix64), so every random sequence replays from its seed.
 struct SeededRandom: RandomNumberGenerator {
@@ -101,14 +101,17 @@ struct CacheModel: Equatable {
 }
 
 /// Asserts `cache` holds exactly what `model` says: row counts, every row of every family.
-func assertMatches(_ cache: Cache, _ model: CacheModel, _ what: String, file: StaticString = #filePath, line: UInt = #line)
+func assertMatches(
+  _ cache: Cache, _ model: CacheModel, _ what: String, file: StaticString = #filePath, line: UInt = #line
+)
   throws
 {
   XCTAssertEqual(try cache.rowOffsets, model.counts, "\(what): row offsets", file: file, line: line)
   XCTAssertEqual(try cache.inSpeculativeRound, model.roundStart != nil, "\(what): round", file: file, line: line)
   for b in 0..<model.batch {
     for (f, family) in Family.allCases.enumerated() where model.widths[f] > 0 {
-      XCTAssertEqual(try cache.readRow(family, row: b), model.rows[b][f], "\(what): row \(b) \(family)", file: file, line: line)
+      XCTAssertEqual(
+        try cache.readRow(family, row: b), model.rows[b][f], "\(what): row \(b) \(family)", file: file, line: line)
     }
   }
 }

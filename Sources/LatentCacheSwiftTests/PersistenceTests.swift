@@ -1,13 +1,13 @@
 // PersistenceTests.swift: save/load round trips (file and bytes, one cache and a set, the
 // library's format and the seed's mlx-bun format with its tokens and header), compared with the
 // plain model of what was appended.
+import LatentCacheSwift
+import XCTest
 #if canImport(Darwin)
   import Darwin
 #else
   import Glibc
 #endif
-import LatentCacheSwift
-import XCTest
 
 final class PersistenceTests: XCTestCase {
   /// A cache after a seeded run of appends, a trim and a rolled-back round, with its model.
@@ -70,7 +70,9 @@ final class PersistenceTests: XCTestCase {
     let path = temporaryPath("set")
     defer { unlink(path) }
     try set.save(to: path)
-    for (what, loaded) in [("file", try CacheSet(contentsOfFile: path)), ("bytes", try CacheSet(serialized: try set.serialized()))] {
+    for (what, loaded) in [
+      ("file", try CacheSet(contentsOfFile: path)), ("bytes", try CacheSet(serialized: try set.serialized())),
+    ] {
       XCTAssertEqual(try loaded.layerCount, 3)
       for (l, layer) in try loaded.layers().enumerated() {
         try assertMatches(layer, models[l], "\(what) layer \(l)")
@@ -90,7 +92,8 @@ final class PersistenceTests: XCTestCase {
       models[l].append(batch: 1, tokens: 6, data)
     }
     let info = MlxbunInfo(
-      tokens: [11, 22, 33, 44, 55, 66], modelID: "glm-5.2-test", configFingerprint: "fp", tokenizerHash: "th", namespace: "")
+      tokens: [11, 22, 33, 44, 55, 66], modelID: "glm-5.2-test", configFingerprint: "fp", tokenizerHash: "th",
+      namespace: "")
     let path = temporaryPath("mlxbun")
     defer { unlink(path) }
     try set.saveMlxbun(to: path, info: info)

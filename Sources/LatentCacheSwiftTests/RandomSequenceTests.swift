@@ -37,16 +37,22 @@ final class RandomSequenceTests: XCTestCase {
         let shortest = model.counts.min()!
         let n = Int.random(in: 0...(shortest + 1), using: &rng)
         if n > shortest {
-          try assertUnchanged(cache, what) { assertThrows(.outOfRange, "\(what): trim \(n)") { try cache.trim(n, bypass: true) } }
+          try assertUnchanged(cache, what) {
+            assertThrows(.outOfRange, "\(what): trim \(n)") { try cache.trim(n, bypass: true) }
+          }
         } else if inRound {
-          try assertUnchanged(cache, what) { assertThrows(.invalidState, "\(what): trim in a round") { try cache.trim(n) } }
+          try assertUnchanged(cache, what) {
+            assertThrows(.invalidState, "\(what): trim in a round") { try cache.trim(n) }
+          }
         } else {
           try cache.trim(n)
           model.trim(n)
         }
       case 5:
         if inRound {
-          try assertUnchanged(cache, what) { assertThrows(.invalidState, "\(what): second begin") { try cache.beginSpeculativeRound() } }
+          try assertUnchanged(cache, what) {
+            assertThrows(.invalidState, "\(what): second begin") { try cache.beginSpeculativeRound() }
+          }
         } else {
           try cache.beginSpeculativeRound()
           model.roundStart = model.counts.isEmpty ? [] : model.counts
@@ -58,7 +64,9 @@ final class RandomSequenceTests: XCTestCase {
         if Int.random(in: 0..<5, using: &rng) == 0 {
           keep[0] = appended[0] + 1
           try assertUnchanged(cache, what) {
-            assertThrows(.outOfRange, "\(what): keep beyond") { try cache.rollBackSpeculativeRound(keepingPerRow: keep) }
+            assertThrows(.outOfRange, "\(what): keep beyond") {
+              try cache.rollBackSpeculativeRound(keepingPerRow: keep)
+            }
           }
         } else {
           try cache.rollBackSpeculativeRound(keepingPerRow: keep)
@@ -72,7 +80,9 @@ final class RandomSequenceTests: XCTestCase {
         guard model.batch > 0 else { continue }
         let keep = Array((0..<model.batch).shuffled(using: &rng).prefix(Int.random(in: 1...model.batch, using: &rng)))
         if inRound {
-          try assertUnchanged(cache, what) { assertThrows(.invalidState, "\(what): filter in a round") { try cache.filterRows(keeping: keep) } }
+          try assertUnchanged(cache, what) {
+            assertThrows(.invalidState, "\(what): filter in a round") { try cache.filterRows(keeping: keep) }
+          }
         } else {
           try cache.filterRows(keeping: keep)
           model.filter(keep)
@@ -98,7 +108,9 @@ final class RandomSequenceTests: XCTestCase {
 }
 
 /// Runs `body` (which expects a rejected call) and asserts the cache's full state is unchanged.
-func assertUnchanged(_ cache: Cache, _ what: String, file: StaticString = #filePath, line: UInt = #line, _ body: () -> Void)
+func assertUnchanged(
+  _ cache: Cache, _ what: String, file: StaticString = #filePath, line: UInt = #line, _ body: () -> Void
+)
   throws
 {
   let before = try Snapshot(cache)

@@ -1,13 +1,13 @@
 // RejectedCallTests.swift: bad calls throw the documented Status, carry a message that is this
 // thread's last error, and leave the cache exactly as it was (every read compared before and
 // after).
+import LatentCacheSwift
+import XCTest
 #if canImport(Darwin)
   import Darwin
 #else
   import Glibc
 #endif
-import LatentCacheSwift
-import XCTest
 
 final class RejectedCallTests: XCTestCase {
   /// A cache of two rows holding a few positions (rows of different lengths: padded first append).
@@ -16,7 +16,8 @@ final class RejectedCallTests: XCTestCase {
     var model = CacheModel(config)
     let data = model.data(batch: 2, tokens: 5, seed: 7)
     try cache.appendPadded(
-      batch: 2, tokens: 5, leftPadding: [0, 2], latent: data[0], rope: data[1], indexKeys: data[2].isEmpty ? nil : data[2])
+      batch: 2, tokens: 5, leftPadding: [0, 2], latent: data[0], rope: data[1],
+      indexKeys: data[2].isEmpty ? nil : data[2])
     model.append(batch: 2, tokens: 5, data, leftPadding: [0, 2])
     try assertMatches(cache, model, "padded first append")
     return (cache, model)
@@ -38,13 +39,15 @@ final class RejectedCallTests: XCTestCase {
         try cache.append(batch: 2, tokens: 1, latent: good[0], rope: good[1], indexKeys: nil)
       }
       assertThrows(.invalidState, "padded append on a cache holding rows") {
-        try cache.appendPadded(batch: 2, tokens: 1, leftPadding: [0, 0], latent: good[0], rope: good[1], indexKeys: good[2])
+        try cache.appendPadded(
+          batch: 2, tokens: 1, leftPadding: [0, 0], latent: good[0], rope: good[1], indexKeys: good[2])
       }
     }
     let plain = try Cache(config: smallConfig(index: false))
     let keys = [Float](repeating: 1, count: 8)
     assertThrows(.invalidArgument, "index keys on a layer without them") {
-      try plain.append(batch: 1, tokens: 1, latent: [Float](repeating: 0, count: 16), rope: [0, 0, 0, 0], indexKeys: keys)
+      try plain.append(
+        batch: 1, tokens: 1, latent: [Float](repeating: 0, count: 16), rope: [0, 0, 0, 0], indexKeys: keys)
     }
     XCTAssertEqual(try plain.batchSize, 0)
   }
@@ -52,7 +55,9 @@ final class RejectedCallTests: XCTestCase {
   func testCapacityRefused() throws {
     let (cache, model) = try filled(smallConfig(maxTokens: 6))
     try assertUnchanged(cache, "capacity") {
-      assertThrows(.capacity, "beyond max tokens") { try cache.append(batch: 2, tokens: 2, model.data(batch: 2, tokens: 2, seed: 2)) }
+      assertThrows(.capacity, "beyond max tokens") {
+        try cache.append(batch: 2, tokens: 2, model.data(batch: 2, tokens: 2, seed: 2))
+      }
       assertThrows(.capacity, "reserve beyond max tokens") { try cache.reserve(7) }
     }
     XCTAssertEqual(try cache.maxAppendTokens, 1)
@@ -69,10 +74,14 @@ final class RejectedCallTests: XCTestCase {
       assertThrows(.invalidArgument, "filter keeping nothing") { try cache.filterRows(keeping: []) }
       assertThrows(.outOfRange, "filter a row beyond") { try cache.filterRows(keeping: [0, 2]) }
       assertThrows(.outOfRange, "extract a row beyond") { _ = try cache.extractRow(5) }
-      assertThrows(.invalidState, "merge into a cache holding rows") { try cache.mergeRows(from: [try self.filled().0]) }
+      assertThrows(.invalidState, "merge into a cache holding rows") {
+        try cache.mergeRows(from: [try self.filled().0])
+      }
       assertThrows(.invalidState, "prefill commit without begin") { try cache.commitPrefill(rows: [0]) }
       assertThrows(.invalidState, "prefill end without begin") { try cache.endPrefill() }
-      assertThrows(.invalidArgument, "prefill vectors of another length") { try cache.preparePrefill(rows: 3, rightPadding: [0, 0, 0]) }
+      assertThrows(.invalidArgument, "prefill vectors of another length") {
+        try cache.preparePrefill(rows: 3, rightPadding: [0, 0, 0])
+      }
     }
     let plain = try filled(smallConfig(index: false)).0
     try assertUnchanged(plain, "index keys of a layer without them") {
@@ -89,8 +98,12 @@ final class RejectedCallTests: XCTestCase {
     try assertUnchanged(cache, "inside a round") {
       assertThrows(.invalidState, "second begin") { try cache.beginSpeculativeRound() }
       assertThrows(.invalidState, "trim without bypass") { try cache.trim(1) }
-      assertThrows(.invalidArgument, "keep of another length") { try cache.rollBackSpeculativeRound(keepingPerRow: [0]) }
-      assertThrows(.outOfRange, "keep beyond what a row appended") { try cache.rollBackSpeculativeRound(keepingPerRow: [0, 3]) }
+      assertThrows(.invalidArgument, "keep of another length") {
+        try cache.rollBackSpeculativeRound(keepingPerRow: [0])
+      }
+      assertThrows(.outOfRange, "keep beyond what a row appended") {
+        try cache.rollBackSpeculativeRound(keepingPerRow: [0, 3])
+      }
       assertThrows(.outOfRange, "keep beyond, every row") { try cache.rollBackSpeculativeRound(keeping: 3) }
       assertThrows(.invalidState, "filter") { try cache.filterRows(keeping: [0]) }
       assertThrows(.invalidState, "save") { try cache.save(to: path) }
@@ -107,7 +120,9 @@ final class RejectedCallTests: XCTestCase {
     c.latent_storage = 99
     assertThrows(.invalidArgument, "unknown storage mode") { _ = try Cache(cConfig: c) }
     assertThrows(.invalidArgument, "bytes that are no state") { _ = try Cache(serialized: [1, 2, 3, 4]) }
-    assertThrows(.invalidArgument, "a file that does not exist") { _ = try Cache(contentsOfFile: "/nonexistent/x.safetensors") }
+    assertThrows(.invalidArgument, "a file that does not exist") {
+      _ = try Cache(contentsOfFile: "/nonexistent/x.safetensors")
+    }
     assertThrows(.invalidArgument, "no layers") { _ = try CacheSet(layers: []) }
     assertThrows(.invalidArgument, "a set from bytes that are no state") { _ = try CacheSet(serialized: [0]) }
     assertThrows(.invalidArgument, "a config projected") { _ = try bad.projectedBytes(batch: 1, tokens: 1) }
