@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-.PHONY: deps build header check-header lint lint-apple test test-rust test-c test-swift test-valgrind test-interop demo examples bench bench-quick bench-ab bench-deps fuzz clean
+.PHONY: deps build header check-header lint lint-apple test test-rust test-c test-swift test-valgrind test-interop test-host-mlx demo examples bench bench-quick bench-ab bench-deps fuzz clean
 
 UNAME := $(shell uname -s)
 DEPS := $(CURDIR)/.deps
@@ -93,7 +93,7 @@ lint: deps
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
-test: build check-header lint lint-apple test-rust test-c test-valgrind check-symbols test-install test-interop test-swift
+test: build check-header lint lint-apple test-rust test-c test-valgrind check-symbols test-install test-interop test-host-mlx test-swift
 
 test-rust: deps
 	cargo test --release -p latent-cache
@@ -128,7 +128,7 @@ ifeq ($(UNAME),Darwin)
 else
 	@if ! rustup target add $(APPLE_TARGET); then \
 	  echo "lint-apple: SKIPPED: rustup could not install the $(APPLE_TARGET) standard library" >&2; exit 0; fi; \
-	LATENT_CACHE_MLX_SYS=check cargo clippy --release --workspace --all-targets --target $(APPLE_TARGET) \
+	LATENT_CACHE_MLX_C=check cargo clippy --release --workspace --all-targets --target $(APPLE_TARGET) \
 	  --target-dir target/lint-apple -- -D warnings
 endif
 
@@ -164,6 +164,40 @@ test-c: ship
 # system's swift.
 test-swift: ship
 	PYTHON=$(PYTHON) bash tools/swift/run.sh
+
+# An engine that brings its own MLX (docs/packaging.md, "Bringing your own MLX"): the library
+# built with MLX=host (target/ship-host) must define no MLX or mlx-c and reference mlx-c; a C++
+# program compiles its own mlx-c from the library's mlx-c source (incrementally, in
+# target/host-mlx-test/mlxc), links the wheel's libmlx itself, and appends its own arrays and
+# reads the views back with its own mlx-c, linked once against the shared library and once
+# against the archive (with the .pc's Libs.private, which names no MLX).
+HOST_MLX_OUT := target/host-mlx-test
+HOST_SHIP := target/ship-host
+# The shared library's mlx_* references must be defined and exported by the program. GNU ld takes
+# archive members for a shared library's undefined symbols; ld64 does not (the dylib leaves them
+# to dynamic lookup), so on macOS the whole mlx-c archive goes in.
+ifeq ($(UNAME),Darwin)
+HOST_MLXC_FOR_SHARED := -Wl,-force_load,$(HOST_MLX_OUT)/mlxc/libmlxc.a
+else
+HOST_MLXC_FOR_SHARED := $(HOST_MLX_OUT)/mlxc/libmlxc.a
+endif
+HOST_CXXFLAGS := -std=c++20 $(CWARN) -g -O1 -isystem $(PY)/mlx/include -include crates/mlx-sys/compat/prelude.h -Iinclude
+test-host-mlx: deps
+	$(MAKE) --no-print-directory ship MLX=host
+	bash tests/host_mlx/check-symbols.sh $(HOST_SHIP)/lib/liblatent_cache.$(SO) $(HOST_SHIP)/lib/liblatent_cache.a \
+	  target/ship-host-work/latent_cache.o $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc
+	@mkdir -p $(HOST_MLX_OUT)
+	mlxc=$$(bash tests/host_mlx/mlx-c-src.sh $(CURDIR) $(CURDIR)/$(HOST_MLX_OUT)/locate) && \
+	$(MAKE) --no-print-directory -j2 -f tests/host_mlx/mlxc.mk MLX_C_SRC="$$mlxc" MLX_INCLUDE=$(PY)/mlx/include \
+	  COMPAT=$(CURDIR)/crates/mlx-sys/compat OBJ=$(CURDIR)/$(HOST_MLX_OUT)/mlxc CXX="$(CXX)" && \
+	$(CXX) $(HOST_CXXFLAGS) -isystem "$$mlxc" -c tests/host_mlx/host.cpp -o $(HOST_MLX_OUT)/host.o
+	$(CXX) $(HOST_MLX_OUT)/host.o -o $(HOST_MLX_OUT)/host-shared -L$(HOST_SHIP)/lib -llatent_cache \
+	  $(HOST_MLXC_FOR_SHARED) -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(CURDIR)/$(HOST_SHIP)/lib -Wl,-rpath,$(PY)/mlx/lib
+	$(CXX) $(HOST_MLX_OUT)/host.o -o $(HOST_MLX_OUT)/host-static $(HOST_SHIP)/lib/liblatent_cache.a \
+	  $(HOST_MLX_OUT)/mlxc/libmlxc.a -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(PY)/mlx/lib \
+	  $$(sed -n 's/^Libs.private: *//p' $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc)
+	$(HOST_MLX_OUT)/host-shared shared
+	$(HOST_MLX_OUT)/host-static static
 
 examples: ship
 	@mkdir -p $(OUT)

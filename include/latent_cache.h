@@ -84,7 +84,12 @@
  * MLX
  *   One libmlx per process: the mlx_array functions expect arrays of the same MLX runtime the
  *   library was linked with. When your engine uses mlx-c, include <mlx/c/array.h> before this
- *   header; otherwise the layout-identical declaration below is used.
+ *   header; otherwise the layout-identical declaration below is used. An engine that links MLX
+ *   itself (mlx-swift's Cmlx, its own libmlx and mlx-c) uses the library built with MLX=host,
+ *   which defines neither and uses the engine's: they must be mlx-c 0.7.0 and MLX 0.32.x. An
+ *   engine on another MLX exchanges host buffers instead (latent_cache_append_host,
+ *   latent_cache_read_host, latent_cache_array_from_host / _to_host); docs/packaging.md,
+ *   "Bringing your own MLX".
  *
  * Aliasing
  *   `const latent_cache*` parameters are reads; `latent_cache*` parameters may change the cache.
@@ -516,9 +521,10 @@ latent_cache_status latent_cache_read_host(const latent_cache *cache,
 // the offset; copies nothing; later appends overwrite the dropped positions.
 //
 // Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (n beyond the shortest row), `INVALID_STATE`
-// (inside a round without bypass; with composed storage, below
-// `latent_cache_minimum_reusable_offset` without bypass). On failure nothing changed. With
-// bypass, a row's boundary stops at its new end.
+// (inside a round without bypass; inside a round, with bypass, `n` beyond what the round
+// appended to a row: a rollback must still find what the rows held when the round began;
+// with composed storage, below `latent_cache_minimum_reusable_offset` without bypass). On
+// failure nothing changed. With bypass, a row's boundary stops at its new end.
 latent_cache_status latent_cache_trim(latent_cache *cache, size_t n, bool bypass);
 
 // Empties the cache: no rows, no positions, no open round, padded prefill or prefill

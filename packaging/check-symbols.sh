@@ -23,14 +23,16 @@ if [[ $(uname -s) == Darwin ]]; then
 else
   exports=$(nm -D --defined-only "$lib" | awk '{print $NF}' | sort -u)
 fi
-# The static archive (when given as ARCHIVE): its global definitions must be the exports and
-# nothing else, so it links beside other Rust or mlx-c libraries. On Apple platforms Rust's
-# unwinding personality stays global too (packaging/ship.mk says why).
+# The static archive (when given as ARCHIVE): its strong global definitions must be the exports
+# and nothing else, so it links beside other Rust or mlx-c libraries (weak and unique globals,
+# such as the C++ runtime's inline statics, merge with their twins instead of clashing). On
+# Apple platforms Rust's unwinding personality stays global too (packaging/ship.mk says why).
 if [[ -n ${ARCHIVE:-} ]]; then
+  strong='NF == 3 && $2 ~ /^[TDBRSC]$/ {print $3}'
   if [[ $(uname -s) == Darwin ]]; then
-    archived=$(nm -gU "$ARCHIVE" 2>/dev/null | awk 'NF == 3 {print $3}' | sed 's/^_//' | grep -vx rust_eh_personality | sort -u)
+    archived=$(nm -gU "$ARCHIVE" 2>/dev/null | awk "$strong" | sed 's/^_//' | grep -vx rust_eh_personality | sort -u)
   else
-    archived=$(nm -g --defined-only "$ARCHIVE" 2>/dev/null | awk 'NF == 3 {print $3}' | sort -u)
+    archived=$(nm -g --defined-only "$ARCHIVE" 2>/dev/null | awk "$strong" | sort -u)
   fi
   stray=$(grep -v '^latent_cache_' <<<"$archived" || true)
   if [[ -n $stray ]]; then

@@ -1,6 +1,7 @@
 # ship.mk: the library as it ships (only latent_cache_* exported, debug info split off, MLX
 # installed beside it and found through a relative run path), `make install`, and the checks
-# `make test` runs on it. Included by the Makefile, whose UNAME, PY, DEPS, PIP_STAMP, CC and CXX
+# `make test` runs on it. `MLX=host` builds the same for an engine that brings its own MLX and
+# mlx-c (`make ship MLX=host` -> target/ship-host; every target here honours it). Included by the Makefile, whose UNAME, PY, DEPS, PIP_STAMP, CC and CXX
 # it uses. docs/packaging.md describes the layout and the versioning rules.
 
 .PHONY: ship install uninstall check-symbols symbols test-install tools staticlib-cargo
@@ -21,11 +22,34 @@ INSTALL_DEBUG ?= 0
 # 1: install MLX's runtime under lib/latent-cache/ and point the library's run path at it.
 # 0: install the library alone; the engine provides libmlx (same MLX version) itself.
 BUNDLE_MLX ?= 1
+# Where MLX and mlx-c come from. bundled: mlx-c compiled into the library, libmlx linked (and by
+# default installed beside it). host: the library defines neither and references both, for an
+# engine that links MLX and mlx-c itself (mlx-swift's Cmlx, or a C++ engine's own libmlx and
+# mlx-c, of the versions below): one MLX runtime in the process, so the engine's arrays are ours.
+MLX ?= bundled
+# The versions a host's MLX and mlx-c must have (the pins of crates/mlx-sys/build.rs and of the
+# Makefile; mlx-c 0.7.0 is built against MLX 0.32.2).
+MLX_C_VERSION := $(shell sed -n 's/^const UPSTREAM_VERSION: &str = "\(.*\)";/\1/p' crates/mlx-sys/build.rs)
 
+ifeq ($(MLX),host)
+# Its own cargo target folder (the build script's switch would otherwise rebuild mlx-sys and all
+# above it in target/release, back and forth with the normal build) and its own ship tree.
+HOST_TARGET := target/host-mlx
+SHIP := target/ship-host
+SHIP_WORK := target/ship-host-work
+SHIP_DEBUG := target/ship-host-debug
+STATICLIB := $(HOST_TARGET)/release/liblatent_cache.a
+CARGO_STATICLIB := LATENT_CACHE_MLX_C=host cargo rustc --target-dir $(HOST_TARGET)
+override BUNDLE_MLX := 0
+else ifeq ($(MLX),bundled)
 SHIP := target/ship
 SHIP_WORK := target/ship-work
 SHIP_DEBUG := target/ship-debug
 STATICLIB := target/release/liblatent_cache.a
+CARGO_STATICLIB := cargo rustc
+else
+$(error MLX=$(MLX): expected bundled (the default) or host)
+endif
 # Where MLX's runtime goes, relative to lib/: the wheel's own layout (mlx/lib/libmlx.* next to
 # mlx_cpu.libs/), because libmlx.so finds its BLAS/LAPACK at $ORIGIN/../../mlx_cpu.libs.
 MLX_PRIVATE := latent-cache
@@ -42,6 +66,11 @@ SHIP_RPATH := $(if $(filter 1,$(BUNDLE_MLX)),-Wl$(comma)-rpath$(comma)@loader_pa
 SHIP_LDFLAGS := -dynamiclib -mmacosx-version-min=$(MACOSX_DEPLOYMENT_TARGET) -Wl,-install_name,@rpath/$(SHIP_SONAME) \
   -Wl,-current_version,$(VERSION) -Wl,-compatibility_version,$(ABI).0 \
   -Wl,-exported_symbols_list,$(SHIP_WORK)/exports.txt -Wl,-dead_strip
+# MLX=host: ld64 refuses undefined symbols in a dylib unless told; dynamic_lookup leaves the
+# mlx_* references to be bound at load time to whatever image defines them (the app, with
+# mlx-swift's Cmlx compiled in, or the engine's libmlxc). Apps should prefer the archive, which
+# their own link resolves and checks.
+SHIP_HOST_LDFLAGS := -Wl,-undefined,dynamic_lookup
 else
 SHIP_REAL := liblatent_cache.so.$(VERSION)
 SHIP_SONAME := liblatent_cache.so.$(ABI)
@@ -51,9 +80,21 @@ NATIVE_LIBS := -lstdc++ -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 SHIP_RPATH := $(if $(filter 1,$(BUNDLE_MLX)),-Wl$(comma)-rpath$(comma)'$$ORIGIN/$(MLX_PRIVATE)/mlx/lib')
 SHIP_LDFLAGS := -shared -Wl,-soname,$(SHIP_SONAME) -Wl,--version-script=packaging/latent_cache.map \
   -Wl,--gc-sections -Wl,--as-needed -Wl,-z,relro,-z,now -Wl,-z,noexecstack
+# MLX=host: a shared library may keep undefined symbols on ELF (we never pass -z defs); the
+# mlx_* references bind at load time to the engine's mlx-c, and an executable's link against the
+# library fails if the engine provides none.
+SHIP_HOST_LDFLAGS :=
+endif
+ifeq ($(MLX),host)
+SHIP_MLX_LINK := $(SHIP_HOST_LDFLAGS)
+# The .pc's Libs.private adds nothing for MLX: the engine links its own MLX and mlx-c.
+MLX_LIBS_PRIVATE :=
+else
+SHIP_MLX_LINK := -L$(PY)/mlx/lib -lmlx
+MLX_LIBS_PRIVATE := -L$${mlxlibdir} -lmlx
 endif
 # What a static link needs besides the archive (the .pc's Libs.private).
-LIBS_PRIVATE := -lmlx $(filter-out -lc -lSystem,$(NATIVE_LIBS))
+LIBS_PRIVATE := $(MLX_LIBS_PRIVATE) $(filter-out -lc -lSystem,$(NATIVE_LIBS))
 
 SHIP_FILES := $(SHIP)/lib/$(SHIP_REAL) $(SHIP)/lib/liblatent_cache.a \
   $(SHIP)/include/latent_cache.h $(SHIP)/include/latent_cache.hpp $(SHIP)/include/module.modulemap \
@@ -70,7 +111,7 @@ ship: $(SHIP_FILES)
 # building only the cdylib and rlib). Always asked for; cargo leaves it alone when up to date,
 # and then nothing downstream is redone.
 staticlib-cargo: deps
-	cargo rustc --release -p latent-cache --lib --crate-type staticlib
+	$(CARGO_STATICLIB) --release -p latent-cache --lib --crate-type staticlib
 $(STATICLIB): staticlib-cargo ;
 
 # One relocatable object holding the library and all it is built from, with unused code
@@ -97,7 +138,7 @@ endif
 $(SHIP)/lib/$(SHIP_REAL): $(SHIP_WORK)/latent_cache.o packaging/latent_cache.map $(SHIP_WORK)/mlx-$(BUNDLE_MLX).stamp
 	@mkdir -p $(@D) $(SHIP_DEBUG)
 	rm -f $(SHIP)/lib/$(SHIP_GLOB)
-	$(CC) $(SHIP_LDFLAGS) -o $(SHIP_WORK)/$(SHIP_REAL) $< -L$(PY)/mlx/lib -lmlx $(NATIVE_LIBS) $(SHIP_RPATH)
+	$(CC) $(SHIP_LDFLAGS) -o $(SHIP_WORK)/$(SHIP_REAL) $< $(SHIP_MLX_LINK) $(NATIVE_LIBS) $(SHIP_RPATH)
 ifeq ($(UNAME),Darwin)
 	rm -rf $(SHIP_DEBUG)/$(SHIP_REAL).dSYM
 	dsymutil $(SHIP_WORK)/$(SHIP_REAL) -o $(SHIP_DEBUG)/$(SHIP_REAL).dSYM
@@ -129,11 +170,13 @@ $(SHIP)/include/%: include/%
 
 $(SHIP)/lib/pkgconfig/latent-cache.pc: packaging/latent-cache.pc.in Cargo.toml
 	@mkdir -p $(@D)
-	sed -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS_PRIVATE@|$(LIBS_PRIVATE)|' $< >$@
+	sed -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS_PRIVATE@|$(LIBS_PRIVATE)|' -e 's|@MLX@|$(MLX)|' \
+	  -e 's|@MLX_VERSION@|$(MLX_VERSION)|' -e 's|@MLX_C_VERSION@|$(MLX_C_VERSION)|' $< >$@
 
 $(SHIP)/lib/cmake/LatentCache/%.cmake: packaging/%.cmake.in Cargo.toml
 	@mkdir -p $(@D)
-	sed -e 's|@VERSION@|$(VERSION)|' -e 's|@ABI@|$(ABI)|' -e 's|@SHIP_REAL@|$(SHIP_REAL)|' \
+	sed -e 's|@VERSION@|$(VERSION)|' -e 's|@ABI@|$(ABI)|' -e 's|@SHIP_REAL@|$(SHIP_REAL)|' -e 's|@MLX@|$(MLX)|' \
+	  -e 's|@MLX_VERSION@|$(MLX_VERSION)|' -e 's|@MLX_C_VERSION@|$(MLX_C_VERSION)|' \
 	  -e 's|@SHIP_SONAME@|$(if $(filter Darwin,$(UNAME)),@rpath/)$(SHIP_SONAME)|' $< >$@
 
 # MLX's runtime from the wheel (libmlx, and on Linux the BLAS/LAPACK it loads), with the

@@ -5,12 +5,16 @@
 //!   `mlx-cpu` on Linux, `mlx` on macOS). Defaults to `<repo>/.deps/py`, where the Makefile puts it.
 //! - `MLX_C_SRC`: an mlx-c source tree to use instead of the one inside crates.io's mlx-sys 0.7.0.
 //! - `LIBCLANG_PATH`: for bindgen; defaults to PyPI libclang's folder under `MLX_PREFIX`.
-//! - `LATENT_CACHE_MLX_SYS=check`: for `cargo check`/`clippy` of another platform (the Makefile's
-//!   `lint-apple`): no mlx-c is compiled and nothing linked; the bindings are generated for the
-//!   build machine (mlx-c's API uses fixed-size types, so they type-check the same).
+//! - `LATENT_CACHE_MLX_C`: `host` builds for an engine that brings its own MLX and mlx-c (the
+//!   same versions): nothing is compiled or linked, only the bindings are generated (from the same
+//!   mlx-c headers), so every `mlx_*` the library calls stays an undefined reference for the
+//!   engine's link to resolve. `check`: for `cargo check`/`clippy` of another platform (the
+//!   Makefile's `lint-apple`): nothing compiled or linked either, and the bindings generated for
+//!   the build machine (mlx-c's API uses fixed-size types, so they type-check the same). Unset
+//!   (or `bundled`): the normal build.
 //!
 //! Outputs: a static `mlxc`, `dylib=mlx`, and `cargo:libdir` (read by dependents as
-//! `DEP_MLX_LIBDIR`, for a run path).
+//! `DEP_MLX_LIBDIR`, for a run path); with `LATENT_CACHE_MLX_C=host`, none of them.
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -23,15 +27,22 @@ const UPSTREAM_VERSION: &str = "0.7.0";
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    for var in ["MLX_PREFIX", "MLX_C_SRC", "LIBCLANG_PATH", "LATENT_CACHE_MLX_SYS"] {
+    for var in ["MLX_PREFIX", "MLX_C_SRC", "LIBCLANG_PATH", "LATENT_CACHE_MLX_C"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=compat");
 
+    let (host_mlx, check_only) = match env::var("LATENT_CACHE_MLX_C").as_deref() {
+        Ok("host") => (true, false),
+        Ok("check") => (true, true),
+        Ok("bundled") | Ok("") | Err(_) => (false, false),
+        Ok(other) => panic!("LATENT_CACHE_MLX_C={other}: expected `host`, `check` or `bundled`"),
+    };
     let prefix = env::var_os("MLX_PREFIX").map(PathBuf::from).unwrap_or_else(|| manifest.join("../../.deps/py"));
     let mlx_include = prefix.join("mlx/include");
     let mlx_lib = prefix.join("mlx/lib");
-    if !mlx_include.join("mlx/mlx.h").exists() {
+    // The bindings are C declarations of mlx-c alone: a host build needs no MLX headers.
+    if !host_mlx && !mlx_include.join("mlx/mlx.h").exists() {
         panic!(
             "MLX headers not found under {}: run `make deps` (or set MLX_PREFIX to a pip --target \
              install of mlx-cpu==0.32.2)",
@@ -41,13 +52,16 @@ fn main() {
     let mlx_c = env::var_os("MLX_C_SRC").map(PathBuf::from).unwrap_or_else(|| upstream_mlx_c(&out));
     let prelude = manifest.join("compat/prelude.h");
 
-    let check_only = env::var("LATENT_CACHE_MLX_SYS").is_ok_and(|v| v == "check");
-    if !check_only {
+    // A host build compiles none of mlx-c (nor our compat code, which exists only for compiling
+    // it), so the library defines no mlx_* and no mlx::core symbol (inline functions and
+    // templates of MLX's headers would otherwise come with mlx-c's objects), and it records no
+    // library or run path: the engine's MLX is the only one in the process.
+    if !host_mlx {
         compile_mlx_c(&mlx_c, &mlx_include, &prelude, &manifest.join("compat"));
         println!("cargo:rustc-link-search=native={}", mlx_lib.display());
         println!("cargo:rustc-link-lib=dylib=mlx");
+        println!("cargo:libdir={}", mlx_lib.display());
     }
-    println!("cargo:libdir={}", mlx_lib.display());
 
     if env::var_os("LIBCLANG_PATH").is_none() {
         let bundled = prefix.join("clang/native");
@@ -145,10 +159,10 @@ fn has_std_format(build: &cc::Build) -> bool {
 
 /// Same bindgen settings as crates.io's mlx-sys 0.7.0, plus the prelude and the C compiler's
 /// builtin headers (PyPI's libclang ships none).
-fn generate_bindings(mlx_c: &Path, prelude: &Path, out: &Path, for_host: bool) {
+fn generate_bindings(mlx_c: &Path, prelude: &Path, out: &Path, for_build_machine: bool) {
     let headers = mlx_c_files(mlx_c, "h");
     let mut builder = bindgen::Builder::default();
-    if for_host {
+    if for_build_machine {
         // The build machine's own C headers, whatever platform cargo checks for.
         builder = builder.clang_arg(format!("--target={}", env::var("HOST").unwrap()));
     }

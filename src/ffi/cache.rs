@@ -180,9 +180,10 @@ unsafe fn read_family(
 /// the offset; copies nothing; later appends overwrite the dropped positions.
 ///
 /// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (n beyond the shortest row), `INVALID_STATE`
-/// (inside a round without bypass; with composed storage, below
-/// `latent_cache_minimum_reusable_offset` without bypass). On failure nothing changed. With
-/// bypass, a row's boundary stops at its new end.
+/// (inside a round without bypass; inside a round, with bypass, `n` beyond what the round
+/// appended to a row: a rollback must still find what the rows held when the round began;
+/// with composed storage, below `latent_cache_minimum_reusable_offset` without bypass). On
+/// failure nothing changed. With bypass, a row's boundary stops at its new end.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_trim(cache: *mut latent_cache, n: usize, bypass: bool) -> latent_cache_status {
     ffi_boundary! { with_cache(cache, |cache| cache.trim(n, bypass).map(drop).map_err(Into::into)) }

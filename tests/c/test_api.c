@@ -737,9 +737,80 @@ static void test_composed(void) {
   latent_cache_free(c);
 }
 
+/* bfloat16 bits of a float, rounded to nearest even (no NaN here): the reference, in C. */
+static uint16_t bf16_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float bf16_value(uint16_t bits) {
+  uint32_t u = (uint32_t)bits << 16;
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/* The config grows by struct_size (a newer header's struct is this one plus fields), host
+ * arrays come in the engine's types, MLX's memory is visible and its cache can be cleared. */
+static void test_config_growth_and_host_types(void) {
+  latent_cache_config cfg = latent_cache_config_default();
+  CHECK(cfg.struct_size == sizeof cfg);
+  struct newer {
+    latent_cache_config base;
+    uint64_t added[2];
+  } n;
+  memset(&n, 0xAB, sizeof n);
+  CHECK(latent_cache_config_init(&n.base, sizeof n) == LATENT_CACHE_STATUS_OK);
+  CHECK(n.base.struct_size == sizeof n && n.added[0] == 0 && n.added[1] == 0 && n.base.kv_lora_rank == 512);
+  latent_cache *c = NULL;
+  CHECK(latent_cache_new(&n.base, &c) == LATENT_CACHE_STATUS_OK);
+  latent_cache_config back;
+  CHECK(latent_cache_get_config(c, &back) == LATENT_CACHE_STATUS_OK);
+  CHECK(back.struct_size == sizeof back && back.index_head_dim == 128);
+  latent_cache_free(c);
+  n.added[1] = 5; /* an option this library does not know */
+  c = (latent_cache *)0x1;
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&n.base, &c));
+  cfg.struct_size = 12345; /* what an uninitialized struct may hold */
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_new(&cfg, &c));
+  CHECK(c == (latent_cache *)0x1);
+
+  enum { N = 6 };
+  const float x[N] = {1.0f, -2.5f, 3.14159265f, 1e-3f, -65504.0f, 0.33333333f};
+  uint16_t bits[N];
+  for (int i = 0; i < N; i++) bits[i] = bf16_bits(x[i]);
+  const size_t shape[2] = {2, 3};
+  mlx_array a = {0};
+  CHECK(latent_cache_array_from_host_typed(bits, N, LATENT_CACHE_DTYPE_BFLOAT16, shape, 2, &a) == LATENT_CACHE_STATUS_OK);
+  uint32_t dtype = 99;
+  size_t ndim = 0, dims[4] = {0}, written = 0;
+  CHECK(latent_cache_array_dtype(a, &dtype) == LATENT_CACHE_STATUS_OK && dtype == LATENT_CACHE_DTYPE_BFLOAT16);
+  CHECK(latent_cache_array_ndim(a, &ndim) == LATENT_CACHE_STATUS_OK && ndim == 2);
+  CHECK(latent_cache_array_shape(a, dims, 4, &written) == LATENT_CACHE_STATUS_OK && written == 2 && dims[0] == 2 && dims[1] == 3);
+  float wide[N];
+  CHECK(latent_cache_array_to_host_typed(a, LATENT_CACHE_DTYPE_FLOAT32, wide, N, &written) == LATENT_CACHE_STATUS_OK);
+  for (int i = 0; i < N; i++) CHECK(wide[i] == bf16_value(bits[i]));
+  int32_t ints[N];
+  CHECK(latent_cache_array_to_host_typed(a, LATENT_CACHE_DTYPE_INT32, ints, N, &written) == LATENT_CACHE_STATUS_OK);
+  for (int i = 0; i < N; i++) CHECK(ints[i] == (int32_t)bf16_value(bits[i]));
+  FAILS(LATENT_CACHE_STATUS_BUFFER_TOO_SMALL, latent_cache_array_to_host_typed(a, LATENT_CACHE_DTYPE_INT32, ints, N - 1, &written));
+  FAILS(LATENT_CACHE_STATUS_DTYPE, latent_cache_array_from_host_typed(bits, N, LATENT_CACHE_DTYPE_UINT8, shape, 2, &a));
+  latent_cache_array_free(a);
+
+  latent_cache_memory mem;
+  CHECK(latent_cache_memory_info(&mem) == LATENT_CACHE_STATUS_OK && mem.limit > 0 && mem.peak >= mem.active);
+  CHECK(latent_cache_clear_memory_cache() == LATENT_CACHE_STATUS_OK);
+  CHECK(latent_cache_memory_info(&mem) == LATENT_CACHE_STATUS_OK && mem.cache == 0);
+  uint32_t device = 99;
+  CHECK(latent_cache_get_device(&device) == LATENT_CACHE_STATUS_OK);
+  CHECK(device == LATENT_CACHE_DEVICE_CPU || device == LATENT_CACHE_DEVICE_GPU);
+}
+
 int main(void) {
   test_status_names();
   test_config();
+  test_config_growth_and_host_types();
   test_append_read_trim();
   test_rejections();
   test_speculative_rows();

@@ -1,0 +1,157 @@
+// An engine that brings its own MLX: this program compiles mlx-c itself (the same mlx-c source
+// the library is built from), links MLX's libmlx itself, and uses the library built with
+// MLX=host (which defines no mlx_* and no mlx::core symbol). Arrays made with the program's mlx-c
+// go into the cache as they are, and the views the cache returns are read, and computed on, with
+// the program's mlx-c: one MLX runtime in the process. The values come from a random seed
+// (printed; pass it after the label to repeat a run) and are checked against what was appended.
+//   host-shared|host-static LABEL [SEED]
+#include <mlx/c/mlx.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "latent_cache.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                   \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      std::fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
+      failures++;                                                     \
+    }                                                                 \
+  } while (0)
+
+static bool ok(latent_cache_status status, const char *what) {
+  if (status == LATENT_CACHE_STATUS_OK) return true;
+  char message[512];
+  latent_cache_last_error(message, sizeof message);
+  std::fprintf(stderr, "%s: %s: %s\n", what, latent_cache_status_name(status), message);
+  failures++;
+  return false;
+}
+
+// An array of the program's own mlx-c: float32 [batch, tokens, width].
+static mlx_array host_array(const std::vector<float> &values, int batch, int tokens, int width) {
+  const int shape[3] = {batch, tokens, width};
+  return mlx_array_new_data(values.data(), shape, 3, MLX_FLOAT32);
+}
+
+// Checks a [batch, T, width] view against the appends it holds: row b's positions are the
+// first append's row b, then the second's (each chunk [batch, n, width], row-major).
+static void check_view(mlx_array view, const char *family, int batch, int width,
+                       const std::vector<const std::vector<float> *> &chunks,
+                       const std::vector<int> &chunk_tokens, float scale) {
+  int total = 0;
+  for (int n : chunk_tokens) total += n;
+  CHECK(view.ctx != nullptr);
+  if (view.ctx == nullptr) return;
+  CHECK(mlx_array_ndim(view) == 3);
+  CHECK(mlx_array_dim(view, 0) == batch && mlx_array_dim(view, 1) == total && mlx_array_dim(view, 2) == width);
+  CHECK(mlx_array_dtype(view) == MLX_FLOAT32);
+  if (failures != 0) return;
+  // Evaluated by the program's mlx-c (single-threaded here: nothing else evaluates meanwhile).
+  CHECK(mlx_array_eval(view) == 0);
+  // Views may be strided windows of a larger buffer; a contiguous copy reads row-major.
+  mlx_stream stream = mlx_default_cpu_stream_new();
+  mlx_array dense = mlx_array_new();
+  CHECK(mlx_contiguous(&dense, view, false, stream) == 0);
+  CHECK(mlx_array_eval(dense) == 0);
+  const float *data = mlx_array_data_float32(dense);
+  CHECK(data != nullptr);
+  size_t mismatches = 0, checked = 0;
+  for (int b = 0; data != nullptr && b < batch; b++) {
+    int t = 0;
+    for (size_t c = 0; c < chunks.size(); c++) {
+      for (int i = 0; i < chunk_tokens[c]; i++, t++) {
+        for (int w = 0; w < width; w++) {
+          float want = scale * (*chunks[c])[(static_cast<size_t>(b) * chunk_tokens[c] + i) * width + w];
+          float got = data[(static_cast<size_t>(b) * total + t) * width + w];
+          checked++;
+          if (got != want && mismatches++ < 5)
+            std::fprintf(stderr, "%s[%d, %d, %d] = %g, expected %g\n", family, b, t, w, got, want);
+        }
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+  CHECK(checked == static_cast<size_t>(batch) * total * width);
+  mlx_array_free(dense);
+  mlx_stream_free(stream);
+}
+
+int main(int argc, char **argv) {
+  const char *label = argc > 1 ? argv[1] : "host_mlx";
+  const unsigned seed = argc > 2 ? static_cast<unsigned>(std::strtoul(argv[2], nullptr, 10)) : std::random_device{}();
+  std::printf("%s: seed %u\n", label, seed);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+  std::uniform_int_distribution<int> extent(1, 5);
+
+  // A small DSA layer: every family in float32, so the views must equal the input exactly.
+  latent_cache_config config = latent_cache_config_default();
+  config.kv_lora_rank = static_cast<size_t>(8 * extent(rng));
+  config.rope_head_dim = static_cast<size_t>(2 * extent(rng));
+  config.index_head_dim = static_cast<size_t>(4 * extent(rng));
+  const int batch = extent(rng);
+  const int widths[3] = {static_cast<int>(config.kv_lora_rank), static_cast<int>(config.rope_head_dim),
+                         static_cast<int>(config.index_head_dim)};
+  latent_cache *cache = nullptr;
+  if (!ok(latent_cache_new(&config, &cache), "latent_cache_new")) return 1;
+
+  // Two appends (a prefill chunk, then a decode step), each from arrays of the program's mlx-c.
+  std::vector<int> chunk_tokens = {extent(rng) + 3, 1};
+  std::vector<std::vector<float>> values[3];
+  for (int step = 0; step < 2; step++) {
+    mlx_array in[3];
+    for (int f = 0; f < 3; f++) {
+      std::vector<float> v(static_cast<size_t>(batch) * chunk_tokens[step] * widths[f]);
+      for (float &x : v) x = value(rng);
+      values[f].push_back(v);
+      in[f] = host_array(values[f].back(), batch, chunk_tokens[step], widths[f]);
+    }
+    mlx_array out[3] = {{nullptr}, {nullptr}, {nullptr}};
+    ok(latent_cache_append_latent(cache, in[0], in[1], in[2], &out[0], &out[1], &out[2]), "append_latent");
+    // The append's views are released before the next append (so it writes in place); the
+    // program frees them, and its inputs, with its own mlx-c.
+    for (int f = 0; f < 3; f++) {
+      mlx_array_free(out[f]);
+      mlx_array_free(in[f]);
+    }
+  }
+  size_t offset = 0;
+  ok(latent_cache_offset(cache, &offset), "offset");
+  CHECK(offset == static_cast<size_t>(chunk_tokens[0] + chunk_tokens[1]));
+
+  mlx_array state[3] = {{nullptr}, {nullptr}, {nullptr}};
+  if (ok(latent_cache_state(cache, &state[0], &state[1], &state[2]), "state")) {
+    const char *names[3] = {"latent", "rope", "index_keys"};
+    for (int f = 0; f < 3; f++) {
+      std::vector<const std::vector<float> *> chunks = {&values[f][0], &values[f][1]};
+      check_view(state[f], names[f], batch, widths[f], chunks, chunk_tokens, 1.0f);
+    }
+    // A graph of the program's mlx-c over the library's view: latent * 2, read back.
+    mlx_stream stream = mlx_default_cpu_stream_new();
+    mlx_array two = mlx_array_new_float(2.0f);
+    mlx_array doubled = mlx_array_new();
+    CHECK(mlx_multiply(&doubled, state[0], two, stream) == 0);
+    std::vector<const std::vector<float> *> chunks = {&values[0][0], &values[0][1]};
+    check_view(doubled, "2 * latent", batch, widths[0], chunks, chunk_tokens, 2.0f);
+    mlx_array_free(doubled);
+    mlx_array_free(two);
+    mlx_stream_free(stream);
+    for (mlx_array a : state) mlx_array_free(a);
+  }
+  latent_cache_free(cache);
+
+  if (failures != 0) {
+    std::fprintf(stderr, "%s: %d check(s) failed (seed %u)\n", label, failures, seed);
+    return 1;
+  }
+  std::printf("%s: ok (batch %d, %zu positions, widths %d/%d/%d)\n", label, batch, offset, widths[0], widths[1],
+              widths[2]);
+  return 0;
+}
