@@ -1,19 +1,37 @@
 // MLXArray.swift: an owned mlx_array (from the library or made from host data), freed in
 // deinit with latent_cache_array_free. The library's arrays live on a stream any thread may
-// evaluate and free, so the class is Sendable.
+// evaluate and free, so the class is Sendable. An engine's own arrays (mlx-swift's, with the
+// library built with MLX=host) are borrowed in, and the library's handed out, by their handles.
 
-/// An MLX array owned by this object. `handle` is the mlx_array for direct C calls (borrowed:
-/// do not free it).
+/// An MLX array owned by this object (unless made with `init(borrowing:)`). `handle` is the
+/// mlx_array for direct C calls (borrowed: do not free it).
 public final class MLXArray: @unchecked Sendable {
   // @unchecked: `handle` never changes after init, and the C contract lets any thread evaluate,
   // read and free the library's arrays (also while another thread appends to their cache).
+  // `owns` changes only in `relinquish()`, whose caller transfers the object's ownership.
   public let handle: mlx_array
+  private var owns = true
 
   /// Takes ownership of `array`; nil when it is the empty handle (`ctx == NULL`), which the
   /// library returns for families a layer does not have.
   public init?(adopting array: mlx_array) {
     guard array.ctx != nil else { return nil }
     handle = array
+  }
+
+  /// Wraps an array owned elsewhere (an engine's own, for example mlx-swift's `ctx`) without
+  /// taking ownership: never freed here, so its owner must outlive this object.
+  public init?(borrowing array: mlx_array) {
+    guard array.ctx != nil else { return nil }
+    handle = array
+    owns = false
+  }
+
+  /// Hands the array to another owner (mlx-swift's `MLXArray(_ ctx:)` takes a +1 context): this
+  /// object no longer frees it. Call it once, when nothing else uses this object.
+  public func relinquish() -> mlx_array {
+    owns = false
+    return handle
   }
 
   /// A float32 array `[batch, tokens, width]` holding a copy of `data`.
@@ -37,7 +55,7 @@ public final class MLXArray: @unchecked Sendable {
     handle = out
   }
 
-  deinit { latent_cache_array_free(handle) }
+  deinit { if owns { latent_cache_array_free(handle) } }
 
   /// An array of `dtype` (`.float32`, `.bfloat16`, `.float16` or `.int32`) holding a copy of
   /// `data`, whose elements are of that type (16-bit floats as their bit patterns).

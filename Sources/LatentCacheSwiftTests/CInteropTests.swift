@@ -53,3 +53,21 @@ final class CInteropTests: XCTestCase {
     XCTAssertEqual(try cache.byteLength, 4 * (try cache.bytesPerToken))
   }
 }
+
+final class ArrayOwnershipTests: XCTestCase {
+  func testBorrowedAndRelinquishedArrays() throws {
+    let values: [Float] = [5, 6, 7]
+    let owner = try MLXArray(values, shape: [3])
+    // A borrowed wrapper reads the owner's array and frees nothing when it goes.
+    do {
+      let borrowed = try XCTUnwrap(MLXArray(borrowing: owner.handle))
+      XCTAssertEqual(try borrowed.toHost(), values)
+    }
+    XCTAssertEqual(try owner.toHost(), values, "the owner's array outlives a borrowed wrapper")
+    // Relinquished: the new owner (here a wrapper adopting it) frees it, once.
+    let handed = try MLXArray(values, shape: [1, 3]).relinquish()
+    let adopted = try XCTUnwrap(MLXArray(adopting: handed))
+    XCTAssertEqual(try adopted.shape, [1, 3])
+    XCTAssertNil(MLXArray(borrowing: mlx_array(ctx: nil)))
+  }
+}
