@@ -6,8 +6,36 @@
 # succeeded, so an interrupted setup is redone from scratch. Written for bash 3.2 as well (no
 # arrays), like run.sh.
 #
-# Provides: swift_root_setup, swift_root_mount, swift_root_unmount, swift_root_exec.
+# Provides: swift_root_setup, swift_root_mount, swift_root_unmount, swift_root_exec,
+# swift_root_step, swift_root_stop_step.
 # Expects: SWIFT_ROOT (the root folder), SWIFT_STAMP (its stamp file).
+
+# Runs a long step in the background and waits for it, so an interrupt reaches the caller's
+# traps at once: debootstrap ignores SIGINT, and bash, waiting for a foreground child that
+# survives a Ctrl-C, drops the signal and goes on with the next step.
+swift_root_child=
+swift_root_step() {
+  local rc=0
+  "$@" &
+  swift_root_child=$!
+  wait "$swift_root_child" || rc=$?
+  swift_root_child=
+  return $rc
+}
+
+# Ends the running step and everything it started (for the caller's exit trap).
+swift_root_kill_tree() {
+  local c
+  for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do swift_root_kill_tree "$c"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+swift_root_stop_step() {
+  [ -n "$swift_root_child" ] || return 0
+  swift_root_kill_tree "$swift_root_child"
+  sleep 1
+  kill -KILL "$swift_root_child" 2>/dev/null || true
+  swift_root_child=
+}
 
 # The Debian mirror this machine already uses (deb822 `URIs:` or one-line `deb` sources), so
 # the root comes from the same place as the machine's own packages.
@@ -67,13 +95,13 @@ swift_root_setup() {
   swift_root_unmount
   rm -rf --one-file-system "$SWIFT_ROOT"
   mkdir -p "$(dirname "$SWIFT_ROOT")"
-  debootstrap --variant=minbase trixie "$SWIFT_ROOT" "$(swift_root_mirror)" >"$SWIFT_ROOT.log" 2>&1 ||
+  swift_root_step debootstrap --variant=minbase trixie "$SWIFT_ROOT" "$(swift_root_mirror)" >"$SWIFT_ROOT.log" 2>&1 ||
     { tail -n 20 "$SWIFT_ROOT.log" >&2; return 1; }
   cp /etc/resolv.conf "$SWIFT_ROOT/etc/resolv.conf"
   swift_root_mount
   # libc6-dev: without it swiftc finds no libc and C modules fail to import; pkgconf: the
   # system-library target's pkg-config lookup.
-  swift_root_exec 'apt-get update -qq && apt-get install -y -qq --no-install-recommends swiftlang libc6-dev libstdc++-14-dev pkgconf >/dev/null && apt-get clean' \
+  swift_root_step swift_root_exec 'apt-get update -qq && apt-get install -y -qq --no-install-recommends swiftlang libc6-dev libstdc++-14-dev pkgconf >/dev/null && apt-get clean' \
     >>"$SWIFT_ROOT.log" 2>&1 || { tail -n 20 "$SWIFT_ROOT.log" >&2; return 1; }
   swift_root_exec 'swift --version' >/dev/null 2>&1 || { echo "test-swift: swift does not run in $SWIFT_ROOT" >&2; return 1; }
   # The stamp last, by rename: it exists only when every step above finished.

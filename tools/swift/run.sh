@@ -32,7 +32,11 @@ SWIFT_STAMP=$SWIFT_ROOT.stamp
 exec 9>"$SWIFT_ROOT.lock"
 flock 9
 
-cleanup() { swift_root_unmount; }
+# On every exit (success, failure, Ctrl-C): end the running step, then unmount.
+cleanup() {
+  swift_root_stop_step
+  swift_root_unmount
+}
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -60,5 +64,5 @@ mkdir -p "$pkg/tests/swift/dependent"
 rm -rf "$pkg/tests/swift/dependent/Package.swift" "$pkg/tests/swift/dependent/Sources"
 cp -pR "$repo/tests/swift/dependent/Package.swift" "$repo/tests/swift/dependent/Sources" "$pkg/tests/swift/dependent/"
 
-swift_root_exec "PKG_CONFIG_PATH=/opt/latent-cache/lib/pkgconfig bash /work/latent-cache/tools/swift/build-and-test.sh /work/latent-cache /opt/latent-cache/lib /work/latent-cache/.build"
+swift_root_step swift_root_exec "PKG_CONFIG_PATH=/opt/latent-cache/lib/pkgconfig bash /work/latent-cache/tools/swift/build-and-test.sh /work/latent-cache /opt/latent-cache/lib /work/latent-cache/.build"
 echo "== test-swift passed ($(($(date +%s) - started)) s)"
