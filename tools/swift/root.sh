@@ -23,17 +23,26 @@ swift_root_step() {
   return $rc
 }
 
-# Ends the running step and everything it started (for the caller's exit trap).
-swift_root_kill_tree() {
+# Ends the running step and everything it started (for the caller's exit trap). The tree is
+# frozen first (SIGSTOP, top down, until no new process shows), so nothing spawns or is
+# reparented to init while it is collected; then every process of it is killed. A gentler
+# SIGTERM is not enough: debootstrap's helpers outlived it and went on writing into the root.
+swift_root_tree() {
   local c
-  for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do swift_root_kill_tree "$c"; done
-  kill -TERM "$1" 2>/dev/null || true
+  echo "$1"
+  for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do swift_root_tree "$c"; done
 }
 swift_root_stop_step() {
   [ -n "$swift_root_child" ] || return 0
-  swift_root_kill_tree "$swift_root_child"
-  sleep 1
-  kill -KILL "$swift_root_child" 2>/dev/null || true
+  local seen="" now="" pass
+  for pass in 1 2 3 4 5; do
+    now=$(swift_root_tree "$swift_root_child" | sort -n | tr '\n' ' ')
+    [ "$now" = "$seen" ] && break
+    kill -STOP $now 2>/dev/null || true
+    seen=$now
+  done
+  kill -KILL $seen 2>/dev/null || true
+  wait "$swift_root_child" 2>/dev/null || true
   swift_root_child=
 }
 
