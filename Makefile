@@ -145,6 +145,8 @@ test-c: ship
 	$(PYTHON) tools/readme-examples.py README.md $(OUT)/readme
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude $(OUT)/readme/readme_decode.c -o $(OUT)/readme_decode $(LINK)
 	$(OUT)/readme_decode
+	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude $(OUT)/readme/readme_prefill.c -o $(OUT)/readme_prefill $(LINK) -lm
+	$(OUT)/readme_prefill
 	$(OUT)/test_api
 	$(OUT)/test_threads
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_persist.c -o $(OUT)/test_persist $(LINK)

@@ -118,6 +118,9 @@ typedef struct mlx_array_ {
 // Positions a boundary moves by at once.
 #define CONVERSION_BLOCK 64
 
+// GLM-5.2's target layers.
+#define GLM52_TARGET_LAYERS 78
+
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
 typedef enum {
@@ -231,7 +234,8 @@ typedef enum {
   // Every valid position of the row.
   LATENT_CACHE_MASK_NONE = 0,
   // Bottom-right aligned, as MLX's SDPA: query `i` of `Lq` sees the row's positions up to
-  // `row_end - Lq + i` (the queries are the row's last `Lq` positions).
+  // `row_end - Lq + i` (the queries are the row's last `Lq` positions); in a row shorter
+  // than `Lq`, the first queries see none and give zeros (a left-padded prompt's padding).
   LATENT_CACHE_MASK_CAUSAL = 1,
   // Every valid position, plus the additive `mask` array.
   LATENT_CACHE_MASK_ARRAY = 2,
@@ -1056,10 +1060,10 @@ latent_cache_status latent_cache_set_extract_row(const latent_cache_set *set,
 latent_cache_status latent_cache_set_bytes_in_use(const latent_cache_set *set, size_t *out);
 
 // Copies GLM-5.2's layer configs into `out` (`*written` = 79): 78 target layers
-// (kv_lora_rank 512, rope_head_dim 64, float32, right-justified) with index keys (128) on 21 of
-// them spread evenly (layer `l` when `floor(l * 21 / 78) != floor((l + 1) * 21 / 78)`; a
-// checkpoint that names other layers sets `index_head_dim` itself), then the MTP layer
-// (`LATENT_CACHE_ROLE_MTP`, no index keys). Edit the copies (storage modes, layout, limits)
+// (kv_lora_rank 512, rope_head_dim 64, float32, right-justified) with index keys (128) on the
+// 21 that run the DSA indexer (its config's `indexer_types`: layers 0, 1, 2, then every
+// fourth from 6 to 74; `latent_cache_glm52_selection_sources` says which selection the
+// others use), then the MTP layer (`LATENT_CACHE_ROLE_MTP`, no index keys). Edit the copies (storage modes, layout, limits)
 // before `latent_cache_set_new`.
 // `struct_size` is the size of the caller's `latent_cache_config` (`sizeof *out`, the array's
 // stride); the header's inline `latent_cache_glm52_configs(out, out_len, written)` passes it.
@@ -1069,6 +1073,16 @@ latent_cache_status latent_cache_glm52_configs_sized(latent_cache_config *out,
                                                      size_t out_len,
                                                      size_t struct_size,
                                                      size_t *written);
+
+// Copies, for each of GLM-5.2's 78 target layers, the layer whose DSA top-k selection it
+// attends with into `out` (`*written` = 78): the layer itself where it runs the indexer (and
+// so has index keys: `latent_cache_glm52_configs`), otherwise the nearest indexer layer before
+// it, whose selection (`latent_cache_donor_select`) the engine passes on to
+// `latent_cache_donor_attend_selected` of the layers that share it, as GLM-5.2's model does.
+// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL` (`out_len` < 78; nothing written).
+latent_cache_status latent_cache_glm52_selection_sources(size_t *out,
+                                                         size_t out_len,
+                                                         size_t *written);
 
 // Saves every layer of `set` to `path` (safetensors; the README and docs/packaging describe
 // the layout): written to a temporary file in the same folder, synced, then renamed over
@@ -1248,8 +1262,14 @@ latent_cache_status latent_cache_donor_rows(const latent_cache_donor *donor,
 // ops.
 //
 // Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE` (a query's batch or width), `INVALID_ARGUMENT`
-// (unknown mode, a mask with another mode or none with `ARRAY`), `INVALID_STATE` (a row with no
-// position a query sees: empty rows, or `CAUSAL` with more queries than a row holds), `BACKEND`.
+// (unknown mode, a mask with another mode or none with `ARRAY`), `INVALID_STATE` (an empty
+// row), `BACKEND`.
+//
+// A query that sees no position gives zeros (never NaN): with `CAUSAL`, the first `Lq - len`
+// queries of a row holding `len < Lq` positions (after `latent_cache_append_latent_padded`,
+// the queries of a prompt's padding, so one call attends a whole batch of prompts of different
+// lengths), which run MLX's operations rather than the kernels; with `ARRAY`, a query whose
+// mask row is -inf at every position.
 latent_cache_status latent_cache_donor_attend(const latent_cache_donor *donor,
                                               mlx_array q_latent,
                                               mlx_array q_rope,

@@ -28,7 +28,8 @@ pub enum latent_cache_mask_mode {
     /// Every valid position of the row.
     LatentCacheMaskNone = 0,
     /// Bottom-right aligned, as MLX's SDPA: query `i` of `Lq` sees the row's positions up to
-    /// `row_end - Lq + i` (the queries are the row's last `Lq` positions).
+    /// `row_end - Lq + i` (the queries are the row's last `Lq` positions); in a row shorter
+    /// than `Lq`, the first queries see none and give zeros (a left-padded prompt's padding).
     LatentCacheMaskCausal = 1,
     /// Every valid position, plus the additive `mask` array.
     LatentCacheMaskArray = 2,
@@ -160,8 +161,14 @@ pub unsafe extern "C" fn latent_cache_donor_rows(
 /// ops.
 ///
 /// Returns `OK`, `NULL_ARGUMENT`, `DTYPE`, `SHAPE` (a query's batch or width), `INVALID_ARGUMENT`
-/// (unknown mode, a mask with another mode or none with `ARRAY`), `INVALID_STATE` (a row with no
-/// position a query sees: empty rows, or `CAUSAL` with more queries than a row holds), `BACKEND`.
+/// (unknown mode, a mask with another mode or none with `ARRAY`), `INVALID_STATE` (an empty
+/// row), `BACKEND`.
+///
+/// A query that sees no position gives zeros (never NaN): with `CAUSAL`, the first `Lq - len`
+/// queries of a row holding `len < Lq` positions (after `latent_cache_append_latent_padded`,
+/// the queries of a prompt's padding, so one call attends a whole batch of prompts of different
+/// lengths), which run MLX's operations rather than the kernels; with `ARRAY`, a query whose
+/// mask row is -inf at every position.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_donor_attend(
     donor: *const latent_cache_donor,

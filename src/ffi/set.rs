@@ -5,7 +5,7 @@
 use std::sync::{Arc, MutexGuard};
 
 use super::args::{in_slice, out_ptr, write};
-use super::config::{latent_cache_config, read_config_at, write_config, CONFIG_SIZE};
+use super::config::{latent_cache_config, read_config_at, CONFIG_SIZE};
 use super::error::{set_last_error, Failure, FfiResult};
 use super::handle::{latent_cache, Handle, Release};
 use super::panic::ffi_boundary;
@@ -13,7 +13,6 @@ use super::prefill::padding;
 use super::registry::Registry;
 use super::status::latent_cache_status;
 use crate::core::cache::set::{change_all, check_agree, extract_row_all, merge_all, new_all};
-use crate::core::model::presets::glm52_layers;
 use crate::core::LatentCache;
 
 /// A model's caches as one handle. Opaque: a token from `latent_cache_set_new` (or
@@ -359,54 +358,4 @@ pub unsafe extern "C" fn latent_cache_set_bytes_in_use(set: *const latent_cache_
         unsafe { write(out, bytes) };
         Ok(())
     }
-}
-
-/// Copies GLM-5.2's layer configs into `out` (`*written` = 79): 78 target layers
-/// (kv_lora_rank 512, rope_head_dim 64, float32, right-justified) with index keys (128) on 21 of
-/// them spread evenly (layer `l` when `floor(l * 21 / 78) != floor((l + 1) * 21 / 78)`; a
-/// checkpoint that names other layers sets `index_head_dim` itself), then the MTP layer
-/// (`LATENT_CACHE_ROLE_MTP`, no index keys). Edit the copies (storage modes, layout, limits)
-/// before `latent_cache_set_new`.
-/// `struct_size` is the size of the caller's `latent_cache_config` (`sizeof *out`, the array's
-/// stride); the header's inline `latent_cache_glm52_configs(out, out_len, written)` passes it.
-/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a `struct_size` no header declares),
-/// `BUFFER_TOO_SMALL` (`out_len` < 79); nothing is written on failure.
-#[no_mangle]
-pub unsafe extern "C" fn latent_cache_glm52_configs_sized(
-    out: *mut latent_cache_config,
-    out_len: usize,
-    struct_size: usize,
-    written: *mut usize,
-) -> latent_cache_status {
-    ffi_boundary! {
-        let written = out_ptr(written, "written")?;
-        let configs: Vec<latent_cache_config> = glm52_layers().iter().map(latent_cache_config::of).collect();
-        if out.is_null() && out_len > 0 {
-            return Err(Failure::null("out"));
-        }
-        if out_len < configs.len() {
-            return Err(Failure::new(
-                latent_cache_status::BufferTooSmall,
-                format!("out holds {out_len} configs; {} are needed", configs.len()),
-            ));
-        }
-        let stride = if struct_size == 0 { CONFIG_SIZE } else { struct_size };
-        for (i, config) in configs.iter().enumerate() {
-            // SAFETY: the caller's promise: `out_len` (>= 79) configs of `struct_size` bytes;
-            // write_config checks the size before it writes (the first write refuses a bad one).
-            unsafe { write_config(out.cast::<u8>().add(i * stride).cast(), struct_size, config) }?;
-        }
-        unsafe { write(written, configs.len()) };
-        Ok(())
-    }
-}
-
-/// `latent_cache_glm52_configs_sized` for Rust callers of the C layer (C, C++ and Swift get the
-/// header's inline of the same name).
-pub unsafe fn latent_cache_glm52_configs(
-    out: *mut latent_cache_config,
-    out_len: usize,
-    written: *mut usize,
-) -> latent_cache_status {
-    unsafe { latent_cache_glm52_configs_sized(out, out_len, CONFIG_SIZE, written) }
 }

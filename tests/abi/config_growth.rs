@@ -6,6 +6,7 @@
 use crate::common::check::last_error;
 use latent_cache::ffi::cache::{latent_cache_free, latent_cache_new};
 use latent_cache::ffi::config::*;
+use latent_cache::ffi::presets::*;
 use latent_cache::ffi::set::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 

@@ -6,10 +6,11 @@
 #![allow(dead_code)]
 
 /// How many of a row's `len` positions query `i` of `queries` sees: all of them, or under the
-/// causal mask those up to its own (query `i` is the row's position `len - queries + i`).
+/// causal mask those up to its own (query `i` is the row's position `len - queries + i`; in a
+/// row shorter than the queries, the first ones come before the row and see none).
 pub fn seen(len: usize, queries: usize, i: usize, causal: bool) -> usize {
     if causal {
-        len - queries + i + 1
+        (len + i + 1).saturating_sub(queries)
     } else {
         len
     }
@@ -23,7 +24,8 @@ pub fn visible(len: usize, queries: usize, i: usize, causal: bool) -> Vec<usize>
 /// One query's attention over `positions` of a row:
 /// `softmax(scale * (q_latent . latent_j + q_rope . rope_j) + mask(j)) . latent`, with the
 /// widths `q_latent.len()` and `q_rope.len()`. `mask` is an additive mask by row position (0.0
-/// for none); `positions` are all the query sees (`visible`) or the ones DSA selected.
+/// for none); `positions` are all the query sees (`visible`) or the ones DSA selected. A query
+/// that sees nothing (no positions, or every one masked with -inf) gives zeros.
 pub fn attention(
     latent: &[f32],
     rope: &[f32],
@@ -37,7 +39,10 @@ pub fn attention(
     let dot = |q: &[f32], v: &[f32], w: usize, j: usize| (0..w).map(|c| q[c] as f64 * v[j * w + c] as f64).sum::<f64>();
     let scores: Vec<f64> =
         positions.iter().map(|&j| scale * (dot(q_latent, latent, r, j) + dot(q_rope, rope, p, j)) + mask(j)).collect();
-    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return vec![0.0; r];
+    }
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
     let total: f64 = weights.iter().sum();
     (0..r).map(|c| positions.iter().zip(&weights).map(|(&j, w)| w / total * latent[j * r + c] as f64).sum()).collect()

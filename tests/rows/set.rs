@@ -6,6 +6,7 @@ use crate::common::check::{append_host, assert_equal, host_data, last_error};
 use crate::common::model::{Model, Rng};
 use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::{latent_cache_config, latent_cache_config_default};
+use latent_cache::ffi::presets::*;
 use latent_cache::ffi::query::*;
 use latent_cache::ffi::role::latent_cache_role;
 use latent_cache::ffi::set::*;
@@ -198,7 +199,28 @@ fn glm52_preset_is_the_model_with_its_mtp_layer() {
     assert_eq!(unsafe { latent_cache_glm52_configs(configs.as_mut_ptr(), 78, &mut written) }, Status::BufferTooSmall);
     assert_eq!(unsafe { latent_cache_glm52_configs(configs.as_mut_ptr(), 79, &mut written) }, Status::Ok);
     assert_eq!(written, 79);
+    // GLM-5.2's config.json (`indexer_types`): 1 = the layer runs the DSA indexer ("full").
+    let indexer_types: [u8; 78] = [
+        1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0,
+        0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0,
+    ];
+    for (l, &full) in indexer_types.iter().enumerate() {
+        assert_eq!(configs[l].index_head_dim, if full == 1 { 128 } else { 0 }, "layer {l}: index keys where the indexer runs");
+    }
     assert_eq!(configs.iter().filter(|c| c.index_head_dim == 128).count(), 21);
+    // Each layer attends with its own selection where it runs the indexer, else the nearest
+    // indexer layer's before it.
+    let mut sources = vec![usize::MAX; 78];
+    assert_eq!(unsafe { latent_cache_glm52_selection_sources(sources.as_mut_ptr(), 77, &mut written) }, Status::BufferTooSmall);
+    assert_eq!(unsafe { latent_cache_glm52_selection_sources(sources.as_mut_ptr(), 78, &mut written) }, Status::Ok);
+    assert_eq!(written, 78);
+    let mut last_full = 0;
+    for (l, &full) in indexer_types.iter().enumerate() {
+        if full == 1 {
+            last_full = l;
+        }
+        assert_eq!(sources[l], last_full, "layer {l}");
+    }
     assert!(configs.iter().all(|c| c.kv_lora_rank == 512 && c.rope_head_dim == 64));
     assert_eq!(configs[78].role, latent_cache_role::Mtp as u32);
     assert_eq!(configs[78].index_head_dim, 0);

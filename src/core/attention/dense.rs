@@ -121,7 +121,9 @@ impl Donor {
 
     /// GLM-5's absorbed MLA attention over the donor's rows (see the module doc), `[B, H, Lq,
     /// kv_lora_rank]` float32, lazily. `mask` is required with `MaskMode::Array` and refused
-    /// otherwise. Every row must hold a position each query sees (with `Causal`, at least `Lq`).
+    /// otherwise. Every row must hold a position; a query that sees none (with `Causal`, the
+    /// first `Lq - len` queries of a row of `len < Lq` positions, a left-padded prefill's padding
+    /// queries; with `Array`, a mask row that is all -inf) gives zeros.
     pub fn attend(&self, q_latent: &Array, q_rope: &Array, scale: f32, mode: MaskMode, mask: Option<&Array>) -> Result<Array> {
         let dims = self.check_query("q_latent", q_latent, self.geometry.kv_lora_rank)?;
         if self.check_query("q_rope", q_rope, self.geometry.rope_head_dim)? != dims {
@@ -143,7 +145,7 @@ impl Donor {
             return Ok(out);
         }
         if let Some(out) = self.fused_decode(&query)? {
-            return Ok(out);
+            return self.zero_padding_queries(out, mode, queries);
         }
         let scores = math::add(&self.scores(Family::Latent, q_latent)?, &self.scores(Family::Rope, q_rope)?)?;
         let scores = ops::multiply(&ops::astype(&scores, Dtype::Float32)?, &ops::scalar(scale))?;
@@ -154,6 +156,12 @@ impl Donor {
         if let Some(extra) = extra {
             scores = math::add(&scores, extra)?;
         }
-        self.weighted_latent(&math::softmax(&scores, -1)?, q_latent.dtype())
+        let out = self.weighted_latent(&math::softmax(&scores, -1)?, q_latent.dtype())?;
+        if extra.is_some() {
+            // A query whose mask row is all -inf sees nothing: zeros, as a padding query's.
+            let sees = math::less(&ops::scalar(f32::NEG_INFINITY), &math::max_keep(&scores, -1)?)?;
+            return math::select(&sees, &out, &ops::scalar(0.0));
+        }
+        self.zero_padding_queries(out, mode, queries)
     }
 }

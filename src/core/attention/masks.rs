@@ -1,6 +1,8 @@
 //! Which window positions each query sees: a row's valid range `[left_pad, row_end)`, with
 //! `Causal` a band ending at the query's own position. Built as additive masks only where some
 //! query misses a position (a mask made on the host costs an evaluation on MLX's CUDA backend).
+//! A query that sees no position (a left-padded prefill's padding queries under `Causal`, or a
+//! mask array's row that is all -inf) gets zeros, never the NaN of a softmax over nothing.
 use mlx_rs::Array;
 
 use super::{Donor, MaskMode};
@@ -51,16 +53,41 @@ impl Donor {
         ops::reshape(&mask, &[self.batch_size(), rows, self.offset])
     }
 
-    /// Refuses rows where a query would see no position.
+    /// Refuses an empty batch and empty rows. With `Causal`, a row may hold fewer positions
+    /// than there are queries: its first queries then see none (the padding queries of a
+    /// left-padded prefill) and get zeros (`padding_queries`).
     pub(super) fn check_rows(&self, mode: MaskMode, queries: usize) -> Result<()> {
         let lengths: Vec<usize> = self.left_pad.iter().zip(&self.row_ends).map(|(p, e)| e - p).collect();
-        let shortest = lengths.iter().copied().min().unwrap_or(0);
-        if self.batch_size() == 0 || shortest == 0 || (mode == MaskMode::Causal && shortest < queries) {
-            return fail!(
-                State,
-                "every row must hold a position each query sees (rows: {lengths:?}, {queries} queries, {mode:?})"
-            );
+        if self.batch_size() == 0 || lengths.iter().any(|&l| l == 0) {
+            return fail!(State, "every row must hold a position (rows: {lengths:?}, {queries} queries, {mode:?})");
         }
         Ok(())
+    }
+
+    /// Whether some query sees no position: with `Causal`, a row shorter than the queries.
+    pub(super) fn padding_queries(&self, mode: MaskMode, queries: usize) -> bool {
+        mode == MaskMode::Causal && self.left_pad.iter().zip(&self.row_ends).any(|(p, e)| e - p < queries)
+    }
+
+    /// `[B, 1, Lq, 1]`: whether query `i` of row `b` sees a position under `Causal` (query `i`
+    /// is the row's position `len - Lq + i`, so it sees one when `i >= Lq - len`).
+    pub(super) fn causal_sees(&self, queries: usize) -> Result<Array> {
+        let sees: Vec<i32> = self
+            .left_pad
+            .iter()
+            .zip(&self.row_ends)
+            .flat_map(|(p, e)| (0..queries).map(move |i| (i + (e - p) >= queries) as i32))
+            .collect();
+        math::greater_equal(&ops::indices(&sees, &[self.batch_size(), 1, queries, 1]), &ops::indices(&[1], &[1]))
+    }
+
+    /// `out` (`[B, H, Lq, w]`, or anything broadcasting against `[B, 1, Lq, 1]`) with the
+    /// queries that see no position set to zero rather than the NaN a softmax over nothing
+    /// gives. Nothing is built where every query sees a position.
+    pub(super) fn zero_padding_queries(&self, out: Array, mode: MaskMode, queries: usize) -> Result<Array> {
+        if !self.padding_queries(mode, queries) {
+            return Ok(out);
+        }
+        math::select(&self.causal_sees(queries)?, &out, &ops::scalar(0.0))
     }
 }

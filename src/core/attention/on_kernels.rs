@@ -19,11 +19,13 @@ impl Donor {
         StorageMode::kernel_reads(self.geometry.latent_storage, self.geometry.rope_storage)
     }
 
-    /// Whether the split-K kernels take `q` at all: no mask array, queries of one dtype, and a
-    /// rope that is not composed (its hot and compact positions would need joining per row).
+    /// Whether the split-K kernels take `q` at all: no mask array, every query seeing a
+    /// position, queries of one dtype, and a rope that is not composed (its hot and compact positions would need joining per row).
     fn kernel_takes(&self, q: &Query) -> bool {
         q.extra.is_none()
             && q.mode != MaskMode::Array
+            // Queries that see no position (a causal prefill over a shorter row) take MLX's ops.
+            && !self.padding_queries(q.mode, q.queries)
             && self.hot_values(Family::Rope).is_none()
             && q.q_rope.dtype() == q.q_latent.dtype()
     }
@@ -187,6 +189,7 @@ impl Donor {
         let (batch, positions) = (self.batch_size(), self.offset);
         if !float
             || self.hot_values(Family::IndexKeys).is_some()
+            || self.padding_queries(mode, queries)
             || !cuda::dsa_scores::applies(keys.dtype(), batch, heads, queries, width, positions)
         {
             return Ok(None);

@@ -108,7 +108,8 @@ impl Donor {
 
     /// Attention over the selected positions alone (`indices` `[B, Lq, k]` from `select`): the
     /// formula of `attend` with `T` replaced by each query's `k` positions; selected positions
-    /// the query does not see (a row shorter than `k`) are masked out. `[B, H, Lq,
+    /// the query does not see (a row shorter than `k`) are masked out, and a query that sees no
+    /// position (`Causal` over a row shorter than the queries) gives zeros. `[B, H, Lq,
     /// kv_lora_rank]` float32, lazily; reads `k` positions per query, not the whole window.
     /// Computed with `attend`'s arithmetic: the selected positions decoded as `attend` reads
     /// them (`decode_parts`), the products in the queries' dtype where the family is read in it
@@ -170,6 +171,6 @@ impl Donor {
             false => probs,
         };
         let out = ops::astype(&math::matmul(&probs, &latent)?, Dtype::Float32)?;
-        math::swapaxes(&out, 1, 2)
+        self.zero_padding_queries(math::swapaxes(&out, 1, 2)?, mode, dims.1 as usize)
     }
 }

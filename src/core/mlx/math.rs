@@ -104,6 +104,11 @@ pub fn argpartition(a: &Array, kth: i32, axis: i32) -> Result<Array> {
     call("argpartition", |res, s| unsafe { mlx_sys::mlx_argpartition_axis(res, a.as_ptr(), kth, axis, s) })
 }
 
+/// The largest value along `axis`, kept as an axis of extent 1.
+pub fn max_keep(a: &Array, axis: i32) -> Result<Array> {
+    call("max", |res, s| unsafe { mlx_sys::mlx_max_axis(res, a.as_ptr(), axis, true, s) })
+}
+
 pub fn sum(a: &Array, axis: i32) -> Result<Array> {
     call("sum", |res, s| unsafe { mlx_sys::mlx_sum_axis(res, a.as_ptr(), axis, false, s) })
 }
