@@ -18,7 +18,8 @@ func require(_ ok: Bool, _ what: String) {
   }
 }
 
-// GLM-5.2's first four target layers (layer 3 has index keys) and its MTP layer.
+// GLM-5.2's first four target layers (0 to 2 run the DSA indexer, with index keys; 3 does not)
+// and its MTP layer.
 let glm = try CacheConfig.glm52()
 let configs = Array(glm[0..<4]) + [glm[78]]
 let set = try CacheSet(layers: configs)
@@ -80,20 +81,34 @@ try MLXArray.eval(try appendStep(tokens: 12, t0: [0, 0], leftPadding: [0, 3]))
 require(try layers[0].rowOffsets == [12, 9], "prefill row offsets")
 try checkAgainstHistory("prefill", layers)
 
-// Decode: four steps of one token, one evaluation per step, attention over a donor of layer 0.
+// Decode: four steps of one token, one evaluation per step. Layer 2 runs the DSA indexer: its
+// index scores pick the top 8 positions per row, and layer 3, which has no index keys, attends
+// over layer 2's selection (GLM-5.2's selection sources say so), while layer 0 attends densely.
+let sources = try CacheConfig.glm52SelectionSources()
+require(sources[2] == 2 && sources[3] == 2, "layer 3 takes layer 2's selection")
+let heads = 2
+let qLatent = try MLXArray([Float](repeating: 0.01, count: 2 * heads * 512), shape: [2, heads, 1, 512])
+let qRope = try MLXArray([Float](repeating: 0.02, count: 2 * heads * 64), shape: [2, heads, 1, 64])
+let qIndex = try MLXArray((0..<(2 * heads * 128)).map { Float($0 % 7) / 7 }, shape: [2, heads, 1, 128])
+let weights = try MLXArray([Float](repeating: 0.5, count: 2 * heads), shape: [2, 1, heads])
 var position = [12, 12]
 for step in 0..<4 {
   var outs = try appendStep(tokens: 1, t0: position)
-  let donor = try layers[0].captureDonor()
-  let heads = 2
-  let qLatent = try MLXArray([Float](repeating: 0.01, count: 2 * heads * 512), shape: [2, heads, 1, 512])
-  let qRope = try MLXArray([Float](repeating: 0.02, count: 2 * heads * 64), shape: [2, heads, 1, 64])
-  let attended = try donor.attend(qLatent: qLatent, qRope: qRope, scale: 0.0417, mode: .causal)
-  outs.append(attended)
+  let dense = try layers[0].captureDonor().attend(qLatent: qLatent, qRope: qRope, scale: 0.0417, mode: .causal)
+  let indexer = try layers[sources[3]].captureDonor()
+  let scores = try indexer.indexScores(qIndex: qIndex, weights: weights, mode: .causal)
+  let selected = try indexer.select(scores: scores, k: 8)
+  let indices = try selected.map { try $0.toHostInt32() } ?? []
+  require(indices.count == 2 * 8, "8 positions selected per row")
+  let sparse = try layers[3].captureDonor().attendSelected(
+    qLatent: qLatent, qRope: qRope, scale: 0.0417, mode: .causal, indices: selected!)
+  outs += [dense, sparse]
   try MLXArray.eval(outs)
-  require(try attended.toHost().count == 2 * heads * 512, "attention output size")
+  require(try dense.shape == [2, heads, 1, 512] && sparse.shape == [2, heads, 1, 512], "attention output shapes")
   position = position.map { $0 + 1 }
-  print("decode step \(step): \(try layers[0].offset) positions stored, attention over \(try donor.rows().rowEnds)")
+  print(
+    "decode step \(step): \(try layers[0].offset) positions stored; layer 3 attends over layer 2's picks "
+      + "\(indices.prefix(8).sorted())")
 }
 try checkAgainstHistory("decode", layers)
 

@@ -67,6 +67,13 @@ public struct CacheConfig: Sendable, Hashable {
     return raw.map(CacheConfig.init)
   }
 
+  /// For each of GLM-5.2's 78 target layers, the layer whose DSA top-k selection it attends
+  /// with: itself where it runs the indexer (and has index keys), else the nearest indexer
+  /// layer before it (pass that layer's `Donor.select` result to `attendSelected`).
+  public static func glm52SelectionSources() throws -> [Int] {
+    try readSized(filler: 0, estimate: { 78 }) { latent_cache_glm52_selection_sources($0, $1, $2) }
+  }
+
   /// Bytes `batch` rows of `tokens` positions would hold in a cache of this config.
   public func projectedBytes(batch: Int, tokens: Int) throws -> Int {
     var c = cValue

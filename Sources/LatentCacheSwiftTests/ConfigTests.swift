@@ -14,7 +14,8 @@ final class ConfigTests: XCTestCase {
     let configs = try CacheConfig.glm52()
     XCTAssertEqual(configs.count, 79)
     for (l, c) in configs.prefix(78).enumerated() {
-      let dsa = (l * 21) / 78 != ((l + 1) * 21) / 78
+      // The header's rule: layers 0, 1, 2, then every fourth from 6 to 74 run the indexer.
+      let dsa = l < 3 || (l >= 6 && l <= 74 && (l - 6) % 4 == 0)
       XCTAssertEqual(c.indexHeadDim, dsa ? 128 : 0, "layer \(l)")
       XCTAssertEqual([c.kvLoraRank, c.ropeHeadDim], [512, 64])
       XCTAssertEqual(c.role, .target)
@@ -23,6 +24,14 @@ final class ConfigTests: XCTestCase {
     XCTAssertEqual(configs[78].role, .mtp)
     XCTAssertEqual(configs[78].indexHeadDim, 0)
     XCTAssertEqual(try Cache(config: configs[78]).signature, "kv:mla:mtp")
+    // Each layer attends with its own selection where it has index keys, else with the nearest
+    // indexer layer's before it.
+    let sources = try CacheConfig.glm52SelectionSources()
+    XCTAssertEqual(sources.count, 78)
+    for l in 0..<78 {
+      let nearest = (0...l).last { configs[$0].indexHeadDim > 0 }
+      XCTAssertEqual(sources[l], nearest, "layer \(l)")
+    }
   }
 
   func testProjectedBytesAndRoundTrip() throws {
