@@ -93,7 +93,7 @@ swift_root_setup() {
     return 0
   fi
   [ "$(id -u)" = 0 ] || { echo "test-swift: setting up $SWIFT_ROOT needs root (debootstrap, chroot)" >&2; return 1; }
-  echo "== setting up the Swift toolchain root in $SWIFT_ROOT (once; about a minute and 3 GB)"
+  echo "== setting up the Swift toolchain root in $SWIFT_ROOT (once; 3 to 4 minutes and 3 GB)"
   if ! command -v debootstrap >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
