@@ -4,7 +4,7 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
-.PHONY: deps build header check-header lint lint-apple test test-rust test-c test-valgrind test-interop test-host-mlx demo examples bench bench-quick bench-ab bench-deps fuzz clean
+.PHONY: deps build header check-header lint lint-apple test test-rust test-c test-swift test-valgrind test-interop test-host-mlx demo examples bench bench-quick bench-ab bench-deps fuzz clean
 
 UNAME := $(shell uname -s)
 DEPS := $(CURDIR)/.deps
@@ -93,7 +93,7 @@ lint: deps
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
-test: build check-header lint lint-apple test-rust test-c test-valgrind check-symbols test-install test-interop test-host-mlx
+test: build check-header lint lint-apple test-rust test-c test-valgrind check-symbols test-install test-interop test-host-mlx test-swift
 
 test-rust: deps
 	cargo test --release -p latent-cache
@@ -158,6 +158,14 @@ test-c: ship
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -O1 -Iinclude examples/attention.c -o $(OUT)/attention_asan $(LINK) -lm
 	$(OUT)/attention_asan --context 700 --steps 2 --topk 256
 	$(OUT)/decode_cpp_asan --steps 8
+
+# The Swift package against the shipped library (tools/swift/run.sh): a check that the Swift
+# layer calls every C function, `swift build` (warnings as errors), `swift test`, the Swift
+# engine example and a dependent package. On Linux, Swift 6.0.3 runs in a Debian 13 root folder
+# made once under .deps/swift-root (needs root: debootstrap, chroot, mounts); on macOS, the
+# system's swift.
+test-swift: ship
+	PYTHON=$(PYTHON) bash tools/swift/run.sh
 
 # An engine that brings its own MLX (docs/packaging.md, "Bringing your own MLX"): the library
 # built with MLX=host (target/ship-host) must define no MLX or mlx-c and reference mlx-c; a C++
