@@ -15,7 +15,7 @@
 //! from and to host data of several types, an array's shape and type);
 //! `spec` (speculative rounds); `prefill` (padded prefills and prefill maintenance); `rows`
 //! (merge, extract, filter); `query` (read-only queries, composed storage's boundaries
-//! included); `set` (the model-level set: every set-wide export); `persist` and `mlxbun` (saving
+//! included); `set` (the model-level set: every set-wide export); `persist`, `segment` and `mlxbun` (saving
 //! and loading); `donor` (the read path); `last_error`; `eval_lock`; `device` (the device
 //! the library runs on); `memory` (MLX's memory limit and buffer cache); `version`.
 //!
@@ -40,6 +40,7 @@ pub mod rows;
 pub mod query;
 pub mod set;
 pub mod persist;
+pub mod segment;
 pub mod mlxbun;
 pub mod donor;
 pub mod last_error;
