@@ -14,7 +14,7 @@ pub(super) const SEGMENT_FORMAT: &str = "segment-1";
 /// The checksum version a segment's tensors are summed with (`checksum.rs`).
 pub(super) const SUM_VERSION: u32 = 2;
 /// The longest caller key a segment holds.
-pub const MAX_KEY: usize = 4096;
+pub(crate) const MAX_KEY: usize = 4096;
 /// Most layers a segment may name (as whole-set files).
 const MAX_LAYERS: usize = 4096;
 

@@ -26,6 +26,6 @@ mod header;
 mod restore;
 mod save;
 
-pub use header::{SegmentHeader, MAX_KEY};
+pub use header::SegmentHeader;
 pub use restore::{extend_segments, load_segments, read_segment_header, SegmentSource};
 pub use save::{save_segment, save_segment_to_bytes, SegmentRange};
