@@ -194,7 +194,8 @@ fn a_named_row_of_a_padded_batch_is_saved_to_files_and_bytes_alike() {
             let a = dir.join(format!("{layout:?}-{}-a.seg", mode.name()));
             let b = dir.join(format!("{layout:?}-{}-b.seg", mode.name()));
             let saved = save_segment(&mut set.refs(), SegmentRange { row, from: 0, to: 6, key: b"row" }, &a).unwrap();
-            let (bytes0, again) = save_segment_to_bytes(&mut set.refs(), SegmentRange { row, from: 0, to: 6, key: b"row" }).unwrap();
+            let (bytes0, again) =
+                save_segment_to_bytes(&mut set.refs(), SegmentRange { row, from: 0, to: 6, key: b"row" }).unwrap();
             assert!(std::fs::read(&a).unwrap() == bytes0, "{mode:?}: the file and the bytes differ");
             assert_eq!(saved, again);
             let (bytes1, _) = save_segment_to_bytes(&mut set.refs(), SegmentRange { row, from: 6, to: 11, key: b"" }).unwrap();
@@ -211,12 +212,16 @@ fn a_named_row_of_a_padded_batch_is_saved_to_files_and_bytes_alike() {
     }
 }
 
-/// What a set is, to compare before and after a refused call.
-fn snapshot(layers: &[LatentCache]) -> Vec<(Vec<usize>, Vec<Vec<f32>>, Option<latent_cache::core::cache::ChainMark>)> {
+/// What a layer is (rows, every family's values, the chain it knows), to compare before and
+/// after a refused call.
+type Snapshot = (Vec<usize>, Vec<Vec<f32>>, Option<latent_cache::core::cache::ChainMark>);
+
+fn snapshot(layers: &[LatentCache]) -> Vec<Snapshot> {
     layers
         .iter()
         .map(|l| {
-            let reads = Family::ALL.into_iter().filter(|&f| l.geometry().width(f).is_some()).map(|f| l.read(f).unwrap()).collect();
+            let reads =
+                Family::ALL.into_iter().filter(|&f| l.geometry().width(f).is_some()).map(|f| l.read(f).unwrap()).collect();
             (l.row_offsets(), reads, l.chain())
         })
         .collect()
@@ -304,7 +309,11 @@ fn broken_chains_are_refused_and_change_nothing() {
         let target = p("never");
         refused(save_segment(&mut set.refs(), range(3, 9, b""), &target), ErrorKind::State, "a save off the chain");
         refused(save_segment(&mut set.refs(), range(22, 40, b""), &target), ErrorKind::OutOfRange, "a save past the row");
-        refused(save_segment(&mut set.refs(), SegmentRange { row: 1, from: 0, to: 2, key: b"" }, &target), ErrorKind::OutOfRange, "row 1");
+        refused(
+            save_segment(&mut set.refs(), SegmentRange { row: 1, from: 0, to: 2, key: b"" }, &target),
+            ErrorKind::OutOfRange,
+            "row 1",
+        );
         refused(save_segment(&mut set.refs(), range(0, 4, &[0; 4097]), &target), ErrorKind::InvalidArgument, "a long key");
         assert!(!target.exists());
         // A round rolled back above the chain's end keeps it; a trim below it forgets it, even

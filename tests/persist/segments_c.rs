@@ -30,7 +30,8 @@ fn read(set: *mut latent_cache_set) -> Vec<Vec<f32>> {
         for (family, width) in WIDTHS.into_iter().enumerate() {
             let mut buf = vec![0f32; 1 << 16];
             let mut written = 0;
-            let rc = unsafe { latent_cache_read_row_host(layer(set, l), family as u32, 0, buf.as_mut_ptr(), buf.len(), &mut written) };
+            let rc =
+                unsafe { latent_cache_read_row_host(layer(set, l), family as u32, 0, buf.as_mut_ptr(), buf.len(), &mut written) };
             assert_eq!(rc, Status::Ok);
             assert_eq!(written % width, 0);
             buf.truncate(written);
@@ -74,7 +75,17 @@ fn a_client_snapshots_each_turn_and_restores_any() {
         for l in 0..LAYERS {
             let (latent, rope) = (rng.floats(tokens * WIDTHS[0]), rng.floats(tokens * WIDTHS[1]));
             let rc = unsafe {
-                latent_cache_append_host(layer(set, l), 1, tokens, latent.as_ptr(), latent.len(), rope.as_ptr(), rope.len(), std::ptr::null(), 0)
+                latent_cache_append_host(
+                    layer(set, l),
+                    1,
+                    tokens,
+                    latent.as_ptr(),
+                    latent.len(),
+                    rope.as_ptr(),
+                    rope.len(),
+                    std::ptr::null(),
+                    0,
+                )
             };
             assert_eq!(rc, Status::Ok);
         }
@@ -90,7 +101,17 @@ fn a_client_snapshots_each_turn_and_restores_any() {
         // The same range again is off the chain the set knows now (it ends at `at + tokens`).
         if turn > 0 {
             let rc = unsafe {
-                latent_cache_set_save_segment_to_buffer(set, 0, at, at + tokens, key.as_ptr(), key.len(), &mut bytes, &mut len, std::ptr::null_mut())
+                latent_cache_set_save_segment_to_buffer(
+                    set,
+                    0,
+                    at,
+                    at + tokens,
+                    key.as_ptr(),
+                    key.len(),
+                    &mut bytes,
+                    &mut len,
+                    std::ptr::null_mut(),
+                )
             };
             assert_eq!(rc, Status::InvalidState, "turn {turn}: a save off the known chain");
         }
@@ -99,7 +120,10 @@ fn a_client_snapshots_each_turn_and_restores_any() {
         assert_eq!((row, positions, known), (0, at + tokens, digest));
         let mut info = latent_cache_segment_info::default();
         let mut key_out = vec![0u8; 64];
-        assert_eq!(unsafe { latent_cache_segment_read_info(path.as_ptr(), &mut info, key_out.as_mut_ptr(), key_out.len()) }, Status::Ok);
+        assert_eq!(
+            unsafe { latent_cache_segment_read_info(path.as_ptr(), &mut info, key_out.as_mut_ptr(), key_out.len()) },
+            Status::Ok
+        );
         assert_eq!((info.from, info.to, info.digest, info.n_layers), (at, at + tokens, digest, LAYERS));
         assert_eq!(info.previous_digest, digests.last().copied().unwrap_or(0));
         assert_eq!(&key_out[..info.key_len], key.as_bytes());
@@ -118,7 +142,10 @@ fn a_client_snapshots_each_turn_and_restores_any() {
         let data: Vec<*const u8> = buffers[..=k].iter().map(|b| b.as_ptr()).collect();
         let lens: Vec<usize> = buffers[..=k].iter().map(Vec::len).collect();
         let mut from_bytes = std::ptr::null_mut();
-        assert_eq!(unsafe { latent_cache_set_load_segments_from_buffers(data.as_ptr(), lens.as_ptr(), k + 1, &mut from_bytes) }, Status::Ok);
+        assert_eq!(
+            unsafe { latent_cache_set_load_segments_from_buffers(data.as_ptr(), lens.as_ptr(), k + 1, &mut from_bytes) },
+            Status::Ok
+        );
         assert!(read(from_bytes) == states[k], "turn {k} from buffers");
         // Extended to the last turn with the whole chain (only the segments it lacks are read).
         let all: Vec<*const c_char> = paths.iter().map(|p| p.as_ptr()).collect();
@@ -129,7 +156,10 @@ fn a_client_snapshots_each_turn_and_restores_any() {
         // A gap is refused, the set unchanged.
         if k < 18 {
             let gap = [paths[k + 2].as_ptr()];
-            assert_eq!(unsafe { latent_cache_set_extend_segments(from_bytes, gap.as_ptr(), 1, std::ptr::null_mut()) }, Status::InvalidArgument);
+            assert_eq!(
+                unsafe { latent_cache_set_extend_segments(from_bytes, gap.as_ptr(), 1, std::ptr::null_mut()) },
+                Status::InvalidArgument
+            );
             assert!(read(from_bytes) == states[k], "turn {k}: a refused extension changed the set");
         }
         unsafe {
@@ -139,14 +169,18 @@ fn a_client_snapshots_each_turn_and_restores_any() {
     }
     // A segment as bytes, and its header read from them; a key buffer too small is refused.
     let (mut bytes, mut len) = (std::ptr::null_mut(), 0usize);
-    let rc = unsafe { latent_cache_set_save_segment_to_buffer(set, 0, 0, 5, b"k".as_ptr(), 1, &mut bytes, &mut len, std::ptr::null_mut()) };
+    let rc = unsafe {
+        latent_cache_set_save_segment_to_buffer(set, 0, 0, 5, b"k".as_ptr(), 1, &mut bytes, &mut len, std::ptr::null_mut())
+    };
     assert_eq!(rc, Status::Ok);
     let segment = Bytes(bytes, len);
     let mut info = latent_cache_segment_info::default();
-    let rc = unsafe { latent_cache_segment_read_info_from_buffer(segment.slice().as_ptr(), len, &mut info, std::ptr::null_mut(), 0) };
+    let rc =
+        unsafe { latent_cache_segment_read_info_from_buffer(segment.slice().as_ptr(), len, &mut info, std::ptr::null_mut(), 0) };
     assert_eq!((rc, info.from, info.to, info.key_len, info.previous_digest), (Status::Ok, 0, 5, 1, 0));
     let mut small = [0u8; 0];
-    let rc = unsafe { latent_cache_segment_read_info_from_buffer(segment.slice().as_ptr(), len, &mut info, small.as_mut_ptr(), 0) };
+    let rc =
+        unsafe { latent_cache_segment_read_info_from_buffer(segment.slice().as_ptr(), len, &mut info, small.as_mut_ptr(), 0) };
     assert_eq!(rc, Status::BufferTooSmall);
     unsafe { latent_cache_set_free(set) };
 }

@@ -3,7 +3,7 @@
 //! re-encoded), and the chain mark (`ChainMark`) a save or a restore leaves.
 use mlx_rs::Array;
 
-use super::{Change, ChainMark, LatentCache};
+use super::{ChainMark, Change, LatentCache};
 use crate::core::error::{fail, Result};
 use crate::core::model::families::Families;
 use crate::core::model::geometry::Family;

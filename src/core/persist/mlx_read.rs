@@ -315,7 +315,11 @@ pub(super) fn read_metadata(path: &Path) -> Result<HashMap<String, String>> {
 
 /// `read_metadata` of safetensors in `bytes`.
 pub(super) fn read_metadata_bytes(bytes: &[u8]) -> Result<HashMap<String, String>> {
-    let source = Source { data: RwLock::new(Some(Data::Bytes(bytes.as_ptr(), bytes.len()))), len: bytes.len() as u64, short: AtomicBool::new(false) };
+    let source = Source {
+        data: RwLock::new(Some(Data::Bytes(bytes.as_ptr(), bytes.len()))),
+        len: bytes.len() as u64,
+        short: AtomicBool::new(false),
+    };
     check_frame(&source, "the bytes")
 }
 

@@ -84,10 +84,8 @@ pub(super) fn chain_digest(h: &SegmentHeader, sums: &[(String, String)]) -> u64 
 /// returns it with the segment's digest, sealed by the metadata checksum.
 pub(super) fn metadata(h: &SegmentHeader, sums: &[(String, String)]) -> (Vec<(String, String)>, u64) {
     let digest = chain_digest(h, sums);
-    let mut m = vec![
-        (format!("{PREFIX}format"), SEGMENT_FORMAT.to_owned()),
-        (format!("{PREFIX}layers"), h.geometries.len().to_string()),
-    ];
+    let mut m =
+        vec![(format!("{PREFIX}format"), SEGMENT_FORMAT.to_owned()), (format!("{PREFIX}layers"), h.geometries.len().to_string())];
     for (i, g) in h.geometries.iter().enumerate() {
         m.push((format!("{PREFIX}layer.{i}.geometry"), describe(g)));
     }
@@ -107,7 +105,8 @@ pub(super) fn metadata(h: &SegmentHeader, sums: &[(String, String)]) -> (Vec<(St
 /// in `tensor_names` order. The tensors themselves are checked against those sums by the load.
 pub(super) fn parse(meta: &HashMap<String, String>, what: &str) -> Result<(SegmentHeader, Vec<(String, String)>)> {
     let get = |k: &str| {
-        meta.get(&format!("{PREFIX}{k}")).ok_or_else(|| error!(InvalidArgument, "{what}: metadata {k} is missing (not a segment)"))
+        meta.get(&format!("{PREFIX}{k}"))
+            .ok_or_else(|| error!(InvalidArgument, "{what}: metadata {k} is missing (not a segment)"))
     };
     let format = get("format")?;
     if format != SEGMENT_FORMAT {
@@ -140,7 +139,8 @@ pub(super) fn parse(meta: &HashMap<String, String>, what: &str) -> Result<(Segme
     let Some(key) = key else {
         return fail!(InvalidArgument, "{what}: the key is not hex of at most {MAX_KEY} bytes");
     };
-    let header = SegmentHeader { from, to, previous: digest("segment.previous")?, digest: digest("segment.digest")?, key, geometries };
+    let header =
+        SegmentHeader { from, to, previous: digest("segment.previous")?, digest: digest("segment.digest")?, key, geometries };
     let sums = tensor_names(&header.geometries)
         .into_iter()
         .map(|(.., name)| Ok((name.clone(), get(&format!("sum.{name}"))?.clone())))

@@ -220,7 +220,14 @@ pub fn extend_segments(layers: &mut [&mut LatentCache], sources: &[SegmentSource
         check_links(&headers, (0, 0), &geometry)?;
         match headers.iter().position(|h| (h.digest, h.to) == start) {
             Some(k) => k + 1,
-            None => return fail!(InvalidArgument, "the set holds a chain ({:016x}, {} positions) none of these segments ends", start.0, start.1),
+            None => {
+                return fail!(
+                    InvalidArgument,
+                    "the set holds a chain ({:016x}, {} positions) none of these segments ends",
+                    start.0,
+                    start.1
+                )
+            }
         }
     } else {
         check_links(&headers, start, &geometry)?;

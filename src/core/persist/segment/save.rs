@@ -59,7 +59,8 @@ fn plan(layers: &[&LatentCache], range: SegmentRange<'_>) -> Result<SegmentHeade
                 Some(m) if m.row == row && m.positions == from && marks.iter().all(|x| *x == marks[0]) => m.digest,
                 _ => {
                     let known = marks[0].filter(|m| marks.iter().all(|x| *x == Some(*m)));
-                    let known = known.map_or("no chain".to_owned(), |m| format!("row {}'s first {} positions", m.row, m.positions));
+                    let known =
+                        known.map_or("no chain".to_owned(), |m| format!("row {}'s first {} positions", m.row, m.positions));
                     return fail!(
                         State,
                         "the set does not know the chain before position {from} of row {row} (it knows {known}): \
