@@ -64,8 +64,11 @@ unsafe fn buffers<'a>(data: *const *const u8, lens: *const usize, n: usize) -> F
 /// or restored into, this set, on the same row, with nothing since that moved those positions:
 /// appends, and trims or rollbacks that stay above them, keep it). The set then knows it holds
 /// the chain up to `to`. `*digest` (optional: NULL for none) receives the segment's digest.
+/// A composed layer's segment also holds its hot row as it stands (about twice a hot window of
+/// positions in the hot mode, whatever the history), so with composed layers only the newest
+/// positions (`to` = the row's length) of a set of one row can be saved.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8, a key over 4096
-/// bytes, a composed layer: segments of composed storage are not supported yet), `OUT_OF_RANGE`
+/// bytes, composed layers with several rows or `to` short of the row's length), `OUT_OF_RANGE`
 /// (`row` or `[from, to)` outside the row, or empty), `INVALID_STATE` (layers that disagree, an
 /// operation open as for `latent_cache_set_save`, or `from` not where the set's known chain
 /// ends), `BACKEND` (the file could not be written). Nothing is written or changed on failure.
@@ -127,6 +130,8 @@ pub unsafe extern "C" fn latent_cache_set_save_segment_to_buffer(
 /// `latent_cache_set_load` (frame, checksums, shapes, dtypes) before anything is made. `*out`
 /// receives a set of one row holding the chain's positions exactly as saved, owned by the
 /// caller; the set knows it holds the chain (so it may save the next segment, or be extended).
+/// Composed layers take the hot side the last segment holds, so the set goes on exactly as the
+/// saved one did.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (no segment, an unreadable or damaged
 /// segment, not a segment, a gap, an overlap, a broken link, another geometry), `CAPACITY`
 /// (the positions would take MLX past its memory limit), `BACKEND`. Nothing is made on failure.
@@ -173,8 +178,8 @@ pub unsafe extern "C" fn latent_cache_set_load_segments_from_buffers(
 /// segments the set lacks are read. Every layer changes, or none. `*appended` (optional: NULL
 /// for none) receives how many segments were appended (0 when the set already holds them all).
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a damaged segment, a gap, an overlap, a
-/// broken link, another geometry than the set's, a chain that does not contain the set's, a
-/// composed layer), `INVALID_STATE` (several rows, a set that knows no chain, a set longer than
+/// broken link, another geometry than the set's, a chain that does not contain the set's),
+/// `INVALID_STATE` (several rows, a set that knows no chain, a set longer than
 /// its chain, an operation open), `CAPACITY`, `BACKEND`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_extend_segments(

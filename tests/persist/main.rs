@@ -16,3 +16,4 @@ mod persist_concurrent;
 mod persist_writer;
 mod segments;
 mod segments_c;
+mod segments_composed;

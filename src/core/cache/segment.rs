@@ -1,6 +1,7 @@
 //! What segments (`persist::segment`) need of one cache: a row's positions as stored (views),
-//! an append of positions already encoded (a segment's parts, written as they are, never
-//! re-encoded), and the chain mark (`ChainMark`) a save or a restore leaves.
+//! a composed row's hot side, an append of positions already encoded (a segment's parts,
+//! written as they are, never re-encoded), and the chain mark (`ChainMark`) a save or a restore
+//! leaves.
 use mlx_rs::Array;
 
 use super::{ChainMark, Change, LatentCache};
@@ -9,16 +10,16 @@ use crate::core::model::families::Families;
 use crate::core::model::geometry::Family;
 
 impl LatentCache {
-    /// Refuses (`InvalidArgument`) composed storage, whose hot side segments do not hold yet.
-    pub fn check_segmentable(&self) -> Result<()> {
-        if self.geometry.composed() {
-            return fail!(
-                InvalidArgument,
-                "segments of composed storage (hot_window {}) are not supported yet: save the set whole",
-                self.geometry.hot_window
-            );
-        }
-        Ok(())
+    /// A composed one-row cache's hot row now: its boundary, its base and its length.
+    pub fn hot_row_now(&self) -> (usize, usize, usize) {
+        let hot = self.hot.as_ref().expect("composed caches have a hot side");
+        (hot.converted.first().copied().unwrap_or(0), hot.bases.first().copied().unwrap_or(0), hot.capacity())
+    }
+
+    /// A composed one-row cache's hot values of `family`, `[1, capacity, width]` (a view).
+    pub fn hot_values(&self, family: Family) -> Result<Array> {
+        let hot = self.hot.as_ref().expect("composed caches have a hot side");
+        hot.storage.window_in(None, family, (0, 1), 0, hot.capacity())
     }
 
     /// Views of one family's stored parts for row `row`'s positions `[from, to)` (counted from
@@ -38,10 +39,10 @@ impl LatentCache {
 
     /// Prepares the append of `tokens` positions given as stored parts (`[1, tokens,
     /// part_width]` per family, this cache's modes and dtypes, checked by the caller) to a cache
-    /// of one row, or to an empty one. Refused inside a round, a prefill or maintenance, and on
-    /// composed storage.
+    /// of one row, or to an empty one. Refused inside a round, a prefill or maintenance. A
+    /// composed cache's hot side is left as it is: the caller adopts the segment's after
+    /// applying (`adopt_hot`).
     pub fn prepare_append_stored(&self, parts: Families<Vec<Array>>, tokens: usize) -> Result<Change> {
-        self.check_segmentable()?;
         self.check_saveable()?;
         if self.batch_size() > 1 {
             return fail!(State, "the cache holds {} rows; segments extend a cache of one row", self.batch_size());

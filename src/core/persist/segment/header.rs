@@ -1,10 +1,12 @@
 //! A segment's header: its metadata entries as written (format, geometry per layer, range,
-//! links, key, tensor checksums), parsed back with every field checked, and the chain digest
-//! that links a segment to the chain before it.
+//! links, key, a composed layer's hot row, tensor checksums), parsed back with every field
+//! checked, and the chain digest that links a segment to the chain before it.
 use std::collections::HashMap;
 
 use crate::core::error::{error, fail, Result};
+use crate::core::layout::boundary::converted_for;
 use crate::core::model::geometry::{Family, Geometry};
+use crate::core::model::storage_mode::StorageMode;
 use crate::core::persist::checksum::metadata_checksum;
 use crate::core::persist::metadata::{describe, parse_geometry, PREFIX};
 use crate::core::persist::wyhash::wyhash;
@@ -30,28 +32,61 @@ pub struct SegmentHeader {
     pub digest: u64,
     /// The caller's key.
     pub key: Vec<u8>,
-    /// Each layer's geometry (composition not included: composed layers are refused).
+    /// Each layer's geometry (composition included).
     pub geometries: Vec<Geometry>,
+    /// Each composed layer's hot side as it stood at `to` (`None` for the others).
+    pub hot: Vec<Option<HotRow>>,
 }
 
-/// The name of layer `i`'s part `k` of `family`.
-pub(super) fn tensor_name(i: usize, family: Family, k: usize) -> String {
-    format!("segment.{i}.{}.{k}", family.name())
+/// A composed layer's one row at the end of a segment: its boundary (compact positions), the
+/// first position its hot row holds, and the hot row's length (0: nothing is read hot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HotRow {
+    pub converted: usize,
+    pub base: usize,
+    pub capacity: usize,
 }
 
-/// Every tensor a segment of these layers holds, in the order it writes and sums them.
-pub(super) fn tensor_names(geometries: &[Geometry]) -> Vec<(usize, Family, usize, String)> {
+/// A layer's geometry as a chain compares it: `describe`'s, and the composition.
+pub(super) fn describe_layer(g: &Geometry) -> String {
+    match g.composed() {
+        true => format!("{};hot {} {}", describe(g), g.hot_window, g.hot_storage.name()),
+        false => describe(g),
+    }
+}
+
+/// The name of layer `i`'s stored part `k` of `family` (`Some(k)`), or of its hot values
+/// (`None`).
+pub(super) fn tensor_name(i: usize, family: Family, k: Option<usize>) -> String {
+    match k {
+        Some(k) => format!("segment.{i}.{}.{k}", family.name()),
+        None => format!("segment.{i}.hot.{}", family.name()),
+    }
+}
+
+/// Every tensor a segment of these layers holds, in the order it writes and sums them: each
+/// layer's stored parts, then its hot values (composed families, when its hot row holds any).
+pub(super) fn tensor_names(geometries: &[Geometry], hot: &[Option<HotRow>]) -> Vec<(usize, Family, Option<usize>, String)> {
     let mut names = Vec::new();
     for (i, g) in geometries.iter().enumerate() {
         for family in Family::ALL {
             if let Some(width) = g.width(family) {
                 for k in 0..g.storage(family).parts(width).len() {
-                    names.push((i, family, k, tensor_name(i, family, k)));
+                    names.push((i, family, Some(k), tensor_name(i, family, Some(k))));
                 }
+            }
+        }
+        if hot[i].is_some_and(|h| h.capacity > 0) {
+            for family in Family::ALL.into_iter().filter(|&f| g.is_composed(f)) {
+                names.push((i, family, None, tensor_name(i, family, None)));
             }
         }
     }
     names
+}
+
+fn hot_text(h: &HotRow) -> String {
+    format!("{};{};{}", h.converted, h.base, h.capacity)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -70,8 +105,11 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 /// chain is checked segment by segment; not a cryptographic one (anyone can forge a chain).
 pub(super) fn chain_digest(h: &SegmentHeader, sums: &[(String, String)]) -> u64 {
     let mut text = format!("latent-cache {SEGMENT_FORMAT}\n{:016x}\n{}\n{}\n{}\n", h.previous, h.from, h.to, hex(&h.key));
-    for g in &h.geometries {
-        text.push_str(&describe(g));
+    for (g, hot) in h.geometries.iter().zip(&h.hot) {
+        text.push_str(&describe_layer(g));
+        if let Some(hot) = hot {
+            text.push_str(&format!(";{}", hot_text(hot)));
+        }
         text.push('\n');
     }
     for (name, sum) in sums {
@@ -86,8 +124,12 @@ pub(super) fn metadata(h: &SegmentHeader, sums: &[(String, String)]) -> (Vec<(St
     let digest = chain_digest(h, sums);
     let mut m =
         vec![(format!("{PREFIX}format"), SEGMENT_FORMAT.to_owned()), (format!("{PREFIX}layers"), h.geometries.len().to_string())];
-    for (i, g) in h.geometries.iter().enumerate() {
+    for (i, (g, hot)) in h.geometries.iter().zip(&h.hot).enumerate() {
         m.push((format!("{PREFIX}layer.{i}.geometry"), describe(g)));
+        if let Some(hot) = hot {
+            let spec = format!("{};{};{}", g.hot_window, g.hot_storage.name(), hot_text(hot));
+            m.push((format!("{PREFIX}layer.{i}.hot"), spec));
+        }
     }
     m.push((format!("{PREFIX}segment.from"), h.from.to_string()));
     m.push((format!("{PREFIX}segment.to"), h.to.to_string()));
@@ -127,10 +169,22 @@ pub(super) fn parse(meta: &HashMap<String, String>, what: &str) -> Result<(Segme
     if layers == 0 || layers > MAX_LAYERS {
         return fail!(InvalidArgument, "{what}: a segment of {layers} layers");
     }
-    let geometries = (0..layers).map(|i| parse_geometry(get(&format!("layer.{i}.geometry"))?)).collect::<Result<Vec<_>>>()?;
     let (from, to) = (count("segment.from")?, count("segment.to")?);
     if from >= to || to > i32::MAX as usize {
         return fail!(InvalidArgument, "{what}: positions [{from}, {to})");
+    }
+    let mut geometries = Vec::with_capacity(layers);
+    let mut hot = Vec::with_capacity(layers);
+    for i in 0..layers {
+        let mut g = parse_geometry(get(&format!("layer.{i}.geometry"))?)?;
+        hot.push(match meta.get(&format!("{PREFIX}layer.{i}.hot")) {
+            Some(spec) => Some(parse_hot(spec, &mut g, to).map_err(|mut e| {
+                e.message = format!("{what}: layer {i}: {}", e.message);
+                e
+            })?),
+            None => None,
+        });
+        geometries.push(g);
     }
     if let Some(i) = geometries.iter().position(|g| g.max_tokens != 0 && to > g.max_tokens) {
         return fail!(InvalidArgument, "{what}: position {to} is past layer {i}'s max_tokens ({})", geometries[i].max_tokens);
@@ -139,9 +193,9 @@ pub(super) fn parse(meta: &HashMap<String, String>, what: &str) -> Result<(Segme
     let Some(key) = key else {
         return fail!(InvalidArgument, "{what}: the key is not hex of at most {MAX_KEY} bytes");
     };
-    let header =
-        SegmentHeader { from, to, previous: digest("segment.previous")?, digest: digest("segment.digest")?, key, geometries };
-    let sums = tensor_names(&header.geometries)
+    let (previous, digest) = (digest("segment.previous")?, digest("segment.digest")?);
+    let header = SegmentHeader { from, to, previous, digest, key, geometries, hot };
+    let sums = tensor_names(&header.geometries, &header.hot)
         .into_iter()
         .map(|(.., name)| Ok((name.clone(), get(&format!("sum.{name}"))?.clone())))
         .collect::<Result<Vec<_>>>()?;
@@ -149,4 +203,28 @@ pub(super) fn parse(meta: &HashMap<String, String>, what: &str) -> Result<(Segme
         return fail!(InvalidArgument, "{what}: its digest does not match its contents (the segment is damaged)");
     }
     Ok((header, sums))
+}
+
+/// A composed layer's hot description (`window;mode;converted;base;capacity`): the composition
+/// set on `g` (checked as a new cache's is), the row's boundary at least where the rule puts it
+/// for `len` positions and not past them, and the hot row holding every position read hot.
+fn parse_hot(spec: &str, g: &mut Geometry, len: usize) -> Result<HotRow> {
+    let f: Vec<&str> = spec.split(';').collect();
+    let num = |x: &str| x.parse::<usize>().ok();
+    let parsed = match f.as_slice() {
+        [w, m, c, b, n] => (num(w), StorageMode::from_name(m), num(c), num(b), num(n)),
+        _ => return fail!(InvalidArgument, "composed storage {spec:?} is damaged"),
+    };
+    let (Some(window), Some(mode), Some(converted), Some(base), Some(capacity)) = parsed else {
+        return fail!(InvalidArgument, "composed storage {spec:?} is damaged");
+    };
+    (g.hot_window, g.hot_storage) = (window, mode);
+    g.validate()?;
+    if !g.composed() || capacity > i32::MAX as usize || converted > len || converted < converted_for(len, window) {
+        return fail!(InvalidArgument, "composed storage {spec:?} does not fit a row of {len} positions");
+    }
+    if converted < len && (converted < base || len > base.saturating_add(capacity)) {
+        return fail!(InvalidArgument, "composed storage {spec:?}: the hot row misses positions read hot");
+    }
+    Ok(HotRow { converted, base, capacity })
 }

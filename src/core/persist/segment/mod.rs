@@ -13,7 +13,7 @@
 //! for each layer, each family's parts for the row's positions, exactly as stored
 //! (`segment.<layer>.<family>.<part>`, `[1, to - from, part_width]`), and metadata under
 //! `0.latent_cache.`: `format` = `segment-1` (which whole-set loads refuse), the layers'
-//! geometry, `segment.from`, `segment.to`, `segment.previous` (the chain's digest before the
+//! geometry (and composition), `segment.from`, `segment.to`, `segment.previous` (the chain's digest before the
 //! segment; zeros for a first one), `segment.key` (the caller's key, hex), `segment.digest`,
 //! each tensor's checksum and the metadata's. The digest is wyhash over the header's fields and
 //! the tensors' checksums after the previous digest: an integrity link, not a cryptographic one.
@@ -21,7 +21,10 @@
 //! A cache remembers which chain its row holds (`ChainMark`): a segment save or a restore sets
 //! it, a change that leaves the chain's positions where they are keeps it, any other forgets it.
 //! A segment not starting at 0 continues that chain; an extension appends the segments after it.
-//! Composed storage is refused (`InvalidArgument`): its hot side is not held yet.
+//! A composed layer's segment also holds its hot row as it stands at `to` (`layer.<i>.hot`:
+//! window, mode, boundary, base, length; tensors `segment.<layer>.hot.<family>`, about twice a hot
+//! window, whatever the history), so only a one-row set's newest positions can be saved; a
+//! restore or an extension takes the hot side of the chain's last segment.
 mod header;
 mod restore;
 mod save;

@@ -2,11 +2,12 @@
 //! and digests verified, ranges contiguous, each previous digest the one before it, one
 //! geometry), then the tensors of the segments needed, each checked against its checksum, shape
 //! and dtype; only then is anything built: a new set (each family part one array, the segments'
-//! parts joined once) or the next positions appended to a set that holds the chain's start.
+//! parts joined once) or the next positions appended to a set that holds the chain's start. A
+//! composed layer takes the hot side the chain's last segment holds.
 use std::collections::HashMap;
 use std::path::Path;
 
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 
 use crate::core::cache::LatentCache;
 use crate::core::error::{fail, Result};
@@ -15,11 +16,11 @@ use crate::core::mlx::eval::eval;
 use crate::core::mlx::memory::check_alloc;
 use crate::core::mlx::ops;
 use crate::core::model::families::Families;
+use crate::core::model::geometry::Family;
 use crate::core::persist::checksum;
 use crate::core::persist::contents::extents;
-use crate::core::persist::metadata::describe;
 use crate::core::persist::mlx_read::{read_metadata, read_metadata_bytes, read_safetensors, read_safetensors_bytes};
-use crate::core::persist::segment::header::{parse, tensor_name, SegmentHeader, SUM_VERSION};
+use crate::core::persist::segment::header::{describe_layer, parse, tensor_name, SegmentHeader, SUM_VERSION};
 use crate::core::storage::buffers::Storage;
 
 /// Where a segment is: a file, or bytes the caller lends for the call.
@@ -57,7 +58,7 @@ fn header_of(source: SegmentSource<'_>, what: &str) -> Result<SegmentHeader> {
 fn check_links(headers: &[SegmentHeader], start: (u64, usize), geometry: &[String]) -> Result<()> {
     let (mut digest, mut at) = start;
     for (k, h) in headers.iter().enumerate() {
-        let described: Vec<String> = h.geometries.iter().map(describe).collect();
+        let described: Vec<String> = h.geometries.iter().map(describe_layer).collect();
         if described != geometry {
             return fail!(InvalidArgument, "segment {k} is of another geometry ({described:?}; the chain's is {geometry:?})");
         }
@@ -77,9 +78,13 @@ fn check_links(headers: &[SegmentHeader], start: (u64, usize), geometry: &[Strin
     Ok(())
 }
 
+/// One layer's arrays in a segment: each family's stored parts, and a composed layer's hot
+/// values (`[1, capacity, width]` per composed family).
+type LayerArrays = (Families<Vec<Array>>, Vec<(Family, Array)>);
+
 /// Reads segment `k`'s tensors, checked against its header (read again: the source must not
-/// have changed), their checksums, shapes and dtypes; returns each layer's families' parts.
-fn read_parts(source: SegmentSource<'_>, k: usize, expected: &SegmentHeader) -> Result<Vec<Families<Vec<Array>>>> {
+/// have changed), their checksums, shapes and dtypes.
+fn read_parts(source: SegmentSource<'_>, k: usize, expected: &SegmentHeader) -> Result<Vec<LayerArrays>> {
     let what = source.what(k);
     let (tensors, meta) = match source {
         SegmentSource::Path(p) => read_safetensors(p)?,
@@ -93,33 +98,37 @@ fn read_parts(source: SegmentSource<'_>, k: usize, expected: &SegmentHeader) -> 
         return fail!(InvalidArgument, "{what} holds {} tensors, not {}", tensors.len(), sums.len());
     }
     let sums: HashMap<String, String> = sums.into_iter().collect();
+    let checked = |name: String, want: [usize; 3], dtype: Dtype| -> Result<Array> {
+        let Some(a) = tensors.get(&name) else {
+            return fail!(InvalidArgument, "{what}: tensor {name} is missing");
+        };
+        if extents(a) != want || a.dtype() != dtype {
+            return fail!(InvalidArgument, "{what}: tensor {name} is {:?} {:?}, not {want:?} {dtype:?}", a.shape(), a.dtype());
+        }
+        if sums.get(&name) != Some(&checksum::evaluated(a, a.shape(), SUM_VERSION)?) {
+            return fail!(InvalidArgument, "{what}: tensor {name} does not match its checksum (damaged)");
+        }
+        Ok(a.clone())
+    };
     let n = header.to - header.from;
-    header
-        .geometries
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            Families::for_geometry(g, |family, _| family).try_map(|family, _| {
-                Storage::part_specs(g, family)
-                    .iter()
-                    .enumerate()
-                    .map(|(p, spec)| {
-                        let name = tensor_name(i, family, p);
-                        let Some(a) = tensors.get(&name) else {
-                            return fail!(InvalidArgument, "{what}: tensor {name} is missing");
-                        };
-                        if extents(a) != [1, n, spec.width] || a.dtype() != spec.dtype {
-                            return fail!(InvalidArgument, "{what}: tensor {name} is {:?} {:?}", a.shape(), a.dtype());
-                        }
-                        if sums.get(&name) != Some(&checksum::evaluated(a, a.shape(), SUM_VERSION)?) {
-                            return fail!(InvalidArgument, "{what}: tensor {name} does not match its checksum (damaged)");
-                        }
-                        Ok(a.clone())
-                    })
-                    .collect::<Result<Vec<Array>>>()
-            })
-        })
-        .collect()
+    let mut out = Vec::with_capacity(header.geometries.len());
+    for (i, (g, hot)) in header.geometries.iter().zip(&header.hot).enumerate() {
+        let parts = Families::for_geometry(g, |family, _| family).try_map(|family, _| {
+            let specs = Storage::part_specs(g, family);
+            let named = specs.iter().enumerate().map(|(p, spec)| (tensor_name(i, family, Some(p)), spec));
+            named.map(|(name, spec)| checked(name, [1, n, spec.width], spec.dtype)).collect::<Result<Vec<Array>>>()
+        })?;
+        let mut values = Vec::new();
+        if let Some(hot) = hot.filter(|h| h.capacity > 0) {
+            for family in Family::ALL.into_iter().filter(|&f| g.is_composed(f)) {
+                let width = g.width(family).expect("composed families are present");
+                let want = [1, hot.capacity, width];
+                values.push((family, checked(tensor_name(i, family, None), want, g.hot_storage.read_dtype())?));
+            }
+        }
+        out.push((parts, values));
+    }
+    Ok(out)
 }
 
 /// Each layer's parts of `segments` joined along the positions (one array per part), evaluated.
@@ -160,20 +169,34 @@ fn headers(sources: &[SegmentSource<'_>]) -> Result<Vec<SegmentHeader>> {
     sources.iter().enumerate().map(|(k, s)| header_of(*s, &s.what(k))).collect()
 }
 
-/// The joined parts of segments `first..` (headers checked), and the bytes they hold.
-fn read_from(sources: &[SegmentSource<'_>], headers: &[SegmentHeader], first: usize) -> Result<Vec<Families<Vec<Array>>>> {
+/// The joined parts of segments `first..` (headers checked), and each layer's hot values of
+/// the last segment (its hot side as it stood at the chain's end).
+fn read_from(sources: &[SegmentSource<'_>], headers: &[SegmentHeader], first: usize) -> Result<Vec<LayerArrays>> {
     let g = &headers[0].geometries;
     let positions = headers.last().expect("a chain").to - headers[first].from;
     let bytes = positions.saturating_mul(g.iter().map(|g| g.bytes_per_token()).sum());
-    let parts = (first..sources.len()).map(|k| read_parts(sources[k], k, &headers[k])).collect::<Result<Vec<_>>>()?;
-    joined(parts, bytes)
+    let mut parts = Vec::new();
+    let mut hot = Vec::new();
+    for k in first..sources.len() {
+        let (stored, values): (Vec<_>, Vec<_>) = read_parts(sources[k], k, &headers[k])?.into_iter().unzip();
+        parts.push(stored);
+        hot = values;
+    }
+    Ok(joined(parts, bytes)?.into_iter().zip(hot).collect())
+}
+
+/// Gives a composed layer the hot side a chain's last segment holds.
+fn adopt_hot(cache: &mut LatentCache, last: &SegmentHeader, i: usize, values: Vec<(Family, Array)>) {
+    if let Some(h) = last.hot[i] {
+        cache.adopt_hot(vec![h.base], vec![h.converted], values);
+    }
 }
 
 /// A new set (one row) holding the chain `sources` (in order, from position 0); nothing is
 /// made unless every segment is whole and linked.
 pub fn load_segments(sources: &[SegmentSource<'_>]) -> Result<Vec<LatentCache>> {
     let headers = headers(sources)?;
-    let geometry: Vec<String> = headers[0].geometries.iter().map(describe).collect();
+    let geometry: Vec<String> = headers[0].geometries.iter().map(describe_layer).collect();
     check_links(&headers, (0, 0), &geometry)?;
     let last = headers.last().expect("a chain");
     let parts = read_from(sources, &headers, 0)?;
@@ -181,9 +204,11 @@ pub fn load_segments(sources: &[SegmentSource<'_>]) -> Result<Vec<LatentCache>> 
         .geometries
         .iter()
         .zip(parts)
-        .map(|(g, parts)| {
+        .enumerate()
+        .map(|(i, (g, (parts, hot)))| {
             let layout = RowLayout::rebuilt(g.layout, &[last.to]);
             let mut cache = LatentCache::adopt(*g, layout, Storage::from_parts(g, 1, last.to, parts));
+            adopt_hot(&mut cache, last, i, hot);
             cache.mark_chain(last.digest, 0, last.to);
             cache
         })
@@ -196,7 +221,7 @@ pub fn load_segments(sources: &[SegmentSource<'_>]) -> Result<Vec<LatentCache>> 
 /// layer changes, or none. Returns the segments appended.
 pub fn extend_segments(layers: &mut [&mut LatentCache], sources: &[SegmentSource<'_>]) -> Result<usize> {
     let headers = headers(sources)?;
-    let geometry: Vec<String> = layers.iter().map(|l| describe(l.geometry())).collect();
+    let geometry: Vec<String> = layers.iter().map(|l| describe_layer(l.geometry())).collect();
     let marks: Vec<_> = layers.iter().map(|l| l.chain()).collect();
     let start = match (layers.first().map_or(0, |l| l.batch_size()), marks.first().copied().flatten()) {
         (0, _) => (0, 0),
@@ -239,15 +264,17 @@ pub fn extend_segments(layers: &mut [&mut LatentCache], sources: &[SegmentSource
     let tokens = headers.last().expect("a chain").to - headers[first].from;
     let parts = read_from(sources, &headers, first)?;
     let mut changes = Vec::with_capacity(layers.len());
-    for (i, (layer, parts)) in layers.iter().zip(parts).enumerate() {
-        changes.push(layer.prepare_append_stored(parts, tokens).map_err(|mut e| {
+    for (i, (layer, (parts, hot))) in layers.iter().zip(parts).enumerate() {
+        let change = layer.prepare_append_stored(parts, tokens).map_err(|mut e| {
             e.message = format!("layer {i}: {}", e.message);
             e
-        })?);
+        })?;
+        changes.push((change, hot));
     }
     let last = headers.last().expect("a chain");
-    for (layer, change) in layers.iter_mut().zip(changes) {
+    for (i, (layer, (change, hot))) in layers.iter_mut().zip(changes).enumerate() {
         layer.apply(change);
+        adopt_hot(layer, last, i, hot);
         layer.mark_chain(last.digest, 0, last.to);
     }
     Ok(headers.len() - first)

@@ -1,7 +1,8 @@
 //! Saving a segment: one row's positions `[from, to)` of every layer, each family's parts as
 //! stored, read through views of the buffers (only those positions are evaluated and written),
-//! to a file (through `file.rs`, hashed as written) or to bytes; then the layers are marked as
-//! holding the chain up to `to`.
+//! and a composed layer's hot row as it stands (about a hot window of positions), to a file
+//! (through `file.rs`, hashed as written) or to bytes; then the layers are marked as holding the
+//! chain up to `to`.
 use std::path::Path;
 
 use crate::core::cache::LatentCache;
@@ -13,7 +14,7 @@ use crate::core::persist::file;
 use crate::core::persist::mlx_read::mlx_path;
 use crate::core::persist::safetensors::{self, Tensor};
 use crate::core::persist::save::check_at_rest;
-use crate::core::persist::segment::header::{metadata, tensor_names, SegmentHeader, MAX_KEY, SUM_VERSION};
+use crate::core::persist::segment::header::{metadata, tensor_names, HotRow, SegmentHeader, MAX_KEY, SUM_VERSION};
 use crate::core::persist::tensor_bytes;
 
 /// What to save: row `row`'s positions `[from, to)`, under the caller's `key`.
@@ -32,12 +33,6 @@ pub struct SegmentRange<'a> {
 fn plan(layers: &[&LatentCache], range: SegmentRange<'_>) -> Result<SegmentHeader> {
     let SegmentRange { row, from, to, key } = range;
     check_at_rest(layers)?;
-    for (i, layer) in layers.iter().enumerate() {
-        layer.check_segmentable().map_err(|mut e| {
-            e.message = format!("layer {i}: {}", e.message);
-            e
-        })?;
-    }
     if key.len() > MAX_KEY {
         return fail!(InvalidArgument, "a key of {} bytes (at most {MAX_KEY})", key.len());
     }
@@ -71,15 +66,37 @@ fn plan(layers: &[&LatentCache], range: SegmentRange<'_>) -> Result<SegmentHeade
         }
     };
     let geometries = layers.iter().map(|l| *l.geometry()).collect();
-    Ok(SegmentHeader { from, to, previous, digest: 0, key: key.to_vec(), geometries })
+    let hot = layers.iter().map(|l| hot_row(l, to)).collect::<Result<Vec<_>>>()?;
+    Ok(SegmentHeader { from, to, previous, digest: 0, key: key.to_vec(), geometries, hot })
+}
+
+/// A composed layer's hot row as it stands (`None` for the others). Only the newest positions
+/// of a one-row set can be saved then: the hot side is the state's at its end.
+fn hot_row(layer: &LatentCache, to: usize) -> Result<Option<HotRow>> {
+    if !layer.geometry().composed() {
+        return Ok(None);
+    }
+    if layer.batch_size() != 1 || layer.left_pad()[0] != 0 || layer.row_offsets()[0] != to {
+        return fail!(
+            InvalidArgument,
+            "composed storage: a segment holds the hot side as it stands, so only a one-row set's newest positions \
+             (up to its length, {}) can be saved",
+            layer.row_offsets().first().copied().unwrap_or(0)
+        );
+    }
+    let (converted, base, capacity) = layer.hot_row_now();
+    Ok(Some(HotRow { converted, base, capacity }))
 }
 
 /// The segment's tensors: views of the row's positions, evaluated (only those positions) and
 /// laid out along their innermost axis where they are not.
 fn tensors(layers: &[&LatentCache], h: &SegmentHeader, row: usize) -> Result<Vec<Tensor>> {
     let mut out = Vec::new();
-    for (i, family, k, name) in tensor_names(&h.geometries) {
-        let array = layers[i].stored_row_parts(family, row, h.from, h.to)?.swap_remove(k);
+    for (i, family, k, name) in tensor_names(&h.geometries, &h.hot) {
+        let array = match k {
+            Some(k) => layers[i].stored_row_parts(family, row, h.from, h.to)?.swap_remove(k),
+            None => layers[i].hot_values(family)?,
+        };
         out.push(Tensor { name, shape: array.shape().to_vec(), array });
     }
     eval(out.iter().map(|t| &t.array))?;
