@@ -300,6 +300,29 @@ fn broken_chains_are_refused_and_change_nothing() {
             refused(extend_segments(&mut holder.refs(), &sources(list)), ErrorKind::InvalidArgument, &format!("extend: {what}"));
             assert!(snapshot(&holder.layers) == before, "{layout:?} {what}: the set changed");
         }
+        // A chain that does not hold the set's (another split of the same positions).
+        refused(extend_segments(&mut holder.refs(), &sources(&[p("b0"), p("b1")])), ErrorKind::InvalidArgument, "another chain");
+        assert!(snapshot(&holder.layers) == before, "{layout:?} another chain: the set changed");
+        // A set with positions its chain does not hold, or several rows, extends nothing.
+        let mut longer = Set { layers: load_segments(&sources(&chain[..1])).unwrap(), models: Vec::new() };
+        for l in &mut longer.layers {
+            l.append_host(1, 1, &vec![0.5; 128], &[0.5; 64], (l.geometry().index_head_dim > 0).then_some(&[0.5; 128][..]))
+                .unwrap();
+        }
+        let unsaved = snapshot(&longer.layers);
+        refused(extend_segments(&mut longer.refs(), &sources(&chain)), ErrorKind::State, "positions not saved");
+        assert!(snapshot(&longer.layers) == unsaved, "{layout:?} positions not saved: the set changed");
+        let mut two = Set::new(&gs);
+        two.append(&mut rng, 2, 5);
+        refused(extend_segments(&mut two.refs(), &sources(&chain)), ErrorKind::State, "two rows");
+        // A filter may reorder rows: the chain a row was saved in is forgotten.
+        save_segment(&mut two.refs(), SegmentRange { row: 1, from: 0, to: 5, key: b"" }, &p("row1")).unwrap();
+        for l in &mut two.layers {
+            l.filter_rows(&[1, 0]).unwrap();
+        }
+        two.append(&mut rng, 2, 2);
+        let after = SegmentRange { row: 1, from: 5, to: 7, key: b"" };
+        refused(save_segment(&mut two.refs(), after, &p("never")), ErrorKind::State, "a chain after a filter");
         // The same chain whole still loads, and extends the holder.
         assert_set(&load_segments(&sources(&chain)).unwrap(), &set.models, "the whole chain");
         assert_eq!(extend_segments(&mut holder.refs(), &sources(&chain)).unwrap(), 3);
