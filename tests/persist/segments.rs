@@ -300,6 +300,23 @@ fn broken_chains_are_refused_and_change_nothing() {
             refused(extend_segments(&mut holder.refs(), &sources(list)), ErrorKind::InvalidArgument, &format!("extend: {what}"));
             assert!(snapshot(&holder.layers) == before, "{layout:?} {what}: the set changed");
         }
+        // Truncated anywhere, or not a segment at all: refused, never a crash. A whole-set file
+        // is not a segment, and a segment is not a whole-set file.
+        for cut in [0, 7, 8, 9, 64, a1.len() / 2, a1.len() - 1] {
+            std::fs::write(p("cut"), &a1[..cut]).unwrap();
+            let list = [chain[0].clone(), p("cut")];
+            refused(load_segments(&sources(&list)), ErrorKind::InvalidArgument, &format!("cut at {cut}"));
+            refused(
+                extend_segments(&mut holder.refs(), &sources(&list)),
+                ErrorKind::InvalidArgument,
+                &format!("extend, cut at {cut}"),
+            );
+        }
+        latent_cache::core::persist::save(&set.layers.iter().collect::<Vec<_>>(), &p("whole")).unwrap();
+        refused(read_segment_header(SegmentSource::Path(&p("whole"))), ErrorKind::InvalidArgument, "a whole-set file");
+        refused(load_segments(&sources(&[p("whole")])), ErrorKind::InvalidArgument, "a whole-set file as a chain");
+        refused(latent_cache::core::persist::load(&chain[0]), ErrorKind::InvalidArgument, "a segment as a whole set");
+        assert!(snapshot(&holder.layers) == before, "{layout:?} damaged files: the set changed");
         // A chain that does not hold the set's (another split of the same positions).
         refused(extend_segments(&mut holder.refs(), &sources(&[p("b0"), p("b1")])), ErrorKind::InvalidArgument, "another chain");
         assert!(snapshot(&holder.layers) == before, "{layout:?} another chain: the set changed");
