@@ -355,6 +355,19 @@ typedef struct {
   mlx_array biases;
 } latent_cache_packed;
 
+// What a segment says of itself (`latent_cache_segment_read_info`): the row positions
+// `[from, to)` it holds, the digest of the chain before it (`previous_digest`, 0 for a first
+// segment) and of the chain up to and including it (`digest`), its key's length and its layer
+// count. Digests are integrity links (wyhash), not cryptographic ones.
+typedef struct {
+  size_t from;
+  size_t to;
+  uint64_t previous_digest;
+  uint64_t digest;
+  size_t key_len;
+  size_t n_layers;
+} latent_cache_segment_info;
+
 // What a file of the seed's format says besides the caches. Every pointer is borrowed for the
 // call; a NULL string is left out of the file.
 typedef struct {
@@ -1148,6 +1161,121 @@ latent_cache_status latent_cache_load_from_buffer(const uint8_t *data,
 
 // Frees bytes a `..._save_to_buffer` call returned (`len` as it returned it). NULL is ignored.
 void latent_cache_bytes_free(uint8_t *data, size_t len);
+
+// Saves positions `[from, to)` of row `row` of every layer of `set` (the MTP layer included)
+// to `path` as one segment: each family's parts for those positions exactly as stored (float
+// modes in their dtype; Q8 and Q4 codes, scales and biases; FP8 codes and scales), the layers'
+// geometry and storage, the range, the caller's `key` (`key_len` bytes, at most 4096, borrowed;
+// NULL with 0 for none), the digest of the chain before it and its own. Costs the range's
+// positions and a small header, whatever the row holds before `from` (only those positions are
+// read, through views). Written whole or not at all, as `latent_cache_set_save`.
+// `from` is 0 (a new chain) or where the set's known chain ends (the last segment saved from,
+// or restored into, this set, on the same row, with nothing since that moved those positions:
+// appends, and trims or rollbacks that stay above them, keep it). The set then knows it holds
+// the chain up to `to`. `*digest` (optional: NULL for none) receives the segment's digest.
+// A composed layer's segment also holds its hot row as it stands (about twice a hot window of
+// positions in the hot mode, whatever the history), so with composed layers only the newest
+// positions (`to` = the row's length) of a set of one row can be saved.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8, a key over 4096
+// bytes, composed layers with several rows or `to` short of the row's length), `OUT_OF_RANGE`
+// (`row` or `[from, to)` outside the row, or empty), `INVALID_STATE` (layers that disagree, an
+// operation open as for `latent_cache_set_save`, or `from` not where the set's known chain
+// ends), `BACKEND` (the file could not be written). Nothing is written or changed on failure.
+latent_cache_status latent_cache_set_save_segment(latent_cache_set *set,
+                                                  size_t row,
+                                                  size_t from,
+                                                  size_t to,
+                                                  const uint8_t *key,
+                                                  size_t key_len,
+                                                  const char *path,
+                                                  uint64_t *digest);
+
+// `latent_cache_set_save_segment` into bytes: `*out` (`*out_len` bytes) receives them, owned
+// by the caller (free with `latent_cache_bytes_free`); the bytes a file holds. Returns what
+// `latent_cache_set_save_segment` returns (no file, so no `BACKEND` for writing one).
+latent_cache_status latent_cache_set_save_segment_to_buffer(latent_cache_set *set,
+                                                            size_t row,
+                                                            size_t from,
+                                                            size_t to,
+                                                            const uint8_t *key,
+                                                            size_t key_len,
+                                                            uint8_t **out,
+                                                            size_t *out_len,
+                                                            uint64_t *digest);
+
+// Restores a set from the chain of `n` segments at `paths` (in order): the first from
+// position 0, each next one starting where the one before ends, its previous digest the
+// digest of the chain before it, all of one geometry. Every header is read and the links
+// checked before any tensor is read; then each segment is read through the checks of
+// `latent_cache_set_load` (frame, checksums, shapes, dtypes) before anything is made. `*out`
+// receives a set of one row holding the chain's positions exactly as saved, owned by the
+// caller; the set knows it holds the chain (so it may save the next segment, or be extended).
+// Composed layers take the hot side the last segment holds, so the set goes on exactly as the
+// saved one did.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (no segment, an unreadable or damaged
+// segment, not a segment, a gap, an overlap, a broken link, another geometry), `CAPACITY`
+// (the positions would take MLX past its memory limit), `BACKEND`. Nothing is made on failure.
+latent_cache_status latent_cache_set_load_segments(const char *const *paths,
+                                                   size_t n,
+                                                   latent_cache_set **out);
+
+// `latent_cache_set_load_segments` from `n` buffers (`data[k]`, `lens[k]` bytes; borrowed for
+// the call), read from memory.
+latent_cache_status latent_cache_set_load_segments_from_buffers(const uint8_t *const *data,
+                                                                const size_t *lens,
+                                                                size_t n,
+                                                                latent_cache_set **out);
+
+// Appends to `set` the positions of the segments of a chain it does not hold yet. `set` holds
+// one row that is exactly the start of the chain (restored from it, or saved segment by
+// segment, with no position since: its length must equal its known chain's), or it is empty.
+// `paths` (`n`, in order) is the whole chain from position 0, or its continuation from where
+// the set's chain ends; links are checked as by `latent_cache_set_load_segments`, and only the
+// segments the set lacks are read. Every layer changes, or none. `*appended` (optional: NULL
+// for none) receives how many segments were appended (0 when the set already holds them all).
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a damaged segment, a gap, an overlap, a
+// broken link, another geometry than the set's, a chain that does not contain the set's),
+// `INVALID_STATE` (several rows, a set that knows no chain, a set longer than
+// its chain, an operation open), `CAPACITY`, `BACKEND`.
+latent_cache_status latent_cache_set_extend_segments(latent_cache_set *set,
+                                                     const char *const *paths,
+                                                     size_t n,
+                                                     size_t *appended);
+
+// `latent_cache_set_extend_segments` from `n` buffers (`data[k]`, `lens[k]` bytes; borrowed).
+latent_cache_status latent_cache_set_extend_segments_from_buffers(latent_cache_set *set,
+                                                                  const uint8_t *const *data,
+                                                                  const size_t *lens,
+                                                                  size_t n,
+                                                                  size_t *appended);
+
+// Reads the header of the segment at `path` without reading its positions: the frame and the
+// metadata's checksum are checked, and the digest against the header's fields (the positions'
+// checksums are checked when a load reads them). `*out` receives the range, digests, key
+// length and layer count; the key is copied into `key` (`key_capacity` bytes) unless `key` is
+// NULL (ask for `out.key_len` first, then again with a buffer that large).
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged, not a segment),
+// `BUFFER_TOO_SMALL` (`key` shorter than the key; nothing written), `BACKEND`.
+latent_cache_status latent_cache_segment_read_info(const char *path,
+                                                   latent_cache_segment_info *out,
+                                                   uint8_t *key,
+                                                   size_t key_capacity);
+
+// `latent_cache_segment_read_info` of a segment in `len` bytes at `data` (borrowed).
+latent_cache_status latent_cache_segment_read_info_from_buffer(const uint8_t *data,
+                                                               size_t len,
+                                                               latent_cache_segment_info *out,
+                                                               uint8_t *key,
+                                                               size_t key_capacity);
+
+// The segment chain `set` knows it holds: `*positions` receives its length (the first
+// `*positions` positions of row `*row`) and `*digest` its digest, the `previous_digest` the
+// next segment saved from it will carry. Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (the
+// set knows no chain: none saved or restored, or a change since moved its positions).
+latent_cache_status latent_cache_set_segment_chain(const latent_cache_set *set,
+                                                   size_t *row,
+                                                   size_t *positions,
+                                                   uint64_t *digest);
 
 // Saves every layer of `set` as the seed's implementation (mlx-bun) saves a prompt cache, so
 // its loader reads it: format version 3, kinds `mla`, `mla-dsa` and `mtp-mla`, float32

@@ -1,4 +1,4 @@
-//! `latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --attention] [--points BxT,...] [--no-concat] [--c-first] [--out FILE]`:
+//! `latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention] [--points BxT,...] [--no-concat] [--c-first] [--out FILE]`:
 //! decode steps, speculative rounds and chunked prefill for this library (Rust API, C ABI) and
 //! the seed's concatenate strategy, on a GLM-5.2-shaped model, in one process. Writes one JSON
 //! record per (system, scenario, batch, context) to FILE (default target/bench/rust.json).
@@ -15,6 +15,9 @@
 //!   `--gpu`).
 //! - `--persist`: saving and loading the model's state beside `cp` of the same file, and the
 //!   decode step through one `latent_cache_set` beside 78 separate handles (see `persist.rs`).
+//! - `--segments`: a small turn's segment saved after a long context, beside a whole-set save of
+//!   the same state, and the chain restored beside reading its files (see `segments.rs`); 16K
+//!   positions (2K with `--quick`, the first of `--points` when given), turns of 64.
 //! - `--rounds`: the two row layouts instead (right-justified and ragged, Rust API), side by
 //!   side: decode, uniform rounds and rounds where rows keep different counts, at batch 8 with
 //!   1K and 4K positions per row (and 16K with `--gpu`: 25 GB per system).
@@ -25,6 +28,7 @@
 mod attention;
 mod modes;
 mod persist;
+mod segments;
 mod systems;
 
 use std::time::Instant;
@@ -299,12 +303,13 @@ struct Maker {
 }
 
 /// Flags the driver takes, and whether each is followed by a value.
-const FLAGS: [(&str, bool); 11] = [
+const FLAGS: [(&str, bool); 12] = [
     ("--quick", false),
     ("--gpu", false),
     ("--modes", false),
     ("--rounds", false),
     ("--persist", false),
+    ("--segments", false),
     ("--attention", false),
     ("--no-concat", false),
     ("--c-first", false),
@@ -313,7 +318,8 @@ const FLAGS: [(&str, bool); 11] = [
     ("--only", true),
 ];
 
-const USAGE: &str = "usage: latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --attention [--only NAME]]
+const USAGE: &str =
+    "usage: latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention [--only NAME]]
                           [--points BxT,...] [--no-concat] [--c-first] [--out FILE]
 (see the top of bench/src/main.rs for what each flag does)";
 
@@ -366,6 +372,17 @@ fn main() {
         let points = args.iter().any(|a| a == "--points").then_some(cfg.points.as_slice());
         let out = attention::run(cfg.quick, args.iter().any(|a| a == "--gpu"), points, only.as_deref());
         std::fs::create_dir_all(std::path::Path::new(&cfg.out).parent().unwrap()).unwrap();
+        std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
+        return;
+    }
+    if std::env::args().any(|a| a == "--segments") {
+        // `--points 1xC` sets the context (its first point's).
+        let given = std::env::args().any(|a| a == "--points").then(|| cfg.points[0].1);
+        let context = given.unwrap_or(if cfg.quick { 2048 } else { 16384 });
+        out.extend(segments::run(std::path::Path::new("target/bench/segments"), context, 64, if cfg.quick { 3 } else { 5 }));
+        if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
         std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
         return;
     }

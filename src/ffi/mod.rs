@@ -15,8 +15,8 @@
 //! from and to host data of several types, an array's shape and type);
 //! `spec` (speculative rounds); `prefill` (padded prefills and prefill maintenance); `rows`
 //! (merge, extract, filter); `query` (read-only queries, composed storage's boundaries
-//! included); `set` (the model-level set: every set-wide export); `presets` (GLM-5.2's layer configs and
-//! selection schedule); `persist` and `mlxbun` (saving
+//! included); `set` (the model-level set: every set-wide export); `presets` (GLM-5.2's layer
+//! configs and selection schedule); `persist`, `segment` and `mlxbun` (saving
 //! and loading); `donor` (the read path); `last_error`; `eval_lock`; `device` (the device
 //! the library runs on); `memory` (MLX's memory limit and buffer cache); `version`.
 //!
@@ -42,6 +42,7 @@ pub mod query;
 pub mod set;
 pub mod presets;
 pub mod persist;
+pub mod segment;
 pub mod mlxbun;
 pub mod donor;
 pub mod last_error;

@@ -13,7 +13,7 @@ use crate::core::persist;
 use crate::core::LatentCache;
 
 /// Hands bytes to the caller (freed with `latent_cache_bytes_free`).
-unsafe fn give_bytes(bytes: Vec<u8>, out: *mut *mut u8, out_len: *mut usize) {
+pub(crate) unsafe fn give_bytes(bytes: Vec<u8>, out: *mut *mut u8, out_len: *mut usize) {
     let boxed = bytes.into_boxed_slice();
     let len = boxed.len();
     unsafe {

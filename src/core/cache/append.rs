@@ -77,6 +77,7 @@ impl LatentCache {
         }
         self.layout = after;
         self.settle();
+        self.keep_chain(false);
     }
 
     /// Prepares the write of a checked append: each row's new positions at its end.

@@ -5,7 +5,8 @@
 //! Files: `append` appends; `read` values, stored parts and host reads; `rows` speculative
 //! rounds and batch row operations (rollback, filter, extract, merge); `prefill` padded batched
 //! prefills; `maintenance` the seed's prefill maintenance calls; `composed` composed storage's
-//! precision boundaries and hot side; `set` a model's caches changed together.
+//! precision boundaries and hot side; `segment` what segment files need (a row's stored
+//! positions, appends of stored parts, the chain mark); `set` a model's caches changed together.
 //!
 //! May import: `error`, `layout`, `mlx`, `model`, `storage`. Files here import this one
 //! (`super::`) and those rooms, never each other.
@@ -15,6 +16,7 @@ mod maintenance;
 pub mod prefill;
 mod read;
 pub mod rows;
+mod segment;
 pub mod set;
 
 use mlx_rs::Array;
@@ -45,6 +47,8 @@ pub struct Change {
     pub(crate) hot: Option<HotChange>,
     /// Prefill maintenance open after the change.
     pub(crate) maintaining: bool,
+    /// Rows change places (a filter): the chain mark is forgotten whatever the layout says.
+    pub(crate) moves_rows: bool,
 }
 
 /// One row's valid positions `[lo, hi)` of `source` landing at `[dest_row, dest_lo..)`: what a
@@ -77,6 +81,22 @@ pub struct LatentCache {
     pub(crate) hot: Option<Hot>,
     /// Between `prefill_begin` and `prefill_end` (see `composed`).
     pub(crate) maintaining: bool,
+    /// The segment chain this cache's row is known to hold (see `ChainMark`).
+    pub(crate) chain: Option<ChainMark>,
+}
+
+/// What a cache knows of the segment chain it holds (`persist::segment`): row `row` of its
+/// `rows` rows, starting after `left_pad` padding, holds exactly the chain's `positions`
+/// positions, whose digest is `digest`. Set by a segment save or a chain restore; kept by every
+/// change that leaves those positions where they are (appends, trims and rollbacks that stay
+/// above them), forgotten by any other (`keep_chain`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainMark {
+    pub digest: u64,
+    pub positions: usize,
+    pub row: usize,
+    pub rows: usize,
+    pub left_pad: usize,
 }
 
 impl LatentCache {
@@ -89,7 +109,26 @@ impl LatentCache {
     /// A cache over storage and a layout a load checked (`persist`).
     pub(crate) fn adopt(geometry: Geometry, layout: RowLayout, storage: Storage) -> Self {
         let hot = Hot::new(&geometry);
-        LatentCache { geometry, layout, storage, reserved: 0, prefill: None, hot, maintaining: false }
+        LatentCache { geometry, layout, storage, reserved: 0, prefill: None, hot, maintaining: false, chain: None }
+    }
+
+    /// The segment chain this cache is known to hold, if any.
+    pub fn chain(&self) -> Option<ChainMark> {
+        self.chain
+    }
+
+    /// Forgets the chain mark unless the marked row's first `positions` positions are still
+    /// where they were: the same rows, the row's padding unchanged, the row at least that long.
+    /// Called after every change; a change that moves rows around says so with `forget`.
+    pub(crate) fn keep_chain(&mut self, forget: bool) {
+        let Some(mark) = self.chain else { return };
+        let kept = !forget
+            && self.batch_size() == mark.rows
+            && self.left_pad().get(mark.row) == Some(&mark.left_pad)
+            && self.row_offsets()[mark.row] >= mark.positions;
+        if !kept {
+            self.chain = None;
+        }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -200,6 +239,7 @@ impl LatentCache {
         self.reserved = 0;
         self.prefill = None;
         self.maintaining = false;
+        self.chain = None;
         self.storage.clear();
         if let Some(hot) = &mut self.hot {
             hot.clear();

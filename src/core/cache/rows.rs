@@ -11,7 +11,7 @@ impl LatentCache {
     /// A change that keeps storage and sets the layout to `layout`.
     pub(crate) fn relabel(&self, layout: RowLayout) -> Change {
         let (reserved, prefill, maintaining) = (self.reserved, self.prefill.clone(), self.maintaining);
-        Change { layout, pending: None, reserved, prefill, hot: None, maintaining }
+        Change { layout, pending: None, reserved, prefill, hot: None, maintaining, moves_rows: false }
     }
 
     /// Applies a prepared change.
@@ -27,6 +27,7 @@ impl LatentCache {
         self.prefill = change.prefill;
         self.maintaining = change.maintaining;
         self.settle();
+        self.keep_chain(change.moves_rows);
     }
 
     /// Records every row's position count; appends and reads then behave as usual.
@@ -150,6 +151,8 @@ impl LatentCache {
         let plan = self.layout.plan_filter(rows)?;
         let mut change = self.prepare_relayout(&plan)?;
         change.prefill = self.prefill.as_ref().map(|p| p.keep_rows(rows));
+        // Rows may change places without changing their count or padding.
+        change.moves_rows = true;
         Ok(change)
     }
 
@@ -229,6 +232,7 @@ impl LatentCache {
         }
         self.layout.adopt(layout);
         self.settle();
+        self.chain = None;
         Ok(())
     }
 

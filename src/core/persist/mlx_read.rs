@@ -225,8 +225,9 @@ fn dtype_size(dtype: &str) -> Option<u64> {
     })
 }
 
-/// Checks the frame (see the module's comment) before MLX reads anything.
-fn check_frame(source: &Source, what: &str) -> Result<()> {
+/// Checks the frame (see the module's comment) before MLX reads anything; returns the header's
+/// metadata (its string entries).
+fn check_frame(source: &Source, what: &str) -> Result<HashMap<String, String>> {
     let size = source.len;
     let mut len = [0u8; 8];
     if size < 8 || !source.read_at(&mut len, 0) {
@@ -284,7 +285,10 @@ fn check_frame(source: &Source, what: &str) -> Result<()> {
     if at < data_len {
         return fail!(InvalidArgument, "{what}: {} bytes after the last tensor", data_len - at);
     }
-    check_alloc(usize::try_from(at).ok(), &format!("loading {what}"))
+    check_alloc(usize::try_from(at).ok(), &format!("loading {what}"))?;
+    let metadata = json.get("__metadata__").and_then(Value::as_object);
+    let strings = metadata.into_iter().flatten().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())));
+    Ok(strings.collect())
 }
 
 /// The tensors and metadata of a safetensors file.
@@ -300,6 +304,23 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Contents> {
 /// Reads safetensors from `bytes` through MLX, from memory (no temporary file).
 pub(super) fn read_safetensors_bytes(bytes: &[u8]) -> Result<Contents> {
     read_source(Data::Bytes(bytes.as_ptr(), bytes.len()), bytes.len() as u64, "the bytes")
+}
+
+/// The metadata of the safetensors file at `path` (its frame checked), no tensor read.
+pub(super) fn read_metadata(path: &Path) -> Result<HashMap<String, String>> {
+    let (file, len) = open_regular(path)?;
+    let source = Source { data: RwLock::new(Some(Data::File(file))), len, short: AtomicBool::new(false) };
+    check_frame(&source, &path.display().to_string())
+}
+
+/// `read_metadata` of safetensors in `bytes`.
+pub(super) fn read_metadata_bytes(bytes: &[u8]) -> Result<HashMap<String, String>> {
+    let source = Source {
+        data: RwLock::new(Some(Data::Bytes(bytes.as_ptr(), bytes.len()))),
+        len: bytes.len() as u64,
+        short: AtomicBool::new(false),
+    };
+    check_frame(&source, "the bytes")
 }
 
 /// Checks the frame, has MLX read the tensors and metadata, and evaluates every tensor, all

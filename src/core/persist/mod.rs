@@ -12,6 +12,7 @@
 //! | `checksum.rs` | tensor and metadata checksums |
 //! | `safetensors.rs`, `tensor_bytes.rs` | writing safetensors, streaming tensors' bytes where they lie |
 //! | `mlx_read.rs` | reading safetensors through MLX, path and frame checked first |
+//! | `segment/` | segments: a row's positions `[from, to)` saved apart, restored and extended as a chain |
 //! | `mlxbun/` | the seed's `.mlxbun` files (mlx-bun's `MLXBUNKV2`), with `wyhash.rs`, Bun's hash |
 //! | `file.rs` | the one atomic file writer both formats save through |
 //! | `json.rs` | the one JSON string escaper both formats' headers use |
@@ -47,6 +48,7 @@ mod mlx_read;
 pub mod mlxbun;
 mod save;
 pub mod safetensors;
+pub mod segment;
 pub mod tensor_bytes;
 pub mod wyhash;
 

@@ -20,6 +20,14 @@ impl Storage {
         }
     }
 
+    /// Views of one family's stored parts at row `row`, positions `[lo, hi)`: `[1, hi - lo,
+    /// part_width]` each, as stored (nothing copied until a reader evaluates them).
+    pub fn stored_row_parts(&self, family: Family, row: usize, lo: usize, hi: usize) -> Result<Parts> {
+        let buffer = self.buffer(family);
+        let data = buffer.data.as_ref().expect("callers read written storage");
+        window(data, &buffer.parts, (row, row + 1), lo, hi)
+    }
+
     /// One family's stored values `[rows, offset, width]`: a view for the float modes, a lazy
     /// decode (O(stored) when evaluated) for the packed ones.
     pub fn view(&self, family: Family, offset: usize) -> Result<Array> {

@@ -71,12 +71,27 @@ impl Storage {
         tokens: usize,
         limits: (usize, usize),
     ) -> Result<Pending> {
-        let (max_tokens, reserved) = limits;
-        let end = offset + tokens;
         let encoded = self.buffers.as_ref().zip(updates).try_map(|_, (buffer, update)| match buffer.parts.is_empty() {
             true => Ok(Vec::new()),
             false => buffer.mode.encode(update, buffer.width),
         })?;
+        self.prepare_append_encoded(encoded, rows, offset, starts, tokens, limits)
+    }
+
+    /// `prepare_append` of positions already encoded: each family's parts as stored
+    /// (`[rows, tokens, part_width]`, the parts' dtypes; a segment's positions), written as
+    /// they are.
+    pub fn prepare_append_encoded(
+        &self,
+        encoded: Families<Parts>,
+        rows: usize,
+        offset: usize,
+        starts: &[usize],
+        tokens: usize,
+        limits: (usize, usize),
+    ) -> Result<Pending> {
+        let (max_tokens, reserved) = limits;
+        let end = offset + tokens;
         let positions = row_positions(starts, tokens);
         if self.capacity >= end && self.buffers.latent.data.is_some() {
             let data = self.buffers.as_ref().zip(encoded).try_map(|_, (buffer, update)| {

@@ -1,0 +1,64 @@
+//! What segments (`persist::segment`) need of one cache: a row's positions as stored (views),
+//! a composed row's hot side, an append of positions already encoded (a segment's parts,
+//! written as they are, never re-encoded), and the chain mark (`ChainMark`) a save or a restore
+//! leaves.
+use mlx_rs::Array;
+
+use super::{ChainMark, Change, LatentCache};
+use crate::core::error::{fail, Result};
+use crate::core::model::families::Families;
+use crate::core::model::geometry::Family;
+
+impl LatentCache {
+    /// A composed one-row cache's hot row now: its boundary, its base and its length.
+    pub fn hot_row_now(&self) -> (usize, usize, usize) {
+        let hot = self.hot.as_ref().expect("composed caches have a hot side");
+        (hot.converted.first().copied().unwrap_or(0), hot.bases.first().copied().unwrap_or(0), hot.capacity())
+    }
+
+    /// A composed one-row cache's hot values of `family`, `[1, capacity, width]` (a view).
+    pub fn hot_values(&self, family: Family) -> Result<Array> {
+        let hot = self.hot.as_ref().expect("composed caches have a hot side");
+        hot.storage.window_in(None, family, (0, 1), 0, hot.capacity())
+    }
+
+    /// Views of one family's stored parts for row `row`'s positions `[from, to)` (counted from
+    /// the row's first position): `[1, to - from, part_width]` each, as stored.
+    pub fn stored_row_parts(&self, family: Family, row: usize, from: usize, to: usize) -> Result<Vec<Array>> {
+        self.width(family)?;
+        if row >= self.batch_size() {
+            return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
+        }
+        let len = self.row_offsets()[row];
+        if from >= to || to > len {
+            return fail!(OutOfRange, "positions [{from}, {to}) of row {row}, which holds {len}");
+        }
+        let pad = self.left_pad()[row];
+        self.storage.stored_row_parts(family, row, pad + from, pad + to)
+    }
+
+    /// Prepares the append of `tokens` positions given as stored parts (`[1, tokens,
+    /// part_width]` per family, this cache's modes and dtypes, checked by the caller) to a cache
+    /// of one row, or to an empty one. Refused inside a round, a prefill or maintenance. A
+    /// composed cache's hot side is left as it is: the caller adopts the segment's after
+    /// applying (`adopt_hot`).
+    pub fn prepare_append_stored(&self, parts: Families<Vec<Array>>, tokens: usize) -> Result<Change> {
+        self.check_saveable()?;
+        if self.batch_size() > 1 {
+            return fail!(State, "the cache holds {} rows; segments extend a cache of one row", self.batch_size());
+        }
+        self.layout.check_append(1, tokens, self.geometry.max_tokens)?;
+        let starts = self.layout.append_starts(1);
+        let limits = (self.geometry.max_tokens, self.reserved);
+        let pending = self.storage.prepare_append_encoded(parts, 1, self.layout.offset(), &starts, tokens, limits)?;
+        let mut after = self.layout.clone();
+        after.append(1, tokens);
+        Ok(Change { pending: Some(pending), ..self.relabel(after) })
+    }
+
+    /// Records that row `row`'s first `positions` positions are the chain of digest `digest`.
+    pub fn mark_chain(&mut self, digest: u64, row: usize, positions: usize) {
+        let left_pad = self.left_pad()[row];
+        self.chain = Some(ChainMark { digest, positions, row, rows: self.batch_size(), left_pad });
+    }
+}

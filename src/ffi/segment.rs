@@ -1,0 +1,303 @@
+//! Segments: one row's positions `[from, to)` of a set saved apart (to a file or to bytes),
+//! a set restored from an ordered chain of segments or extended along it, a segment's header
+//! read alone, and the chain a set knows it holds (see `core::persist::segment`).
+use std::ffi::c_char;
+use std::path::PathBuf;
+
+use super::args::{in_slice, out_ptr, path, write};
+use super::error::{Failure, FfiResult};
+use super::panic::ffi_boundary;
+use super::persist::give_bytes;
+use super::set::{latent_cache_set, register_set, with_set_layers};
+use super::status::latent_cache_status;
+use crate::core::persist::segment::{
+    extend_segments, load_segments, read_segment_header, save_segment, save_segment_to_bytes, SegmentHeader, SegmentRange,
+    SegmentSource,
+};
+
+/// What a segment says of itself (`latent_cache_segment_read_info`): the row positions
+/// `[from, to)` it holds, the digest of the chain before it (`previous_digest`, 0 for a first
+/// segment) and of the chain up to and including it (`digest`), its key's length and its layer
+/// count. Digests are integrity links (wyhash), not cryptographic ones.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct latent_cache_segment_info {
+    pub from: usize,
+    pub to: usize,
+    pub previous_digest: u64,
+    pub digest: u64,
+    pub key_len: usize,
+    pub n_layers: usize,
+}
+
+fn info(h: &SegmentHeader) -> latent_cache_segment_info {
+    latent_cache_segment_info {
+        from: h.from,
+        to: h.to,
+        previous_digest: h.previous,
+        digest: h.digest,
+        key_len: h.key.len(),
+        n_layers: h.geometries.len(),
+    }
+}
+
+/// The caller's paths, each checked as a save's or a load's path is.
+unsafe fn paths(paths: *const *const c_char, n: usize) -> FfiResult<Vec<PathBuf>> {
+    let list = unsafe { in_slice(paths, n, "paths") }?;
+    list.iter().map(|&p| unsafe { path(p) }).collect()
+}
+
+/// The caller's buffers `(data[k], lens[k])`, borrowed for the call.
+unsafe fn buffers<'a>(data: *const *const u8, lens: *const usize, n: usize) -> FfiResult<Vec<&'a [u8]>> {
+    let (data, lens) = (unsafe { in_slice(data, n, "data") }?, unsafe { in_slice(lens, n, "lens") }?);
+    data.iter().zip(lens).map(|(&d, &len)| unsafe { in_slice(d, len, "data[k]") }).collect()
+}
+
+/// Saves positions `[from, to)` of row `row` of every layer of `set` (the MTP layer included)
+/// to `path` as one segment: each family's parts for those positions exactly as stored (float
+/// modes in their dtype; Q8 and Q4 codes, scales and biases; FP8 codes and scales), the layers'
+/// geometry and storage, the range, the caller's `key` (`key_len` bytes, at most 4096, borrowed;
+/// NULL with 0 for none), the digest of the chain before it and its own. Costs the range's
+/// positions and a small header, whatever the row holds before `from` (only those positions are
+/// read, through views). Written whole or not at all, as `latent_cache_set_save`.
+/// `from` is 0 (a new chain) or where the set's known chain ends (the last segment saved from,
+/// or restored into, this set, on the same row, with nothing since that moved those positions:
+/// appends, and trims or rollbacks that stay above them, keep it). The set then knows it holds
+/// the chain up to `to`. `*digest` (optional: NULL for none) receives the segment's digest.
+/// A composed layer's segment also holds its hot row as it stands (about twice a hot window of
+/// positions in the hot mode, whatever the history), so with composed layers only the newest
+/// positions (`to` = the row's length) of a set of one row can be saved.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8, a key over 4096
+/// bytes, composed layers with several rows or `to` short of the row's length), `OUT_OF_RANGE`
+/// (`row` or `[from, to)` outside the row, or empty), `INVALID_STATE` (layers that disagree, an
+/// operation open as for `latent_cache_set_save`, or `from` not where the set's known chain
+/// ends), `BACKEND` (the file could not be written). Nothing is written or changed on failure.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_save_segment(
+    set: *mut latent_cache_set,
+    row: usize,
+    from: usize,
+    to: usize,
+    key: *const u8,
+    key_len: usize,
+    path: *const c_char,
+    digest: *mut u64,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let path = unsafe { self::path(path) }?;
+        let key = unsafe { in_slice(key, key_len, "key") }?;
+        let range = SegmentRange { row, from, to, key };
+        let h = with_set_layers(set, |layers| Ok(save_segment(layers, range, &path)?))?;
+        if !digest.is_null() {
+            unsafe { write(digest, h.digest) };
+        }
+        Ok(())
+    }
+}
+
+/// `latent_cache_set_save_segment` into bytes: `*out` (`*out_len` bytes) receives them, owned
+/// by the caller (free with `latent_cache_bytes_free`); the bytes a file holds. Returns what
+/// `latent_cache_set_save_segment` returns (no file, so no `BACKEND` for writing one).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_save_segment_to_buffer(
+    set: *mut latent_cache_set,
+    row: usize,
+    from: usize,
+    to: usize,
+    key: *const u8,
+    key_len: usize,
+    out: *mut *mut u8,
+    out_len: *mut usize,
+    digest: *mut u64,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let (out, out_len) = (out_ptr(out, "out")?, out_ptr(out_len, "out_len")?);
+        let key = unsafe { in_slice(key, key_len, "key") }?;
+        let range = SegmentRange { row, from, to, key };
+        let (bytes, h) = with_set_layers(set, |layers| Ok(save_segment_to_bytes(layers, range)?))?;
+        unsafe { give_bytes(bytes, out, out_len) };
+        if !digest.is_null() {
+            unsafe { write(digest, h.digest) };
+        }
+        Ok(())
+    }
+}
+
+/// Restores a set from the chain of `n` segments at `paths` (in order): the first from
+/// position 0, each next one starting where the one before ends, its previous digest the
+/// digest of the chain before it, all of one geometry. Every header is read and the links
+/// checked before any tensor is read; then each segment is read through the checks of
+/// `latent_cache_set_load` (frame, checksums, shapes, dtypes) before anything is made. `*out`
+/// receives a set of one row holding the chain's positions exactly as saved, owned by the
+/// caller; the set knows it holds the chain (so it may save the next segment, or be extended).
+/// Composed layers take the hot side the last segment holds, so the set goes on exactly as the
+/// saved one did.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (no segment, an unreadable or damaged
+/// segment, not a segment, a gap, an overlap, a broken link, another geometry), `CAPACITY`
+/// (the positions would take MLX past its memory limit), `BACKEND`. Nothing is made on failure.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_load_segments(
+    paths: *const *const c_char,
+    n: usize,
+    out: *mut *mut latent_cache_set,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let paths = unsafe { self::paths(paths, n) }?;
+        let out = out_ptr(out, "out")?;
+        let sources: Vec<SegmentSource<'_>> = paths.iter().map(|p| SegmentSource::Path(p)).collect();
+        let caches = load_segments(&sources)?;
+        unsafe { write(out, register_set(caches)) };
+        Ok(())
+    }
+}
+
+/// `latent_cache_set_load_segments` from `n` buffers (`data[k]`, `lens[k]` bytes; borrowed for
+/// the call), read from memory.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_load_segments_from_buffers(
+    data: *const *const u8,
+    lens: *const usize,
+    n: usize,
+    out: *mut *mut latent_cache_set,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let buffers = unsafe { buffers(data, lens, n) }?;
+        let out = out_ptr(out, "out")?;
+        let sources: Vec<SegmentSource<'_>> = buffers.iter().map(|b| SegmentSource::Bytes(b)).collect();
+        let caches = load_segments(&sources)?;
+        unsafe { write(out, register_set(caches)) };
+        Ok(())
+    }
+}
+
+/// Appends to `set` the positions of the segments of a chain it does not hold yet. `set` holds
+/// one row that is exactly the start of the chain (restored from it, or saved segment by
+/// segment, with no position since: its length must equal its known chain's), or it is empty.
+/// `paths` (`n`, in order) is the whole chain from position 0, or its continuation from where
+/// the set's chain ends; links are checked as by `latent_cache_set_load_segments`, and only the
+/// segments the set lacks are read. Every layer changes, or none. `*appended` (optional: NULL
+/// for none) receives how many segments were appended (0 when the set already holds them all).
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a damaged segment, a gap, an overlap, a
+/// broken link, another geometry than the set's, a chain that does not contain the set's),
+/// `INVALID_STATE` (several rows, a set that knows no chain, a set longer than
+/// its chain, an operation open), `CAPACITY`, `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_extend_segments(
+    set: *mut latent_cache_set,
+    paths: *const *const c_char,
+    n: usize,
+    appended: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let paths = unsafe { self::paths(paths, n) }?;
+        let sources: Vec<SegmentSource<'_>> = paths.iter().map(|p| SegmentSource::Path(p)).collect();
+        let count = with_set_layers(set, |layers| Ok(extend_segments(layers, &sources)?))?;
+        if !appended.is_null() {
+            unsafe { write(appended, count) };
+        }
+        Ok(())
+    }
+}
+
+/// `latent_cache_set_extend_segments` from `n` buffers (`data[k]`, `lens[k]` bytes; borrowed).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_extend_segments_from_buffers(
+    set: *mut latent_cache_set,
+    data: *const *const u8,
+    lens: *const usize,
+    n: usize,
+    appended: *mut usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let buffers = unsafe { buffers(data, lens, n) }?;
+        let sources: Vec<SegmentSource<'_>> = buffers.iter().map(|b| SegmentSource::Bytes(b)).collect();
+        let count = with_set_layers(set, |layers| Ok(extend_segments(layers, &sources)?))?;
+        if !appended.is_null() {
+            unsafe { write(appended, count) };
+        }
+        Ok(())
+    }
+}
+
+/// Copies the key into `(key, key_capacity)` when `key` is not NULL, then writes `*out`.
+unsafe fn give_info(h: SegmentHeader, out: *mut latent_cache_segment_info, key: *mut u8, key_capacity: usize) -> FfiResult {
+    let out = out_ptr(out, "out")?;
+    if !key.is_null() {
+        if key_capacity < h.key.len() {
+            return Err(Failure::new(
+                latent_cache_status::BufferTooSmall,
+                format!("key holds {key_capacity} bytes; the segment's key is {}", h.key.len()),
+            ));
+        }
+        // SAFETY: the caller's buffer holds `key_capacity` bytes, at least the key's length.
+        unsafe { std::ptr::copy_nonoverlapping(h.key.as_ptr(), key, h.key.len()) };
+    }
+    unsafe { write(out, info(&h)) };
+    Ok(())
+}
+
+/// Reads the header of the segment at `path` without reading its positions: the frame and the
+/// metadata's checksum are checked, and the digest against the header's fields (the positions'
+/// checksums are checked when a load reads them). `*out` receives the range, digests, key
+/// length and layer count; the key is copied into `key` (`key_capacity` bytes) unless `key` is
+/// NULL (ask for `out.key_len` first, then again with a buffer that large).
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged, not a segment),
+/// `BUFFER_TOO_SMALL` (`key` shorter than the key; nothing written), `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_segment_read_info(
+    path: *const c_char,
+    out: *mut latent_cache_segment_info,
+    key: *mut u8,
+    key_capacity: usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let path = unsafe { self::path(path) }?;
+        let h = read_segment_header(SegmentSource::Path(&path))?;
+        unsafe { give_info(h, out, key, key_capacity) }
+    }
+}
+
+/// `latent_cache_segment_read_info` of a segment in `len` bytes at `data` (borrowed).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_segment_read_info_from_buffer(
+    data: *const u8,
+    len: usize,
+    out: *mut latent_cache_segment_info,
+    key: *mut u8,
+    key_capacity: usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let data = unsafe { in_slice(data, len, "data") }?;
+        let h = read_segment_header(SegmentSource::Bytes(data))?;
+        unsafe { give_info(h, out, key, key_capacity) }
+    }
+}
+
+/// The segment chain `set` knows it holds: `*positions` receives its length (the first
+/// `*positions` positions of row `*row`) and `*digest` its digest, the `previous_digest` the
+/// next segment saved from it will carry. Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (the
+/// set knows no chain: none saved or restored, or a change since moved its positions).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_segment_chain(
+    set: *const latent_cache_set,
+    row: *mut usize,
+    positions: *mut usize,
+    digest: *mut u64,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let (row, positions, digest) = (out_ptr(row, "row")?, out_ptr(positions, "positions")?, out_ptr(digest, "digest")?);
+        let mark = with_set_layers(set, |layers| {
+            let first = layers[0].chain();
+            match first {
+                Some(m) if layers.iter().all(|l| l.chain() == first) => Ok(m),
+                _ => Err(Failure::new(latent_cache_status::InvalidState, "the set knows no segment chain".to_owned())),
+            }
+        })?;
+        unsafe {
+            write(row, mark.row);
+            write(positions, mark.positions);
+            write(digest, mark.digest);
+        }
+        Ok(())
+    }
+}
