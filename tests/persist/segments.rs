@@ -72,7 +72,7 @@ fn assert_set(layers: &[LatentCache], models: &[Model], what: &str) {
 }
 
 /// An array's bytes as stored.
-fn bytes(a: &mlx_rs::Array) -> Vec<u8> {
+pub(crate) fn bytes(a: &mlx_rs::Array) -> Vec<u8> {
     let a = ops::contiguous(a).unwrap();
     eval([&a]).unwrap();
     let mut out = Vec::new();

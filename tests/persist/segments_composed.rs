@@ -11,23 +11,11 @@ use crate::common::composed_ref::Reference;
 use crate::common::composed_rule::{composed_layer, BLOCK};
 use crate::common::core_check::assert_matches;
 use crate::common::model::Rng;
+use crate::segments::bytes;
 
-use latent_cache::core::mlx::{eval::eval, ops};
 use latent_cache::core::persist::segment::{extend_segments, load_segments, save_segment, SegmentRange, SegmentSource};
-use latent_cache::core::persist::tensor_bytes::for_each_run;
 use latent_cache::{Family, LatentCache, LayoutKind, StorageMode};
 
-fn bytes(a: &mlx_rs::Array) -> Vec<u8> {
-    let a = ops::contiguous(a).unwrap();
-    eval([&a]).unwrap();
-    let mut out = Vec::new();
-    for_each_run(&a, |run| {
-        out.extend_from_slice(run);
-        Ok(())
-    })
-    .unwrap();
-    out
-}
 
 fn append(rng: &mut Rng, layers: &mut [LatentCache], refs: &mut [Reference], tokens: usize) {
     for (cache, r) in layers.iter_mut().zip(refs.iter_mut()) {
