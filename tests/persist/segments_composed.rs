@@ -16,7 +16,6 @@ use crate::segments::bytes;
 use latent_cache::core::persist::segment::{extend_segments, load_segments, save_segment, SegmentRange, SegmentSource};
 use latent_cache::{Family, LatentCache, LayoutKind, StorageMode};
 
-
 fn append(rng: &mut Rng, layers: &mut [LatentCache], refs: &mut [Reference], tokens: usize) {
     for (cache, r) in layers.iter_mut().zip(refs.iter_mut()) {
         let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.floats(tokens * r.compact.widths[f]));
