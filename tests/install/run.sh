@@ -72,7 +72,7 @@ static_libs=(${static_libs[@]+"${static_libs[@]/#-llatent_cache/$prefix/lib/libl
 step "CMake: find_package(LatentCache CONFIG) from $prefix"
 "$CMAKE" -S "$src/tests/install" -B "$work/cmake-build" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_PREFIX_PATH="$prefix" \
-  -DLATENT_CACHE_SOURCES="$src" -DOUTPUT_DIR="$bin" -DRUN_PATH="$run_path;$run_path/latent-cache/mlx/lib" >"$work/cmake-configure.log" ||
+  -DLATENT_CACHE_SOURCES="$src" -DLATENT_CACHE_ABI="$ABI" -DOUTPUT_DIR="$bin" -DRUN_PATH="$run_path;$run_path/latent-cache/mlx/lib" >"$work/cmake-configure.log" ||
   { cat "$work/cmake-configure.log"; fail "cmake configure failed"; }
 grep 'LatentCache ' "$work/cmake-configure.log"
 "$CMAKE" --build "$work/cmake-build" -j 2 >"$work/cmake-build.log" || { cat "$work/cmake-build.log"; fail "cmake build failed"; }
