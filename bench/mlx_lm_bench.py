@@ -79,7 +79,8 @@ GROUP_SIZE, BITS = 64, 8
 
 
 def is_dsa(layer):
-    return (layer * DSA_LAYERS) // LAYERS != ((layer + 1) * DSA_LAYERS) // LAYERS
+    # GLM-5.2's config.json indexer_types: layers 0, 1, 2, then every fourth from 6 to 74.
+    return layer < 3 or (layer >= 6 and (layer - 6) % 4 == 0)
 
 
 class System:

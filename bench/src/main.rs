@@ -1,4 +1,4 @@
-//! `latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention] [--points BxT,...] [--no-concat] [--c-first] [--out FILE]`:
+//! `latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention | --model-step] [--points BxT,...] [--no-concat] [--c-first] [--out FILE]`:
 //! decode steps, speculative rounds and chunked prefill for this library (Rust API, C ABI) and
 //! the seed's concatenate strategy, on a GLM-5.2-shaped model, in one process. Writes one JSON
 //! record per (system, scenario, batch, context) to FILE (default target/bench/rust.json).
@@ -24,8 +24,13 @@
 //! - `--attention`: one layer's decode attention through the read path per storage mode, and
 //!   DSA's sparse step (see `attention.rs`); mlx-lm's peer is bench/mlx_lm_attention_bench.py.
 //!   `--only NAME` runs one of its parts.
+//! - `--model-step`: the whole decode step as GLM-5.2 runs it, its 78 layers' appends and
+//!   attention in one graph, DSA-sparse (the indexer on 21 layers, the others reusing its
+//!   selection) beside dense, in bfloat16 and float32 (see `model_step.rs`); batch 1 at 4K and
+//!   16K (4K with `--quick`; 16K to 128K and batch 8 at 16K with `--gpu`), or `--points`.
 //! - `--help`: this usage. An unknown flag is refused with it (exit status 2) before anything runs.
 mod attention;
+mod model_step;
 mod modes;
 mod persist;
 mod segments;
@@ -303,7 +308,7 @@ struct Maker {
 }
 
 /// Flags the driver takes, and whether each is followed by a value.
-const FLAGS: [(&str, bool); 12] = [
+const FLAGS: [(&str, bool); 13] = [
     ("--quick", false),
     ("--gpu", false),
     ("--modes", false),
@@ -311,6 +316,7 @@ const FLAGS: [(&str, bool); 12] = [
     ("--persist", false),
     ("--segments", false),
     ("--attention", false),
+    ("--model-step", false),
     ("--no-concat", false),
     ("--c-first", false),
     ("--points", true),
@@ -319,7 +325,8 @@ const FLAGS: [(&str, bool); 12] = [
 ];
 
 const USAGE: &str =
-    "usage: latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention [--only NAME]]
+    "usage: latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention [--only NAME]
+                          | --model-step]
                           [--points BxT,...] [--no-concat] [--c-first] [--out FILE]
 (see the top of bench/src/main.rs for what each flag does)";
 
@@ -372,6 +379,23 @@ fn main() {
         let points = args.iter().any(|a| a == "--points").then_some(cfg.points.as_slice());
         let out = attention::run(cfg.quick, args.iter().any(|a| a == "--gpu"), points, only.as_deref());
         std::fs::create_dir_all(std::path::Path::new(&cfg.out).parent().unwrap()).unwrap();
+        std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
+        return;
+    }
+    if std::env::args().any(|a| a == "--model-step") {
+        let given = std::env::args().any(|a| a == "--points").then_some(cfg.points.clone());
+        let gpu = std::env::args().any(|a| a == "--gpu");
+        let points = given.unwrap_or_else(|| match (cfg.quick, gpu) {
+            (true, _) => vec![(1, 4096)],
+            (false, true) => vec![(1, 16384), (1, 65536), (1, 131072), (8, 16384)],
+            (false, false) => vec![(1, 4096), (1, 16384)],
+        });
+        for storage in [latent_cache::StorageMode::Bf16, latent_cache::StorageMode::F32] {
+            out.extend(model_step::run(storage, &points, cfg.quick));
+        }
+        if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
         std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
         return;
     }

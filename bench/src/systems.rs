@@ -14,14 +14,13 @@ use latent_cache::{Geometry, LatentCache, LayoutKind};
 use mlx_rs::Array;
 use mlx_sys::mlx_array;
 
-/// GLM-5.2: 78 layers, kv_lora_rank 512, rope 64, index keys 128 on 21 layers.
+/// GLM-5.2: 78 layers, kv_lora_rank 512, rope 64, index keys 128 on the 21 that run the indexer.
 pub const LAYERS: usize = 78;
-pub const DSA_LAYERS: usize = 21;
 pub const WIDTHS: [usize; 3] = [512, 64, 128];
 
 /// Whether layer `l` carries DSA index keys (spread evenly over the stack).
 pub fn is_dsa(l: usize) -> bool {
-    (l * DSA_LAYERS) / LAYERS != ((l + 1) * DSA_LAYERS) / LAYERS
+    latent_cache::core::model::presets::glm52_selects(l)
 }
 
 /// Bytes one position costs the whole model in f32.

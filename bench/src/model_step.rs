@@ -1,0 +1,173 @@
+//! The whole decode step as GLM-5.2 runs it (`latent-cache-bench --model-step`): its 78 target
+//! layers each append one position per row and attend, built as one graph and evaluated once per
+//! step (the MTP layer is not part of the step). Two systems side by side in one run:
+//! - sparse: DSA as the model runs it: index scores and top-2048 on the 21 layers that run the
+//!   indexer (`glm52_selects`), every layer attending over the selection of its source layer
+//!   (`glm52_selection_source`);
+//! - dense: every layer attending over its whole window.
+//!
+//! After each step every layer is trimmed back by the position it appended (a trim moves an
+//! offset), so every step runs at the same context. Records: median, p10, p90 (us) of the step
+//! after warmup, and the bytes of stored state the step reads, for the bandwidth floor. mlx-lm's
+//! step is not measured here (not done yet).
+use std::time::Instant;
+
+use latent_cache::core::attention::{Donor, MaskMode};
+use latent_cache::core::mlx::eval::eval;
+use latent_cache::core::mlx::ops;
+use latent_cache::core::model::presets::{glm52_selection_source, glm52_selects, GLM52_TARGET_LAYERS};
+use latent_cache::{Geometry, LatentCache, StorageMode};
+use mlx_rs::{Array, Dtype};
+
+const HEADS: usize = 64;
+const INDEX_HEADS: usize = 32;
+const TOPK: usize = 2048;
+const RANK: usize = 512;
+const ROPE: usize = 64;
+const INDEX: usize = 128;
+const CHUNK: usize = 4096;
+
+/// Uniform values in [-1, 1) from a fixed xorshift stream, `[shape]` float32.
+fn uniform(shape: &[usize], seed: u64) -> Array {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect();
+    Array::from_slice(&data, &shape.iter().map(|&d| d as i32).collect::<Vec<_>>())
+}
+
+/// GLM-5.2's 78 target layers in `storage`, filled to `context` positions per row.
+fn model(storage: StorageMode, batch: usize, context: usize) -> Vec<LatentCache> {
+    let n = CHUNK.min(context);
+    let chunk = [RANK, ROPE, INDEX].map(|w| uniform(&[batch, n, w], w as u64));
+    eval(chunk.iter()).unwrap();
+    (0..GLM52_TARGET_LAYERS)
+        .map(|l| {
+            let index_head_dim = if glm52_selects(l) { INDEX } else { 0 };
+            let g = Geometry {
+                kv_lora_rank: RANK,
+                rope_head_dim: ROPE,
+                index_head_dim,
+                latent_storage: storage,
+                rope_storage: storage,
+                index_storage: storage,
+                ..Geometry::default()
+            };
+            let mut cache = LatentCache::new(g).unwrap();
+            cache.reserve(context + 1).unwrap();
+            let mut done = 0;
+            while done < context {
+                let factor = ops::scalar(1.0 + (done + l) as f32 / context as f32);
+                let take = n.min(context - done);
+                let part = |a: &Array, w: usize| ops::multiply(&ops::slice(a, &[0, 0, 0], &[batch, take, w]).unwrap(), &factor);
+                let (lat, rope) = (part(&chunk[0], RANK).unwrap(), part(&chunk[1], ROPE).unwrap());
+                let keys = (index_head_dim > 0).then(|| part(&chunk[2], INDEX).unwrap());
+                cache.append(&lat, &rope, keys.as_ref()).unwrap();
+                cache.eval().unwrap();
+                done += take;
+            }
+            cache
+        })
+        .collect()
+}
+
+struct Queries {
+    latent: Array,
+    rope: Array,
+    index: Array,
+    weights: Array,
+    new: [Array; 3],
+}
+
+fn queries(batch: usize, dtype: Dtype) -> Queries {
+    let q =
+        |shape: &[usize], seed| ops::astype(&ops::multiply(&uniform(shape, seed), &ops::scalar(0.05)).unwrap(), dtype).unwrap();
+    let qs = Queries {
+        latent: q(&[batch, HEADS, 1, RANK], 1),
+        rope: q(&[batch, HEADS, 1, ROPE], 2),
+        index: q(&[batch, INDEX_HEADS, 1, INDEX], 3),
+        weights: q(&[batch, 1, INDEX_HEADS], 4),
+        new: [q(&[batch, 1, RANK], 5), q(&[batch, 1, ROPE], 6), q(&[batch, 1, INDEX], 7)],
+    };
+    eval([&qs.latent, &qs.rope, &qs.index, &qs.weights, &qs.new[0], &qs.new[1], &qs.new[2]]).unwrap();
+    qs
+}
+
+/// One decode step of every layer as one graph, evaluated once; then each layer trimmed back.
+fn step(layers: &mut [LatentCache], q: &Queries, sparse: bool) {
+    let scale = 1.0 / ((192 + ROPE) as f32).sqrt();
+    let mut outs = Vec::with_capacity(layers.len());
+    let mut selections: Vec<Option<Array>> = vec![None; layers.len()];
+    for (l, cache) in layers.iter_mut().enumerate() {
+        let keys = glm52_selects(l).then_some(&q.new[2]);
+        cache.append(&q.new[0], &q.new[1], keys).unwrap();
+        let donor: Donor = cache.capture_donor_rows().unwrap();
+        let out = if sparse {
+            if glm52_selects(l) {
+                let scores = donor.index_scores(&q.index, &q.weights, MaskMode::None).unwrap();
+                selections[l] = donor.select(&scores, TOPK).unwrap();
+            }
+            match &selections[glm52_selection_source(l)] {
+                Some(indices) => donor.attend_selected(&q.latent, &q.rope, scale, MaskMode::None, indices).unwrap(),
+                None => donor.attend(&q.latent, &q.rope, scale, MaskMode::None, None).unwrap(),
+            }
+        } else {
+            donor.attend(&q.latent, &q.rope, scale, MaskMode::None, None).unwrap()
+        };
+        outs.push(out);
+    }
+    eval(outs.iter()).unwrap();
+    drop(outs);
+    for cache in layers.iter_mut() {
+        cache.trim(1, false).unwrap();
+    }
+}
+
+fn time(warmup: usize, samples: usize, mut f: impl FnMut()) -> [f64; 3] {
+    let mut us: Vec<f64> = (0..warmup + samples)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .skip(warmup)
+        .collect();
+    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
+    [at(0.5), at(0.1), at(0.9)]
+}
+
+/// Records of both systems at each (batch, context) of `points`, in `storage`.
+pub fn run(storage: StorageMode, points: &[(usize, usize)], quick: bool) -> Vec<String> {
+    let (warmup, samples) = if quick { (1, 3) } else { (3, 10) };
+    let mode = format!("{storage:?}").to_lowercase();
+    let dtype = if storage == StorageMode::F32 { Dtype::Float32 } else { Dtype::Bfloat16 };
+    let width = if storage == StorageMode::F32 { 4 } else { 2 };
+    let mut out = Vec::new();
+    for &(batch, context) in points {
+        let mut layers = model(storage, batch, context);
+        let q = queries(batch, dtype);
+        let dsa_layers = (0..GLM52_TARGET_LAYERS).filter(|&l| glm52_selects(l)).count();
+        let dense_bytes = batch * context * GLM52_TARGET_LAYERS * (RANK + ROPE) * width;
+        let selected = TOPK.min(context);
+        let sparse_bytes = batch * (dsa_layers * context * INDEX + GLM52_TARGET_LAYERS * selected * (RANK + ROPE)) * width;
+        for (system, sparse, bytes) in [("dense", false, dense_bytes), ("sparse (DSA)", true, sparse_bytes)] {
+            let t = time(warmup, samples, || step(&mut layers, &q, sparse));
+            let line = format!(
+                "{{\"system\": \"model step, {system}\", \"mode\": \"{mode}\", \"batch\": {batch}, \"context\": {context}, \
+                 \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"samples\": {samples}, \"layers\": {}, \
+                 \"bytes_read\": {bytes}}}",
+                t[0], t[1], t[2], GLM52_TARGET_LAYERS
+            );
+            eprintln!("{line}");
+            out.push(line);
+        }
+    }
+    out
+}
