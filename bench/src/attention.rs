@@ -33,7 +33,7 @@ const REPEAT: usize = 20;
 const CHUNK: usize = 4096;
 
 /// Uniform values in [-1, 1) from a fixed xorshift stream, `[shape]` float32.
-fn uniform(shape: &[usize], seed: u64) -> Array {
+pub(crate) fn uniform(shape: &[usize], seed: u64) -> Array {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let n: usize = shape.iter().product();
     let data: Vec<f32> = (0..n)
@@ -81,7 +81,7 @@ fn filled(set: &ModeSet, batch: usize, context: usize) -> LatentCache {
 }
 
 /// Median, p10, p90 (us) of `samples` timed calls of `step` after `warmup`.
-fn time(warmup: usize, samples: usize, mut step: impl FnMut()) -> [f64; 3] {
+pub(crate) fn time(warmup: usize, samples: usize, mut step: impl FnMut()) -> [f64; 3] {
     let mut us: Vec<f64> = (0..warmup + samples)
         .map(|_| {
             let start = Instant::now();

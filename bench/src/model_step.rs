@@ -10,14 +10,14 @@
 //! offset), so every step runs at the same context. Records: median, p10, p90 (us) of the step
 //! after warmup, and the bytes of stored state the step reads, for the bandwidth floor. mlx-lm's
 //! step is not measured here (not done yet).
-use std::time::Instant;
-
 use latent_cache::core::attention::{Donor, MaskMode};
 use latent_cache::core::mlx::eval::eval;
 use latent_cache::core::mlx::ops;
 use latent_cache::core::model::presets::{glm52_selection_source, glm52_selects, GLM52_TARGET_LAYERS};
 use latent_cache::{Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
+
+use crate::attention::{time, uniform};
 
 const HEADS: usize = 64;
 const INDEX_HEADS: usize = 32;
@@ -26,21 +26,6 @@ const RANK: usize = 512;
 const ROPE: usize = 64;
 const INDEX: usize = 128;
 const CHUNK: usize = 4096;
-
-/// Uniform values in [-1, 1) from a fixed xorshift stream, `[shape]` float32.
-fn uniform(shape: &[usize], seed: u64) -> Array {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let n: usize = shape.iter().product();
-    let data: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect();
-    Array::from_slice(&data, &shape.iter().map(|&d| d as i32).collect::<Vec<_>>())
-}
 
 /// GLM-5.2's 78 target layers in `storage`, filled to `context` positions per row.
 fn model(storage: StorageMode, batch: usize, context: usize) -> Vec<LatentCache> {
@@ -127,20 +112,6 @@ fn step(layers: &mut [LatentCache], q: &Queries, sparse: bool) {
     for cache in layers.iter_mut() {
         cache.trim(1, false).unwrap();
     }
-}
-
-fn time(warmup: usize, samples: usize, mut f: impl FnMut()) -> [f64; 3] {
-    let mut us: Vec<f64> = (0..warmup + samples)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed().as_secs_f64() * 1e6
-        })
-        .skip(warmup)
-        .collect();
-    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let at = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
-    [at(0.5), at(0.1), at(0.9)]
 }
 
 /// Records of both systems at each (batch, context) of `points`, in `storage`.

@@ -12,13 +12,13 @@ use crate::systems::{model_layers, Inputs};
 use latent_cache::core::persist;
 use latent_cache::core::persist::mlxbun;
 
-fn seconds(f: impl FnOnce()) -> f64 {
+pub(crate) fn seconds(f: impl FnOnce()) -> f64 {
     let start = Instant::now();
     f();
     start.elapsed().as_secs_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }

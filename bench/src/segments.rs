@@ -4,24 +4,13 @@
 //! a whole-set save of the same state; finally the chain restored, beside reading its files'
 //! bytes. Each record: median seconds and the file's size.
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use latent_cache::core::persist;
 use latent_cache::core::persist::segment::{load_segments, save_segment, SegmentRange, SegmentSource};
 use latent_cache::LatentCache;
 
+use crate::persist::{median, seconds};
 use crate::systems::{model_layers, Inputs};
-
-fn seconds(f: impl FnOnce()) -> f64 {
-    let start = Instant::now();
-    f();
-    start.elapsed().as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
 
 fn append(layers: &mut [LatentCache], at: usize, n: usize) {
     let inputs = Inputs::new(1, n, at as f32);
