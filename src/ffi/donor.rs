@@ -109,7 +109,7 @@ pub unsafe extern "C" fn latent_cache_donor_rows(
                 unsafe { copy_out(left_pad, rows_len, donor.left_pad(), &mut written, "left_pad")? };
             }
             if !row_ends.is_null() {
-                unsafe { copy_out(row_ends, rows_len, donor.row_ends(), &mut written, "row_ends")? };
+                unsafe { copy_out(row_ends, rows_len, &donor.row_ends(), &mut written, "row_ends")? };
             }
             unsafe {
                 write(batch, rows);

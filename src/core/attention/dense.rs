@@ -26,7 +26,7 @@ impl Donor {
     }
 
     /// `q . family^T`, `[B, H, Lq, T]`.
-    fn scores(&self, family: Family, q: &Array) -> Result<Array> {
+    pub(super) fn scores(&self, family: Family, q: &Array) -> Result<Array> {
         let folded = Self::fold_heads(q)?;
         let scores = match (self.quantized_product(family, &folded, true)?, self.hot_values(family)) {
             (Some(cold), Some((hot, bases, starts))) => {
@@ -44,7 +44,7 @@ impl Donor {
     /// where the latent is stored in it (bfloat16 or float16 queries over that storage) the
     /// product runs in it, reading the stored values as they are; otherwise in float32 (exact,
     /// converting what is stored narrower).
-    fn weighted_latent(&self, probs: &Array, compute: Dtype) -> Result<Array> {
+    pub(super) fn weighted_latent(&self, probs: &Array, compute: Dtype) -> Result<Array> {
         let folded = Self::fold_heads(probs)?;
         let hot = self.hot_values(Family::Latent);
         // With hot positions, the compact parts take the probabilities of the compact ones only.
@@ -130,7 +130,6 @@ impl Donor {
             return fail!(Shape, "q_rope's heads and queries {:?} differ from q_latent's", q_rope.shape());
         }
         let queries = dims.1 as usize;
-        self.check_rows(mode, queries)?;
         let extra = match (mode, mask) {
             (MaskMode::Array, Some(mask)) => Some(mask),
             (MaskMode::Array, None) => return fail!(InvalidArgument, "the ARRAY mask mode needs a mask"),
@@ -138,6 +137,11 @@ impl Donor {
             (_, None) => None,
         };
         let query = Query { q_latent, q_rope, scale, mode, extra, queries };
+        if self.shared.is_some() {
+            // Every row holds the prefix's positions at least.
+            return self.shared_attend(&query);
+        }
+        self.check_rows(mode, queries)?;
         if let Some(out) = self.metal_decode(&query)? {
             return Ok(out);
         }

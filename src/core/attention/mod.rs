@@ -9,12 +9,14 @@
 //! accessors; `values` reads the stored families (decoded, quantized matmul, hot overlay);
 //! `masks` which positions a query sees; `dense` attention through MLX's operations; `sparse`
 //! DSA's index scores, selection and selected attention; `on_kernels` choosing and feeding our
-//! CUDA and Metal kernels.
+//! CUDA and Metal kernels; `shared` all of these over rows that read a shared prefix below their
+//! own positions (each part attended where it is, joined by their log-sum-exp).
 //!
 //! May import: `error`, `layout`, `mlx`, `model`, `kernels`, `storage`, `cache`.
 mod dense;
 mod masks;
 mod on_kernels;
+mod shared;
 mod sparse;
 mod values;
 
@@ -52,6 +54,10 @@ pub struct Donor {
     /// attention reads it for the rope scores, the latent scores and the weighted latent, and
     /// every composed family's hot rows share one capacity.
     alignment: std::cell::OnceCell<(usize, usize, Array, Array)>,
+    /// The shared prefix every row reads below its own positions (`offset`, `left_pad`,
+    /// `row_ends` and `parts` above are then the rows' own window), as one single-row donor per
+    /// piece (see `shared`).
+    shared: Option<Vec<Donor>>,
 }
 
 impl LatentCache {
@@ -61,13 +67,16 @@ impl LatentCache {
     /// With composed storage the snapshot holds the compact parts of every position and the hot
     /// values over them: attention reads the compact positions from their parts (quantized
     /// matmul for the affine modes) and the hot ones from the hot values.
+    /// Over a shared prefix, the snapshot holds the prefix's pieces and the rows' own parts; its
+    /// window is the rows' as a cache holding copies would lay them out (`shared`).
     pub fn capture_donor_rows(&self) -> Result<Donor> {
-        let offset = self.offset();
+        let offset = self.layout.offset();
         let families = Families::for_geometry(&self.geometry, |family, _| family);
         let parts = families.try_map(|_, family| self.storage.stored_parts(family, offset))?;
-        let (left_pad, row_ends) = (self.left_pad().to_vec(), self.row_ends().to_vec());
+        let (left_pad, row_ends) = (self.layout.left_pad().to_vec(), self.layout.row_ends().to_vec());
         let hot = self.capture_hot()?;
-        Ok(Donor { geometry: self.geometry, offset, left_pad, row_ends, parts, hot, alignment: Default::default() })
+        let shared = self.shared_prefix().map(|prefix| prefix.pieces().iter().map(|p| Donor::piece(self.geometry, p)).collect());
+        Ok(Donor { geometry: self.geometry, offset, left_pad, row_ends, parts, hot, alignment: Default::default(), shared })
     }
 }
 
@@ -80,16 +89,18 @@ impl Donor {
         self.left_pad.len()
     }
 
+    /// The window's width (a shared prefix's positions included).
     pub fn offset(&self) -> usize {
-        self.offset
+        self.offset + self.shared_positions()
     }
 
     pub fn left_pad(&self) -> &[usize] {
         &self.left_pad
     }
 
-    pub fn row_ends(&self) -> &[usize] {
-        &self.row_ends
+    /// Where each row's positions end in the window (a shared prefix's counted).
+    pub fn row_ends(&self) -> Vec<usize> {
+        self.row_ends.iter().map(|&e| e + self.shared_positions()).collect()
     }
 
     fn parts(&self, family: Family) -> &[Array] {

@@ -58,6 +58,9 @@ impl Donor {
         if mode == MaskMode::Array {
             return fail!(InvalidArgument, "index scores take the NONE or CAUSAL mask mode");
         }
+        if self.shared.is_some() {
+            return self.shared_index_scores(q_index, weights, mode);
+        }
         self.check_rows(mode, queries as usize)?;
         let (b, h, lq, t) = (self.batch_size(), heads as usize, queries as usize, self.offset);
         if let Some(scores) = self.kernel_index_scores(q_index, weights, mode, (h, lq, width))? {
@@ -93,14 +96,14 @@ impl Donor {
             return fail!(InvalidArgument, "top-k needs k of at least 1");
         }
         let shape = scores.shape();
-        if shape.len() != 3 || shape[0] as usize != self.batch_size() || shape[2] as usize != self.offset {
-            return fail!(Shape, "scores must be [{}, queries, {}], got {shape:?}", self.batch_size(), self.offset);
+        let t = self.offset();
+        if shape.len() != 3 || shape[0] as usize != self.batch_size() || shape[2] as usize != t {
+            return fail!(Shape, "scores must be [{}, queries, {t}], got {shape:?}", self.batch_size());
         }
-        if self.offset <= k {
+        if t <= k {
             return Ok(None);
         }
         // The last k of a partition at T - k are the k largest (no negated copy of the scores).
-        let t = self.offset;
         let order = math::argpartition(scores, (t - k) as i32, -1)?;
         let top = ops::slice(&order, &[0, 0, t - k], &[shape[0] as usize, shape[1] as usize, t])?;
         Ok(Some(ops::astype(&top, Dtype::Int32)?))
@@ -141,36 +144,58 @@ impl Donor {
         if mode == MaskMode::Array {
             return fail!(InvalidArgument, "selected attention takes the NONE or CAUSAL mask mode");
         }
+        if self.shared.is_some() {
+            return self.shared_selected(q_latent, q_rope, scale, mode, indices);
+        }
         self.check_rows(mode, dims.1 as usize)?;
         if let Some(out) = self.kernel_selected(q_latent, q_rope, scale, indices)? {
             return Ok(out);
         }
+        // Visibility of the selected positions: the row mask gathered at them, [B, Lq, 1, k].
+        let visible = match self.masks(mode, dims.1 as usize) {
+            true => {
+                let mask = self.query_mask(mode, dims.1 as usize)?;
+                Some(math::expand_dims(&math::take_along_axis(&mask, indices, 2)?, 2)?)
+            }
+            false => None,
+        };
+        let (latent, rope) = (self.gather(Family::Latent, indices)?, self.gather(Family::Rope, indices)?);
+        let out = self.attend_gathered(q_latent, q_rope, scale, &latent, &rope, visible.as_ref())?;
+        self.zero_padding_queries(out, mode, dims.1 as usize)
+    }
+
+    /// Attention of `[B, H, Lq, w]` queries over each query's gathered positions (`latent`,
+    /// `rope`: `[B, Lq, k, width]`), with an additive `visible` mask `[B, Lq, 1, k]`: `[B, H, Lq,
+    /// kv_lora_rank]` float32.
+    pub(super) fn attend_gathered(
+        &self,
+        q_latent: &Array,
+        q_rope: &Array,
+        scale: f32,
+        latent: &Array,
+        rope: &Array,
+        visible: Option<&Array>,
+    ) -> Result<Array> {
         // [B, H, Lq, w] -> [B, Lq, H, w], against [B, Lq, k, w]^T: [B, Lq, H, k]. As `attend`'s
         // `scores`: the queries as given against the values as read (MLX promotes the product
         // to float32 unless both are in one 16-bit dtype), summed, then float32 and scaled.
-        let per_query = |q: &Array, family: Family| -> Result<Array> {
+        let per_query = |q: &Array, values: &Array| -> Result<Array> {
             let q = math::swapaxes(q, 1, 2)?;
-            math::matmul(&q, &math::swapaxes(&self.gather(family, indices)?, -1, -2)?)
+            math::matmul(&q, &math::swapaxes(values, -1, -2)?)
         };
-        let scores = math::add(&per_query(q_latent, Family::Latent)?, &per_query(q_rope, Family::Rope)?)?;
-        let scores = ops::multiply(&ops::astype(&scores, Dtype::Float32)?, &ops::scalar(scale))?;
-        // Visibility of the selected positions: the row mask gathered at them, [B, Lq, 1, k].
-        let scores = match self.masks(mode, dims.1 as usize) {
-            true => {
-                let mask = self.query_mask(mode, dims.1 as usize)?;
-                let visible = math::expand_dims(&math::take_along_axis(&mask, indices, 2)?, 2)?;
-                math::add(&scores, &visible)?
-            }
-            false => scores,
-        };
+        let scores = math::add(&per_query(q_latent, latent)?, &per_query(q_rope, rope)?)?;
+        let mut scores = ops::multiply(&ops::astype(&scores, Dtype::Float32)?, &ops::scalar(scale))?;
+        if let Some(visible) = visible {
+            scores = math::add(&scores, visible)?;
+        }
         let probs = math::softmax(&scores, -1)?;
         // As `attend`'s `weighted_latent`: in the queries' dtype where the latent is read in it.
-        let (latent, compute) = (self.gather(Family::Latent, indices)?, q_latent.dtype());
+        let compute = q_latent.dtype();
         let probs = match latent.dtype() == compute && compute != Dtype::Float32 {
             true => ops::astype(&probs, compute)?,
             false => probs,
         };
-        let out = ops::astype(&math::matmul(&probs, &latent)?, Dtype::Float32)?;
-        self.zero_padding_queries(math::swapaxes(&out, 1, 2)?, mode, dims.1 as usize)
+        let out = ops::astype(&math::matmul(&probs, latent)?, Dtype::Float32)?;
+        math::swapaxes(&out, 1, 2)
     }
 }

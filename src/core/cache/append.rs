@@ -56,8 +56,8 @@ impl LatentCache {
     /// first append) as a fresh batch whose row `b` starts after `left_pad[b]` padding positions.
     fn check_placement(&self, batch: usize, tokens: usize, left_pad: Option<&[usize]>) -> Result<()> {
         match left_pad {
-            None => self.layout.check_append(batch, tokens, self.geometry.max_tokens),
-            Some(pad) => self.layout.check_append_padded(batch, tokens, pad, self.geometry.max_tokens),
+            None => self.layout.check_append(batch, tokens, self.own_max_tokens()),
+            Some(pad) => self.layout.check_append_padded(batch, tokens, pad, self.own_max_tokens()),
         }
     }
 
@@ -83,7 +83,7 @@ impl LatentCache {
     /// Prepares the write of a checked append: each row's new positions at its end.
     fn prepare_write(&self, updates: Families<&Array>, batch: usize, tokens: usize) -> Result<Pending> {
         let starts = self.layout.append_starts(batch);
-        let limits = (self.geometry.max_tokens, self.reserved);
+        let limits = (self.own_max_tokens(), self.reserved);
         self.storage.prepare_append(updates, batch, self.layout.offset(), &starts, tokens, limits)
     }
 
@@ -139,6 +139,12 @@ impl LatentCache {
         Self::record_in(&mut after, batch, tokens, left_pad);
         let hot = self.prepare_hot_append(updates, batch, tokens, &after)?;
         // Built before the commit, so a failure here leaves the cache as it was.
+        if views && self.base.is_some() {
+            // Rows over a shared prefix read joined (a copy, see `shared`): built from the
+            // committed state, of lazy operations that do not fail on valid shapes.
+            self.commit_append(pending, hot, after);
+            return Ok(Some(self.state()?));
+        }
         let views = match (&hot, views) {
             (_, false) => None,
             (Some(hot), true) => Some(self.composed_views(&pending, hot, &after)?),

@@ -6,7 +6,8 @@
 //! rounds and batch row operations (rollback, filter, extract, merge); `prefill` padded batched
 //! prefills; `maintenance` the seed's prefill maintenance calls; `composed` composed storage's
 //! precision boundaries and hot side; `segment` what segment files need (a row's stored
-//! positions, appends of stored parts, the chain mark); `set` a model's caches changed together.
+//! positions, appends of stored parts, the chain mark); `shared` shared prefixes (store, attach,
+//! fork, and the copy a save makes); `set` a model's caches changed together.
 //!
 //! May import: `error`, `layout`, `mlx`, `model`, `storage`. Files here import this one
 //! (`super::`) and those rooms, never each other.
@@ -18,6 +19,7 @@ mod read;
 pub mod rows;
 mod segment;
 pub mod set;
+pub mod shared;
 
 use mlx_rs::Array;
 
@@ -28,6 +30,7 @@ use crate::core::model::families::Families;
 use crate::core::model::geometry::{Family, Geometry};
 use crate::core::storage::buffers::{Pending, Storage};
 use crate::core::storage::hot::{Hot, HotChange};
+use crate::core::storage::shared::SharedPrefix;
 
 /// The rejection of any index-key access on a layer without DSA.
 fn no_index_keys() -> CacheError {
@@ -49,6 +52,9 @@ pub struct Change {
     pub(crate) maintaining: bool,
     /// Rows change places (a filter): the chain mark is forgotten whatever the layout says.
     pub(crate) moves_rows: bool,
+    /// The rows' own buffers are released and the prefix below them becomes this (an attach or
+    /// a fork; `None`: leave both as they are).
+    pub(crate) rebase: Option<Option<SharedPrefix>>,
 }
 
 /// One row's valid positions `[lo, hi)` of `source` landing at `[dest_row, dest_lo..)`: what a
@@ -83,6 +89,8 @@ pub struct LatentCache {
     pub(crate) maintaining: bool,
     /// The segment chain this cache's row is known to hold (see `ChainMark`).
     pub(crate) chain: Option<ChainMark>,
+    /// The prefix every row reads below its own positions (see `shared`).
+    pub(crate) base: Option<SharedPrefix>,
 }
 
 /// What a cache knows of the segment chain it holds (`persist::segment`): row `row` of its
@@ -109,7 +117,7 @@ impl LatentCache {
     /// A cache over storage and a layout a load checked (`persist`).
     pub(crate) fn adopt(geometry: Geometry, layout: RowLayout, storage: Storage) -> Self {
         let hot = Hot::new(&geometry);
-        LatentCache { geometry, layout, storage, reserved: 0, prefill: None, hot, maintaining: false, chain: None }
+        LatentCache { geometry, layout, storage, reserved: 0, prefill: None, hot, maintaining: false, chain: None, base: None }
     }
 
     /// The segment chain this cache is known to hold, if any.
@@ -123,6 +131,7 @@ impl LatentCache {
     pub(crate) fn keep_chain(&mut self, forget: bool) {
         let Some(mark) = self.chain else { return };
         let kept = !forget
+            && self.base.is_none()
             && self.batch_size() == mark.rows
             && self.left_pad().get(mark.row) == Some(&mark.left_pad)
             && self.row_offsets()[mark.row] >= mark.positions;
@@ -139,21 +148,27 @@ impl LatentCache {
         self.layout.batch_size()
     }
 
+    /// The window's width: the longest row's end, a shared prefix's positions included.
     pub fn offset(&self) -> usize {
-        self.layout.offset()
+        self.layout.offset() + self.shared_positions()
     }
 
+    /// Each row's positions, a shared prefix's included.
     pub fn row_offsets(&self) -> Vec<usize> {
-        self.layout.row_offsets()
+        let shared = self.shared_positions();
+        self.layout.row_offsets().into_iter().map(|n| n + shared).collect()
     }
 
+    /// Each row's padding before its first position (before its shared prefix, if any).
     pub fn left_pad(&self) -> &[usize] {
         self.layout.left_pad()
     }
 
-    /// Where each row's valid positions end (`offset` for every row when right-justified).
-    pub fn row_ends(&self) -> &[usize] {
-        self.layout.row_ends()
+    /// Where each row's valid positions end (`offset` for every row when right-justified), a
+    /// shared prefix's positions counted.
+    pub fn row_ends(&self) -> Vec<usize> {
+        let shared = self.shared_positions();
+        self.layout.row_ends().iter().map(|&e| e + shared).collect()
     }
 
     pub fn bytes_per_token(&self) -> usize {
@@ -161,13 +176,14 @@ impl LatentCache {
     }
 
     /// Bytes the cache's buffers hold now (every row's capacity, valid or not; with composed
-    /// storage, the hot side's too).
+    /// storage, the hot side's too). A shared prefix's bytes are the prefix's, not counted here.
     pub fn bytes_in_use(&self) -> usize {
         self.storage.held_bytes() + self.hot.as_ref().map_or(0, |h| h.storage.held_bytes())
     }
 
     /// Bytes of valid state: every row's position count times `bytes_per_token` (the seed's
-    /// `byteLength`; padding and spare capacity are not counted).
+    /// `byteLength`; padding and spare capacity are not counted; a shared prefix's positions are,
+    /// once per row, as the rows read them).
     pub fn byte_length(&self) -> usize {
         self.row_offsets().iter().sum::<usize>() * self.bytes_per_token()
     }
@@ -180,7 +196,7 @@ impl LatentCache {
     /// outside a round, before some row's precision boundary moves (whichever comes first). An
     /// append of more still succeeds: a boundary move copies nothing.
     pub fn max_append_tokens(&self) -> usize {
-        let limit = self.layout.max_append_tokens(self.geometry.max_tokens);
+        let limit = self.layout.max_append_tokens(self.own_max_tokens());
         match self.batch_size() {
             0 => limit,
             _ => limit.min(self.appendable_before_conversion()),
@@ -240,6 +256,7 @@ impl LatentCache {
         self.prefill = None;
         self.maintaining = false;
         self.chain = None;
+        self.base = None;
         self.storage.clear();
         if let Some(hot) = &mut self.hot {
             hot.clear();

@@ -39,9 +39,14 @@ impl LatentCache {
     /// Views of one family's stored parts `[B, T, part_width]` as its mode holds them (see
     /// `StorageMode::parts`): the values for the float modes; codes and scales (and biases) for
     /// the packed ones, as MLX's quantized matmul and our kernels read them. No copy, no decode.
+    /// Over a shared prefix, the rows joined as a cache holding copies holds them: a copy,
+    /// O(history) when evaluated (`shared`).
     pub fn stored_parts(&self, family: Family) -> Result<Vec<Array>> {
         self.width(family)?;
-        self.storage.stored_parts(family, self.layout.offset())
+        match self.base.is_some() {
+            true => self.joined_parts(family),
+            false => self.storage.stored_parts(family, self.layout.offset()),
+        }
     }
 
     /// Row `row`'s valid positions of one family, row-major `[row_offsets[row], width]`.
@@ -50,7 +55,18 @@ impl LatentCache {
         if row >= self.batch_size() {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
-        self.read_span(family, row, self.layout.left_pad()[row], self.layout.row_ends()[row])
+        let (lo, hi) = (self.layout.left_pad()[row], self.layout.row_ends()[row]);
+        let Some(base) = &self.base else { return self.read_span(family, row, lo, hi) };
+        // The prefix's positions, then the row's own.
+        let mut out = Vec::with_capacity(self.row_offsets()[row] * self.geometry.width(family).unwrap_or(0));
+        let mode = self.geometry.storage(family);
+        for piece in base.pieces() {
+            let parts = piece.parts.get(family).expect("present");
+            let values = mode.decode(parts, self.geometry.width(family).expect("present"))?;
+            out.extend(ops::to_host(&ops::astype(&values, Dtype::Float32)?)?);
+        }
+        out.extend(self.read_span(family, row, lo, hi)?);
+        Ok(out)
     }
 
     /// Row `row`'s positions `[lo, hi)` of one family as float32 on the host.
@@ -65,6 +81,9 @@ impl LatentCache {
     /// row's `[left_pad, row_end)` hold unspecified values.
     pub fn read(&self, family: Family) -> Result<Vec<f32>> {
         self.width(family)?;
+        if self.base.is_some() {
+            return ops::to_host(&ops::astype(&self.family_view(family, None)?, Dtype::Float32)?);
+        }
         let mut out = Vec::new();
         for row in 0..self.batch_size() {
             out.extend(self.read_span(family, row, 0, self.layout.offset())?);
@@ -121,7 +140,14 @@ impl LatentCache {
 
     /// One family's values over the whole window `[rows, offset, width]` (see `LatentState`):
     /// composed families overlay their hot positions on the decoded compact ones.
+    /// Over a shared prefix (never composed), the rows joined (`joined_parts`), decoded.
     pub(crate) fn family_view(&self, family: Family, pending: Option<(&Pending, &HotChange, &RowLayout)>) -> Result<Array> {
+        if self.base.is_some() && pending.is_none() {
+            return self
+                .geometry
+                .storage(family)
+                .decode(&self.joined_parts(family)?, self.geometry.width(family).expect("present"));
+        }
         let layout = pending.map_or(&self.layout, |p| p.2);
         let window = (0, layout.batch_size());
         match (self.geometry.is_composed(family), pending) {

@@ -11,11 +11,15 @@ impl LatentCache {
     /// A change that keeps storage and sets the layout to `layout`.
     pub(crate) fn relabel(&self, layout: RowLayout) -> Change {
         let (reserved, prefill, maintaining) = (self.reserved, self.prefill.clone(), self.maintaining);
-        Change { layout, pending: None, reserved, prefill, hot: None, maintaining, moves_rows: false }
+        Change { layout, pending: None, reserved, prefill, hot: None, maintaining, moves_rows: false, rebase: None }
     }
 
     /// Applies a prepared change.
     pub fn apply(&mut self, change: Change) {
+        if let Some(base) = change.rebase {
+            self.storage.clear();
+            self.base = base;
+        }
         if let Some(pending) = change.pending {
             self.storage.commit(pending);
         }
@@ -101,6 +105,7 @@ impl LatentCache {
 
     /// Drops the last `n` positions of every row (see `trim`), as a change.
     pub fn prepare_trim(&self, n: usize, bypass: bool) -> Result<Change> {
+        self.check_above_prefix(n)?;
         self.layout.check_trim(n, bypass)?;
         self.check_composed_trim(n, bypass)?;
         let mut layout = self.layout.clone();
@@ -157,28 +162,32 @@ impl LatentCache {
     }
 
     /// Makes room for `tokens` positions per row now (see `reserve`), as a change.
+    /// With a shared prefix, `tokens` counts it: the rows' own buffers take the rest.
     pub fn prepare_reserve(&self, tokens: usize) -> Result<Change> {
         let max = self.geometry.max_tokens;
         if tokens > i32::MAX as usize || (max != 0 && tokens > max) {
             return fail!(Capacity, "cannot reserve {tokens} positions (max_tokens {max}, and at most INT32_MAX)");
         }
+        let tokens = tokens.saturating_sub(self.shared_positions());
         let pending = match self.batch_size() {
             0 => {
                 self.storage.check_row(tokens)?;
                 None
             }
-            _ => self.storage.prepare_reserve(tokens, self.offset())?,
+            _ => self.storage.prepare_reserve(tokens, self.layout.offset())?,
         };
         let reserved = self.reserved.max(tokens);
         Ok(Change { pending, reserved, ..self.relabel(self.layout.clone()) })
     }
 
-    /// A new single-row cache holding exactly row `row`'s valid positions.
+    /// A new single-row cache holding exactly row `row`'s valid positions (over the same shared
+    /// prefix, if any: only the row's own positions are copied).
     pub fn extract_row(&self, row: usize) -> Result<LatentCache> {
         if row >= self.batch_size() {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
         let mut out = LatentCache::new(self.geometry)?;
+        out.base = self.base.clone();
         // A row leaving mid-prefill leaves with its prompt's positions, without its right padding.
         let (lo, hi) = (self.layout.left_pad()[row], self.prefill_valid_end(row));
         out.fill_from(&[(self, row, lo, hi)], &[hi - lo])?;
@@ -191,8 +200,9 @@ impl LatentCache {
     fn fill_from(&mut self, rows: &[(&LatentCache, usize, usize, usize)], lengths: &[usize]) -> Result<()> {
         let layout = RowLayout::rebuilt(self.layout.kind(), lengths);
         let mut capacity = (layout.offset() + MIN_CAPACITY).max(self.reserved);
-        if self.geometry.max_tokens != 0 {
-            capacity = capacity.min(self.geometry.max_tokens).max(layout.offset());
+        let max_tokens = self.own_max_tokens();
+        if max_tokens != 0 {
+            capacity = capacity.min(max_tokens).max(layout.offset());
         }
         let pieces: Vec<RowPiece<'_>> = rows
             .iter()
@@ -237,7 +247,9 @@ impl LatentCache {
     }
 
     /// Fills this empty cache with every row of every source, in order, right-justified to the
-    /// longest. A source without rows contributes one empty row. Sources are not changed.
+    /// longest. A source without rows contributes one empty row. Sources are not changed. Rows
+    /// over a shared prefix merge only with rows over the same prefix (the same pieces, not
+    /// equal values), which the merged rows then share: only their own positions are copied.
     pub fn merge_rows(&mut self, sources: &[&LatentCache]) -> Result<()> {
         if sources.is_empty() {
             return fail!(InvalidArgument, "merge needs at least one source");
@@ -245,6 +257,26 @@ impl LatentCache {
         if self.batch_size() != 0 || self.in_spec_round() || self.prefill.is_some() {
             return fail!(State, "the merge destination must be empty, outside a round and outside a prefill");
         }
+        let base = sources[0].base.clone();
+        if let Some(i) = sources.iter().position(|s| match (&s.base, &base) {
+            (Some(a), Some(b)) => !a.same_as(b),
+            (a, b) => a.is_some() != b.is_some(),
+        }) {
+            return fail!(
+                InvalidArgument,
+                "source {i} and source 0 do not share one prefix: rows merge over the same shared prefix or none"
+            );
+        }
+        self.base = base;
+        let result = self.merge_own_rows(sources);
+        if result.is_err() {
+            self.base = None;
+        }
+        result
+    }
+
+    /// `merge_rows` of the sources' own positions, with the shared prefix (if any) set.
+    fn merge_own_rows(&mut self, sources: &[&LatentCache]) -> Result<()> {
         let mut rows = Vec::new();
         let mut lengths = Vec::new();
         for (i, source) in sources.iter().enumerate() {
@@ -261,14 +293,14 @@ impl LatentCache {
                 rows.push((*source, 0, 0, 0));
                 lengths.push(0);
             }
-            for (row, &pad) in source.left_pad().iter().enumerate() {
+            for (row, &pad) in source.layout.left_pad().iter().enumerate() {
                 // A source mid-prefill gives its rows' prompts, as `extract_row` does.
                 let end = source.prefill_valid_end(row);
                 rows.push((*source, row, pad, end));
                 lengths.push(end - pad);
             }
         }
-        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let longest = lengths.iter().copied().max().unwrap_or(0) + self.shared_positions();
         if self.geometry.max_tokens != 0 && longest > self.geometry.max_tokens {
             return fail!(Capacity, "a merged row of {longest} positions exceeds max_tokens ({})", self.geometry.max_tokens);
         }

@@ -136,3 +136,33 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Array) -> Result
         )
     })
 }
+
+pub fn subtract(a: &Array, b: &Array) -> Result<Array> {
+    binary("subtract", a, b, mlx_sys::mlx_subtract)
+}
+
+pub fn less_equal(a: &Array, b: &Array) -> Result<Array> {
+    binary("less_equal", a, b, mlx_sys::mlx_less_equal)
+}
+
+pub fn logical_or(a: &Array, b: &Array) -> Result<Array> {
+    binary("logical_or", a, b, mlx_sys::mlx_logical_or)
+}
+
+pub fn exp(a: &Array) -> Result<Array> {
+    call("exp", |res, s| unsafe { mlx_sys::mlx_exp(res, a.as_ptr(), s) })
+}
+
+/// `log(sum(exp(a)))` along `axis`, kept as an axis of extent 1 (-inf where every value is).
+pub fn logsumexp_keep(a: &Array, axis: i32) -> Result<Array> {
+    call("logsumexp", |res, s| unsafe { mlx_sys::mlx_logsumexp_axis(res, a.as_ptr(), axis, true, s) })
+}
+
+/// `a`'s entries at `indices` along `axis` (the result takes the indices' shape there).
+pub fn take(a: &Array, indices: &Array, axis: i32) -> Result<Array> {
+    call("take", |res, s| unsafe { mlx_sys::mlx_take_axis(res, a.as_ptr(), indices.as_ptr(), axis, s) })
+}
+
+pub fn minimum(a: &Array, b: &Array) -> Result<Array> {
+    binary("minimum", a, b, mlx_sys::mlx_minimum)
+}

@@ -22,7 +22,7 @@ fn add_layer(c: &mut Contents, i: usize, cache: &LatentCache) -> Result<()> {
     let t = cache.offset();
     c.metadata.push((format!("{PREFIX}layer.{i}.geometry"), describe(g)));
     c.metadata.push((format!("{PREFIX}layer.{i}.left_pad"), list(cache.left_pad())));
-    c.metadata.push((format!("{PREFIX}layer.{i}.row_ends"), list(cache.row_ends())));
+    c.metadata.push((format!("{PREFIX}layer.{i}.row_ends"), list(&cache.row_ends())));
     c.metadata.push((format!("{PREFIX}layer.{i}.positions"), t.to_string()));
     if !float_layer(g) {
         for family in Family::ALL {
@@ -52,6 +52,11 @@ pub(crate) fn check_at_rest(layers: &[&LatentCache]) -> Result<()> {
 /// innermost axis, the metadata; and the format version the checksums follow.
 fn laid_out(layers: &[&LatentCache]) -> Result<(Contents, u32)> {
     check_at_rest(layers)?;
+    // Rows over a shared prefix are written as they read (a copy made for the save).
+    crate::core::cache::shared::with_copies(layers, laid_out_at_rest)
+}
+
+fn laid_out_at_rest(layers: &[&LatentCache]) -> Result<(Contents, u32)> {
     let mut c = Contents::default();
     let composed = layers.iter().any(|l| l.geometry.composed());
     let version = if composed { FORMAT_VERSION } else { PLAIN_VERSION };

@@ -7,3 +7,4 @@
 pub mod buffers;
 pub mod codec;
 pub mod hot;
+pub mod shared;

@@ -98,6 +98,11 @@ fn header(layers: &[&LatentCache], info: &MlxbunInfo) -> Result<String> {
 
 /// Writes `layers` in the seed's layout to `out`.
 fn write_to(out: &mut impl Write, layers: &[&LatentCache], info: &MlxbunInfo) -> Result<()> {
+    // Rows over a shared prefix are written as they read (a copy made for the save).
+    crate::core::cache::shared::with_copies(layers, |layers| write_copied(out, layers, info))
+}
+
+fn write_copied(out: &mut impl Write, layers: &[&LatentCache], info: &MlxbunInfo) -> Result<()> {
     let header = header(layers, info)?;
     let data_start = align_up(PREFIX_LEN + header.len() as u64);
     if data_start > u32::MAX as u64 {
