@@ -282,6 +282,11 @@ typedef struct latent_cache latent_cache;
 // with `latent_cache_donor_free`, never reused.
 typedef struct latent_cache_donor latent_cache_donor;
 
+// Shared positions of one cache or of every layer of a set (`latent_cache_share_prefix`,
+// `latent_cache_set_share_prefix`). Opaque; a token released with `latent_cache_prefix_free`.
+// Caches attached to it keep what they read alive after it is freed.
+typedef struct latent_cache_prefix latent_cache_prefix;
+
 // A model's caches as one handle. Opaque: a token from `latent_cache_set_new` (or
 // `latent_cache_set_extract_row`), released with `latent_cache_set_free`, never reused.
 typedef struct latent_cache_set latent_cache_set;
@@ -858,6 +863,73 @@ latent_cache_status latent_cache_extract_row(const latent_cache *cache,
 latent_cache_status latent_cache_filter_rows(latent_cache *cache,
                                              const size_t *keep,
                                              size_t keep_len);
+
+// `*out` receives row `row`'s first `positions` positions of `cache` as a prefix, owned by the
+// caller (`latent_cache_prefix_free`). Positions of the cache's own shared prefix are shared as
+// they are; the positions above it are copied once, into the prefix (the cache keeps writing
+// its own buffers in place). Evaluated during the call; the cache is not changed.
+// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size; positions 0 or more than
+// the row holds), `INVALID_ARGUMENT` (composed storage), `INVALID_STATE` (a round, prefill or
+// maintenance open), `CAPACITY`, `BACKEND`.
+latent_cache_status latent_cache_share_prefix(const latent_cache *cache,
+                                              size_t row,
+                                              size_t positions,
+                                              latent_cache_prefix **out);
+
+// Set-wide `latent_cache_share_prefix`: one prefix per layer, in one handle (for
+// `latent_cache_set_attach_prefix`). Returns what it returns, and `INVALID_STATE` when the layers
+// disagree about their rows.
+latent_cache_status latent_cache_set_share_prefix(const latent_cache_set *set,
+                                                  size_t row,
+                                                  size_t positions,
+                                                  latent_cache_prefix **out);
+
+// Releases a prefix handle (what caches attached to it read stays alive with them). `NULL` is
+// accepted; a prefix that is not live is ignored with a message.
+void latent_cache_prefix_free(latent_cache_prefix *prefix);
+
+// `*layers`: the layers the prefix holds (1 for a cache's); `*positions`: its positions;
+// `*bytes`: the bytes its arrays hold over every layer, once however many caches share them
+// (where a fork kept a row's buffer, that buffer's). Each output may be NULL.
+// Returns `OK`, `NULL_ARGUMENT` (prefix NULL or not live).
+latent_cache_status latent_cache_prefix_info(const latent_cache_prefix *prefix,
+                                             size_t *layers,
+                                             size_t *positions,
+                                             size_t *bytes);
+
+// Makes the empty `cache` `rows` rows over the prefix (a cache's, of the same geometry), holding
+// no positions of their own yet; nothing is copied. Appends then go to each row's own buffers;
+// every read, attention and save sees each row as the prefix followed by its own positions.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (rows 0, another geometry, a set's prefix,
+// composed storage), `INVALID_STATE` (the cache holds rows), `CAPACITY` (no room left under
+// `max_tokens`). On failure nothing changed.
+latent_cache_status latent_cache_attach_prefix(latent_cache *cache,
+                                               const latent_cache_prefix *prefix,
+                                               size_t rows);
+
+// Set-wide `latent_cache_attach_prefix`: layer `i` over the prefix's layer `i`; every layer or
+// none. Returns what it returns, and `INVALID_ARGUMENT` when the layer counts differ.
+latent_cache_status latent_cache_set_attach_prefix(latent_cache_set *set,
+                                                   const latent_cache_prefix *prefix,
+                                                   size_t rows);
+
+// Row `row` becomes a shared prefix below `n` new rows, which replace every row of the cache
+// (n continuations of one prompt, the branches of a draft tree; a row over a prefix forks into
+// a longer one). The row's positions are not copied where its buffer holds little else (one
+// row, spare capacity under an eighth of it: reserve the prompt's length, or append it at
+// once), else copied once; the new rows then hold nothing of their own. Trims and rollbacks stop
+// at the prefix.
+// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size), `INVALID_ARGUMENT` (n 0,
+// composed storage), `INVALID_STATE` (a round, prefill or maintenance open), `CAPACITY`,
+// `BACKEND`. On failure nothing changed.
+latent_cache_status latent_cache_fork_row(latent_cache *cache, size_t row, size_t n);
+
+// Set-wide `latent_cache_fork_row`: every layer or none.
+latent_cache_status latent_cache_set_fork_row(latent_cache_set *set, size_t row, size_t n);
+
+// `*out` = the positions of the shared prefix below every row of `cache` (0 without one).
+// Returns `OK`, `NULL_ARGUMENT`.
+latent_cache_status latent_cache_shared_positions(const latent_cache *cache, size_t *out);
 
 // `*out` = the physical width T of the stored window (the longest row's position count).
 // Returns `OK`, or `NULL_ARGUMENT` when cache or out is NULL (nothing is written). A read:

@@ -14,7 +14,7 @@
 //! cache's config); `cache` (a cache's life and host path); `arrays` (the MLX-array path); `host_arrays` (arrays
 //! from and to host data of several types, an array's shape and type);
 //! `spec` (speculative rounds); `prefill` (padded prefills and prefill maintenance); `rows`
-//! (merge, extract, filter); `query` (read-only queries, composed storage's boundaries
+//! (merge, extract, filter); `prefix` (shared prefixes: store, attach, fork); `query` (read-only queries, composed storage's boundaries
 //! included); `set` (the model-level set: every set-wide export); `presets` (GLM-5.2's layer
 //! configs and selection schedule); `persist`, `segment` and `mlxbun` (saving
 //! and loading); `donor` (the read path); `last_error`; `eval_lock`; `device` (the device
@@ -38,6 +38,7 @@ pub mod host_arrays;
 pub mod spec;
 pub mod prefill;
 pub mod rows;
+pub mod prefix;
 pub mod query;
 pub mod set;
 pub mod presets;

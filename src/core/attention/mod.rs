@@ -17,6 +17,7 @@ mod dense;
 mod masks;
 mod on_kernels;
 mod shared;
+mod shared_dsa;
 mod sparse;
 mod values;
 

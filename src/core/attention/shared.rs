@@ -12,6 +12,7 @@
 //! `j - P` (its padding when `j < left_pad[b]`).
 //!
 //! These paths run MLX's operations on every platform (our kernels read one contiguous window).
+//! This file holds the window's parts, their masks and dense attention; `shared_dsa` DSA's.
 use mlx_rs::{Array, Dtype};
 
 use super::{Donor, MaskMode, Query};
@@ -23,7 +24,7 @@ use crate::core::storage::shared::Piece;
 /// An attention's output and log-sum-exp over one part of the window.
 type Partial = (Array, Array);
 
-fn neg_inf() -> Array {
+pub(super) fn neg_inf() -> Array {
     ops::scalar(f32::NEG_INFINITY)
 }
 
@@ -50,7 +51,7 @@ fn row(x: &Array, b: usize) -> Result<Array> {
     ops::slice(x, &start, &stop)
 }
 
-fn int(values: &[i64], shape: &[usize]) -> Array {
+pub(super) fn int(values: &[i64], shape: &[usize]) -> Array {
     ops::indices(&values.iter().map(|&v| v as i32).collect::<Vec<_>>(), shape)
 }
 
@@ -75,7 +76,7 @@ impl Donor {
     }
 
     /// The prefix's pieces with the prefix position each starts at.
-    fn pieces(&self) -> Vec<(&Donor, usize)> {
+    pub(super) fn pieces(&self) -> Vec<(&Donor, usize)> {
         let mut start = 0;
         let mut out = Vec::new();
         for piece in self.shared.as_deref().unwrap_or(&[]) {
@@ -85,19 +86,19 @@ impl Donor {
         out
     }
 
-    fn own_lengths(&self) -> Vec<usize> {
+    pub(super) fn own_lengths(&self) -> Vec<usize> {
         self.left_pad.iter().zip(&self.row_ends).map(|(p, e)| e - p).collect()
     }
 
     /// Whether a causal query misses part of the prefix: a row holding fewer than `Lq - 1` own
     /// positions (its first queries are prefix positions).
-    fn prefix_masked(&self, mode: MaskMode, queries: usize) -> bool {
+    pub(super) fn prefix_masked(&self, mode: MaskMode, queries: usize) -> bool {
         mode == MaskMode::Causal && self.own_lengths().iter().any(|&n| n + 1 < queries)
     }
 
     /// `[B, 1, Lq, 1]`: the last of the row's positions (counted from the prefix's first) that
     /// causal query `i` sees, `P + own - Lq + i` (negative: none).
-    fn causal_limits(&self, queries: usize) -> Array {
+    pub(super) fn causal_limits(&self, queries: usize) -> Array {
         let p = self.shared_positions() as i64;
         let limits: Vec<i64> = self
             .own_lengths()
@@ -109,7 +110,7 @@ impl Donor {
 
     /// Additive mask `[B, 1, Lq, len]` of the prefix positions `[start, start + len)` under
     /// `Causal` (see `causal_limits`).
-    fn piece_mask(&self, start: usize, len: usize, queries: usize) -> Result<Array> {
+    pub(super) fn piece_mask(&self, start: usize, len: usize, queries: usize) -> Result<Array> {
         let positions = math::add(&ops::reshape(&math::arange(len)?, &[1, 1, 1, len])?, &int(&[start as i64], &[1]))?;
         let visible = math::less_equal(&positions, &self.causal_limits(queries))?;
         math::select(&visible, &ops::scalar(0.0), &neg_inf())
@@ -117,7 +118,7 @@ impl Donor {
 
     /// Additive mask `[B, 1, 1 or Lq, T]` of the rows' own window: each row's own positions,
     /// under `Causal` those up to the query's own (signed: a query may see none of them).
-    fn own_mask(&self, mode: MaskMode, queries: usize) -> Result<Array> {
+    pub(super) fn own_mask(&self, mode: MaskMode, queries: usize) -> Result<Array> {
         let batch = self.batch_size();
         let positions = ops::reshape(&math::arange(self.offset)?, &[1, 1, 1, self.offset])?;
         let lo = int(&self.left_pad.iter().map(|&p| p as i64).collect::<Vec<_>>(), &[batch, 1, 1, 1]);
@@ -173,7 +174,7 @@ impl Donor {
     /// Row `b` of the window from its prefix part `base[b]` (`[.., P]`) and its own window
     /// `own[b]` (`[.., T]`): `[own[.., :pad], base, own[.., pad:]]` along the last axis, every
     /// row at once where their padding is equal. `base` may have one row for all.
-    fn to_window(&self, base: &Array, own: Option<&Array>) -> Result<Array> {
+    pub(super) fn to_window(&self, base: &Array, own: Option<&Array>) -> Result<Array> {
         let Some(own) = own else { return Ok(base.clone()) };
         let join = |base: &Array, own: &Array, pad: usize| -> Result<Array> {
             let mut parts = Vec::new();
@@ -306,124 +307,6 @@ impl Donor {
         }
         let (probs, lse) = Self::normalized(&scores)?;
         Ok((self.weighted_latent(&probs, q.q_latent.dtype())?, lse))
-    }
-
-    /// `index_scores` over a shared prefix and the rows' own positions, `[B, Lq, window]`.
-    pub(super) fn shared_index_scores(&self, q_index: &Array, weights: &Array, mode: MaskMode) -> Result<Array> {
-        let s = q_index.shape();
-        let (b, heads, lq, width) = (s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize);
-        let q = ops::astype(q_index, Dtype::Float32)?;
-        let weights = math::expand_dims(&math::swapaxes(&ops::astype(weights, Dtype::Float32)?, 1, 2)?, 3)?;
-        // keys `[1 or B, T, w]`: a piece's one row serves every row's queries, folded into one product.
-        let scores = |keys: &Array| -> Result<Array> {
-            let t = keys.shape()[1] as usize;
-            let q = match keys.shape()[0] {
-                1 => ops::reshape(&q, &[1, b * heads * lq, width])?,
-                _ => ops::reshape(&q, &[b, heads * lq, width])?,
-            };
-            let per_head = ops::maximum(&math::matmul(&q, &math::swapaxes(keys, -1, -2)?)?, &ops::scalar(0.0))?;
-            math::sum(&ops::multiply(&ops::reshape(&per_head, &[b, heads, lq, t])?, &weights)?, 1)
-        };
-        let mut prefix = Vec::new();
-        for (piece, start) in self.pieces() {
-            let mut sc = scores(&ops::astype(&piece.decoded(Family::IndexKeys)?, Dtype::Float32)?)?;
-            if self.prefix_masked(mode, lq) {
-                sc = math::add(&sc, &ops::reshape(&self.piece_mask(start, piece.offset, lq)?, &[b, lq, piece.offset])?)?;
-            }
-            prefix.push(sc);
-        }
-        let prefix = math::concatenate(&prefix.iter().collect::<Vec<_>>(), -1)?;
-        let own = match self.offset {
-            0 => None,
-            t => {
-                let sc = scores(&ops::astype(&self.decoded(Family::IndexKeys)?, Dtype::Float32)?)?;
-                Some(match self.masks(mode, lq) {
-                    true => {
-                        let mask = self.own_mask(mode, lq)?;
-                        let rows = mask.shape()[2] as usize;
-                        math::add(&sc, &ops::reshape(&mask, &[b, rows, t])?)?
-                    }
-                    false => sc,
-                })
-            }
-        };
-        self.to_window(&prefix, own.as_ref())
-    }
-
-    /// `attend_selected` over a shared prefix and the rows' own positions: each selected window
-    /// position gathered from the piece or own window holding it (`k` positions a query).
-    pub(super) fn shared_selected(
-        &self,
-        q_latent: &Array,
-        q_rope: &Array,
-        scale: f32,
-        mode: MaskMode,
-        indices: &Array,
-    ) -> Result<Array> {
-        let s = indices.shape();
-        let (b, lq, k) = (s[0] as usize, s[1] as usize, s[2] as usize);
-        let p = self.shared_positions() as i64;
-        let flat = ops::reshape(indices, &[b, lq * k])?;
-        let pads = int(&self.left_pad.iter().map(|&x| x as i64).collect::<Vec<_>>(), &[b, 1]);
-        // Each selected position among the row's positions, counted from the prefix's first.
-        let rel = math::subtract(&flat, &pads)?;
-        let ge = |x: &Array, v: i64| math::greater_equal(x, &int(&[v], &[1]));
-        let lt = |x: &Array, v: i64| math::less(x, &int(&[v], &[1]));
-        let clip = |x: &Array, hi: i64| math::minimum(&ops::maximum(x, &int(&[0], &[1]))?, &int(&[hi], &[1]));
-        let in_prefix = math::logical_and(&ge(&rel, 0)?, &lt(&rel, p)?)?;
-        // Own window positions: the row's padding as it is, its own positions less the prefix's.
-        let own_at = math::select(&lt(&rel, 0)?, &flat, &math::subtract(&flat, &int(&[p], &[1]))?)?;
-        let gather = |family: Family| -> Result<Array> {
-            let mut values: Option<Array> = None;
-            for (piece, start) in self.pieces() {
-                let len = piece.offset as i64;
-                let local = clip(&math::subtract(&rel, &int(&[start as i64], &[1]))?, len - 1)?;
-                let parts = piece
-                    .parts(family)
-                    .iter()
-                    .map(|part| math::take(&ops::reshape(part, &[piece.offset, part.shape()[2] as usize])?, &local, 0))
-                    .collect::<Result<Vec<_>>>()?;
-                let decoded = piece.decode_parts(family, &parts)?;
-                let inside = math::logical_and(&ge(&rel, start as i64)?, &lt(&rel, start as i64 + len)?)?;
-                values = Some(match values {
-                    Some(v) => math::select(&math::expand_dims(&inside, 2)?, &decoded, &v)?,
-                    None => decoded,
-                });
-            }
-            let mut values = values.expect("a shared prefix has a piece");
-            if self.offset > 0 {
-                let at = ops::reshape(&clip(&own_at, self.offset as i64 - 1)?, &[b, lq * k, 1])?;
-                let parts =
-                    self.parts(family).iter().map(|part| math::take_along_axis(part, &at, 1)).collect::<Result<Vec<_>>>()?;
-                let own = self.decode_parts(family, &parts)?;
-                values = math::select(&math::expand_dims(&in_prefix, 2)?, &values, &own)?;
-            }
-            let width = self.geometry.width(family).expect("present");
-            ops::reshape(&values, &[b, lq, k, width])
-        };
-        // Which selected positions each query sees: prefix ones up to its causal limit, own ones
-        // in the row's own range (up to the query's position under `Causal`).
-        let rel3 = ops::reshape(&rel, &[b, lq, k])?;
-        let at3 = ops::reshape(&own_at, &[b, lq, k])?;
-        let limits = ops::reshape(&self.causal_limits(lq), &[b, lq, 1])?;
-        let prefix_seen = match mode {
-            MaskMode::Causal => math::logical_and(&ops::reshape(&in_prefix, &[b, lq, k])?, &math::less_equal(&rel3, &limits)?)?,
-            _ => ops::reshape(&in_prefix, &[b, lq, k])?,
-        };
-        let own_hi: Vec<i64> = match mode {
-            MaskMode::Causal => {
-                self.row_ends.iter().flat_map(|&e| (0..lq).map(move |i| e as i64 - lq as i64 + i as i64 + 1)).collect()
-            }
-            _ => self.row_ends.iter().flat_map(|&e| (0..lq).map(move |_| e as i64)).collect(),
-        };
-        let own_seen = math::logical_and(&ge(&rel3, p)?, &math::less(&at3, &int(&own_hi, &[b, lq, 1]))?)?;
-        let seen = math::logical_or(&prefix_seen, &own_seen)?;
-        let visible = math::expand_dims(&math::select(&seen, &ops::scalar(0.0), &neg_inf())?, 2)?;
-        let out =
-            self.attend_gathered(q_latent, q_rope, scale, &gather(Family::Latent)?, &gather(Family::Rope)?, Some(&visible))?;
-        let sees = math::less(&neg_inf(), &math::max_keep(&visible, -1)?)?;
-        // [B, Lq, 1, 1] -> [B, 1, Lq, 1] against the output's [B, H, Lq, r].
-        math::select(&ops::reshape(&sees, &[b, 1, lq, 1])?, &out, &ops::scalar(0.0))
     }
 }
 

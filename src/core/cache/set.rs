@@ -6,6 +6,7 @@ use crate::core::cache::Change;
 use crate::core::cache::LatentCache;
 use crate::core::error::{fail, Result};
 use crate::core::model::geometry::Geometry;
+use crate::core::storage::shared::SharedPrefix;
 
 /// Refuses a set-wide call on layers whose rows or rounds differ.
 pub fn check_agree(layers: &[&mut LatentCache]) -> Result<()> {
@@ -105,6 +106,39 @@ pub fn merge_all(destination: &mut [&mut LatentCache], sources: &[Vec<&LatentCac
     })?;
     for (layer, new) in destination.iter_mut().zip(merged) {
         **layer = new;
+    }
+    Ok(())
+}
+
+/// Row `row`'s first `positions` positions of every layer as one prefix per layer
+/// (`LatentCache::share_prefix`), from layers that agree about their rows.
+pub fn share_all(layers: &[&mut LatentCache], row: usize, positions: usize) -> Result<Vec<SharedPrefix>> {
+    check_agree(layers)?;
+    (0..layers.len())
+        .map(|i| {
+            layers[i].share_prefix(row, positions).map_err(|mut err| {
+                err.message = format!("layer {i}: {}", err.message);
+                err
+            })
+        })
+        .collect()
+}
+
+/// Makes every empty layer `rows` rows over its layer's prefix (`LatentCache::attach_prefix`);
+/// every layer or none.
+pub fn attach_all(layers: &mut [&mut LatentCache], prefixes: &[SharedPrefix], rows: usize) -> Result<()> {
+    if prefixes.len() != layers.len() {
+        return fail!(InvalidArgument, "the prefix holds {} layers; the set has {}", prefixes.len(), layers.len());
+    }
+    let mut changes = Vec::with_capacity(layers.len());
+    for (i, (layer, prefix)) in layers.iter().zip(prefixes).enumerate() {
+        changes.push(layer.prepare_attach(prefix, rows).map_err(|mut err| {
+            err.message = format!("layer {i}: {}", err.message);
+            err
+        })?);
+    }
+    for (layer, change) in layers.iter_mut().zip(changes) {
+        layer.apply(change);
     }
     Ok(())
 }
