@@ -373,6 +373,63 @@ static void test_join_and_leave(void) {
   latent_cache_free(other);
 }
 
+/* Row `row` of `c`: the prompt's first `prefix` positions (source row 0), then its own (`src`). */
+static void expect_over_prefix(const latent_cache *c, size_t row, size_t prefix, size_t src, size_t len) {
+  for (int f = 0; f < 3; f++) {
+    size_t w = width_of(f, 1), written = 0;
+    float *out = malloc((len * w + 1) * sizeof(float));
+    OK(latent_cache_read_row_host(c, (uint32_t)f, row, out, len * w + 1, &written));
+    CHECK(written == len * w);
+    for (size_t t = 0; t < len && written == len * w; t++)
+      for (size_t ch = 0; ch < w; ch++)
+        if (out[t * w + ch] != value_at(t < prefix ? 0 : src, t, f, ch)) {
+          fprintf(stderr, "row %zu family %d pos %zu: got %g\n", row, f, t, out[t * w + ch]);
+          failures++;
+          t = len;
+          break;
+        }
+    free(out);
+  }
+}
+
+/* Shared prefixes: a stored prompt below two requests (nothing copied), writes stopping at the
+ * prefix, a fork of a row into three branches; the prefix handle freed while caches read it. */
+static void test_shared_prefix(void) {
+  latent_cache *prompt = make(1, 0), *request = make(1, 0);
+  size_t zero[1] = {0}, layers = 0, positions = 0, bytes = 0, shared = 0;
+  OK(append(prompt, 1, 5, zero, 1));
+  latent_cache_prefix *prefix = NULL;
+  FAILS(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_share_prefix(prompt, 0, 6, &prefix));
+  CHECK(prefix == NULL);
+  FAILS(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_prefix_info(NULL, &layers, &positions, &bytes));
+  OK(latent_cache_share_prefix(prompt, 0, 5, &prefix));
+  OK(latent_cache_prefix_info(prefix, &layers, &positions, &bytes));
+  CHECK(layers == 1 && positions == 5 && bytes > 0);
+  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_attach_prefix(prompt, prefix, 1));
+  FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_attach_prefix(request, prefix, 0));
+  OK(latent_cache_attach_prefix(request, prefix, 2));
+  latent_cache_prefix_free(prefix); /* the request keeps what it reads */
+  size_t starts[2] = {5, 5}, lens[2] = {8, 8}, three[3] = {8, 8, 8};
+  OK(append(request, 2, 3, starts, 1));
+  expect_layout(request, 2, lens);
+  expect_over_prefix(request, 0, 5, 0, 8);
+  expect_over_prefix(request, 1, 5, 1, 8);
+  OK(latent_cache_shared_positions(request, &shared));
+  CHECK(shared == 5);
+  snapshot before = take(request, 1);
+  FAILS(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_trim(request, 4, false));
+  FAILS(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_fork_row(request, 2, 3));
+  expect_unchanged(request, &before, 1, __LINE__);
+  for (int f = 0; f < 3; f++) free(before.data[f]);
+  OK(latent_cache_fork_row(request, 1, 3));
+  OK(latent_cache_shared_positions(request, &shared));
+  CHECK(shared == 8);
+  expect_layout(request, 3, three);
+  expect_over_prefix(request, 2, 5, 1, 8);
+  latent_cache_free(prompt);
+  latent_cache_free(request);
+}
+
 /* The MLX-native path: arrays in, views out, one evaluation. */
 static void test_mlx_arrays(void) {
   latent_cache *c = make(1, 0);
@@ -815,6 +872,7 @@ int main(void) {
   test_rejections();
   test_speculative_rows();
   test_join_and_leave();
+  test_shared_prefix();
   test_mlx_arrays();
   test_storage_modes();
   test_ragged_layout();
