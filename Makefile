@@ -248,6 +248,7 @@ bench bench-quick: bench-deps
 	$(PIN) target/release/latent-cache-bench --persist $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/persist.json
 	$(PIN) target/release/latent-cache-bench --attention $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/attention.json
 	$(PIN) target/release/latent-cache-bench --model-step $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/model_step.json
+	$(PIN) target/release/latent-cache-bench --shared-prefix $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/shared_prefix.json
 	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
 	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_attention_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_attention.json
 	PYTHONPATH=$(BENCH_PY) $(PYTHON) bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/rounds.json $(BENCH_OUT)/persist.json $(BENCH_OUT)/mlx_lm.json \

@@ -28,12 +28,16 @@
 //!   attention in one graph, DSA-sparse (the indexer on 21 layers, the others reusing its
 //!   selection) beside dense, in bfloat16 and float32 (see `model_step.rs`); batch 1 at 4K and
 //!   16K (4K with `--quick`; 16K to 128K and batch 8 at 16K with `--gpu`), or `--points`.
+//! - `--shared-prefix`: one prompt forked into 8 continuations beside copies of it (the fork,
+//!   memory held, dense and DSA decode attention), and today's join and leave of a running batch
+//!   (see `shared_prefix.rs`); 4K and 16K positions (4K with `--quick`; to 64K with `--gpu`).
 //! - `--help`: this usage. An unknown flag is refused with it (exit status 2) before anything runs.
 mod attention;
 mod model_step;
 mod modes;
 mod persist;
 mod segments;
+mod shared_prefix;
 mod systems;
 
 use std::time::Instant;
@@ -308,7 +312,7 @@ struct Maker {
 }
 
 /// Flags the driver takes, and whether each is followed by a value.
-const FLAGS: [(&str, bool); 13] = [
+const FLAGS: [(&str, bool); 14] = [
     ("--quick", false),
     ("--gpu", false),
     ("--modes", false),
@@ -317,6 +321,7 @@ const FLAGS: [(&str, bool); 13] = [
     ("--segments", false),
     ("--attention", false),
     ("--model-step", false),
+    ("--shared-prefix", false),
     ("--no-concat", false),
     ("--c-first", false),
     ("--points", true),
@@ -326,7 +331,7 @@ const FLAGS: [(&str, bool); 13] = [
 
 const USAGE: &str =
     "usage: latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention [--only NAME]
-                          | --model-step]
+                          | --model-step | --shared-prefix]
                           [--points BxT,...] [--no-concat] [--c-first] [--out FILE]
 (see the top of bench/src/main.rs for what each flag does)";
 
@@ -393,6 +398,19 @@ fn main() {
         for storage in [latent_cache::StorageMode::Bf16, latent_cache::StorageMode::F32] {
             out.extend(model_step::run(storage, &points, cfg.quick));
         }
+        if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
+        return;
+    }
+    if std::env::args().any(|a| a == "--shared-prefix") {
+        let (contexts, batches): (&[usize], &[usize]) = match (cfg.quick, std::env::args().any(|a| a == "--gpu")) {
+            (true, _) => (&[4096], &[2, 8]),
+            (false, false) => (&[4096, 16384], &[2, 8, 16]),
+            (false, true) => (&[4096, 16384, 65536], &[2, 8, 16]),
+        };
+        out.extend(shared_prefix::run(contexts, 8, batches, if cfg.quick { 5 } else { 10 }));
         if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
             std::fs::create_dir_all(dir).unwrap();
         }

@@ -104,7 +104,7 @@ impl Donor {
         let mut passes = Vec::with_capacity(2);
         if cold_len > 0 {
             let Some(latent) = k.latent(&cold_parts, cold_len, self) else { return Ok(None) };
-            passes.push(cuda::mla_decode::Pass { latent, rope: &cold_rope, ranges: cold, causal: false });
+            passes.push(cuda::mla_decode::Pass { latent, rope: &cold_rope, ranges: cold, causal: false, shared: false });
         }
         if hot_len > 0 {
             let shape = k.shape(self, hot_len);
@@ -116,9 +116,49 @@ impl Donor {
                 rope: &hot_rope,
                 ranges: warm,
                 causal: mode == MaskMode::Causal,
+                shared: false,
             });
         }
         cuda::mla_decode::attend_passes(q_latent, q_rope, &passes, scale).map(Some)
+    }
+
+    /// `kernel_decode` over rows that read a shared prefix (`shared`): one pass over each piece
+    /// (its one row read once for every row's queries), one over the rows' own window, one
+    /// combine, so each row's softmax spans its prefix and its own positions. On CUDA over the
+    /// storage `kernel_decode` takes; `None` elsewhere (Metal included: MLX's operations), and
+    /// where a causal query is itself a prefix position.
+    pub(super) fn kernel_shared(&self, q: &Query, pieces: &[(&Donor, usize)]) -> Result<Option<Array>> {
+        let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
+        if !self.kernel_takes(q) {
+            return Ok(None);
+        }
+        let kernel = KernelInputs { storage, packing, q };
+        let heads = q.q_latent.shape()[1] as usize;
+        let mut passes = Vec::with_capacity(pieces.len() + 1);
+        for (piece, _) in pieces {
+            let shape = cuda::mla_decode::Shape {
+                batch: 1,
+                heads: self.batch_size() * heads,
+                ..kernel.shape(self, piece.offset)
+            };
+            let dtype = q.q_latent.dtype();
+            let parts = piece.parts(Family::Latent);
+            let latent = match packing {
+                None if cuda::mla_decode::applies(storage, dtype, &shape) => cuda::mla_decode::Latent::Float(&parts[0]),
+                Some(packing) if cuda::mla_decode::applies_packed(packing, dtype, &shape) => {
+                    cuda::mla_decode::Latent::Packed { parts, packing }
+                }
+                _ => return Ok(None),
+            };
+            let rope = &piece.parts(Family::Rope)[0];
+            passes.push(cuda::mla_decode::Pass { latent, rope, ranges: vec![(0, piece.offset)], causal: false, shared: true });
+        }
+        if self.offset > 0 {
+            let Some(latent) = kernel.latent(self.parts(Family::Latent), self.offset, self) else { return Ok(None) };
+            let (rope, ranges) = (&self.parts(Family::Rope)[0], self.row_ranges());
+            passes.push(cuda::mla_decode::Pass { latent, rope, ranges, causal: q.mode == MaskMode::Causal, shared: false });
+        }
+        cuda::mla_decode::attend_passes(q.q_latent, q.q_rope, &passes, q.scale).map(Some)
     }
 
     /// Each row's stored rope from its hot row's first window position on, `len` positions

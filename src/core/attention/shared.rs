@@ -257,6 +257,9 @@ impl Donor {
 
     /// `attend` over a shared prefix and the rows' own positions (see the module doc).
     pub(super) fn shared_attend(&self, q: &Query) -> Result<Array> {
+        if let Some(out) = self.kernel_shared(q, &self.pieces())? {
+            return Ok(out);
+        }
         let (pieces_extra, own_extra) = match q.extra {
             Some(extra) => {
                 let (pieces, own) = self.split_window(extra)?;

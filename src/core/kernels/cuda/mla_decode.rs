@@ -31,7 +31,7 @@ use crate::core::kernels::cuda::launch::{apply, kernel};
 use crate::core::kernels::cuda::mla_decode_common::{partial_prologue, PARTIAL_OUTPUTS};
 use crate::core::kernels::cuda::mla_decode_wgmma;
 use crate::core::kernels::launch::{Launch, Source, Switch};
-use crate::core::mlx::math;
+use crate::core::mlx::{math, ops};
 use crate::core::model::storage_mode::{Packing, AFFINE_GROUP, FP8_BLOCK};
 
 // `Shape` was this module's before the Metal decode shared it; callers still name it here.
@@ -196,6 +196,9 @@ pub(crate) struct Pass<'a> {
     pub rope: &'a Array,
     pub ranges: Vec<(usize, usize)>,
     pub causal: bool,
+    /// The pass's one row serves every row of the queries (a shared prefix's piece): the rows
+    /// fold into the heads (`[1, B * H, Lq, w]`), so each position is read once for all of them.
+    pub shared: bool,
 }
 
 impl Pass<'_> {
@@ -220,7 +223,7 @@ pub(crate) fn attend(
     scale: f32,
     causal: bool,
 ) -> Result<Array> {
-    attend_passes(q_latent, q_rope, &[Pass { latent, rope, ranges: ranges.to_vec(), causal }], scale)
+    attend_passes(q_latent, q_rope, &[Pass { latent, rope, ranges: ranges.to_vec(), causal, shared: false }], scale)
 }
 
 /// `attend` over positions held in several places (composed storage: each row's compact
@@ -236,7 +239,20 @@ pub(crate) fn attend_passes(q_latent: &Array, q_rope: &Array, passes: &[Pass<'_>
     let mut partials = Vec::with_capacity(passes.len());
     for pass in passes {
         let target = (TARGET_BLOCKS * pass.positions()).div_ceil(total.max(1)).max(1);
-        partials.push(partial(q_latent, q_rope, pass, scale, target)?);
+        if !pass.shared {
+            partials.push(partial(q_latent, q_rope, pass, scale, target)?);
+            continue;
+        }
+        // One row for all: `[1, S, B * H * Lq, ...]` partials laid out as the other passes'
+        // `[B, S, H * Lq, ...]` (a copy of the partials, never of the positions).
+        let fold = |q: &Array| ops::reshape(q, &[1, batch * heads, queries, q.shape()[3] as usize]);
+        let [o, ml] = partial(&fold(q_latent)?, &fold(q_rope)?, pass, scale, target)?;
+        let unfold = |x: &Array| -> Result<Array> {
+            let s = x.shape();
+            let per_row = ops::reshape(x, &[s[1] as usize, batch, heads * queries, s[3] as usize])?;
+            ops::contiguous(&math::swapaxes(&per_row, 0, 1)?)
+        };
+        partials.push([unfold(&o)?, unfold(&ml)?]);
     }
     // One pass: its splits as they are; several: side by side along the splits' axis.
     let [o, ml] = match partials.len() {

@@ -1,0 +1,202 @@
+//! Shared prefixes (`latent-cache-bench --shared-prefix`): one GLM-5.2 layer (bfloat16, DSA
+//! index keys) holding a prompt of `context` positions under `n` continuations, two systems side
+//! by side in one run:
+//! - "shared prefix": the prompt forked (`fork_row`): held once, read once per step for every row;
+//! - "copies": the prompt copied into every row (`merge_rows` of the prompt `n` times, what a
+//!   cache without sharing does, and mlx-lm's deep copy per prefix hit).
+//!
+//! Records per context: the fork (or copy) itself, MLX's active memory held after every row
+//! appended one position, and a decode step (one query per row, 64 heads) of dense attention and
+//! of DSA (index scores, top-2048, selected attention), the two systems stepped alternately.
+//! Beside them, today's join and leave of a running batch (`merge_rows`, `filter_rows`): every
+//! row copied into new buffers, at `batch` rows of `context` positions.
+use std::time::Instant;
+
+use latent_cache::core::mlx::eval::eval;
+use latent_cache::core::mlx::{memory, ops};
+use latent_cache::{Geometry, LatentCache, StorageMode};
+use mlx_rs::{Array, Dtype};
+
+use crate::attention::uniform;
+
+const HEADS: usize = 64;
+const INDEX_HEADS: usize = 32;
+const TOPK: usize = 2048;
+const RANK: usize = 512;
+const ROPE: usize = 64;
+const INDEX: usize = 128;
+const CHUNK: usize = 4096;
+
+fn geometry() -> Geometry {
+    Geometry {
+        kv_lora_rank: RANK,
+        rope_head_dim: ROPE,
+        index_head_dim: INDEX,
+        latent_storage: StorageMode::Bf16,
+        rope_storage: StorageMode::Bf16,
+        index_storage: StorageMode::Bf16,
+        ..Geometry::default()
+    }
+}
+
+/// `rows` rows of `context` positions, reserved to exactly that (so a fork keeps the buffer).
+fn filled(rows: usize, context: usize, seed: u64) -> LatentCache {
+    let mut cache = LatentCache::new(geometry()).unwrap();
+    cache.reserve(context).unwrap();
+    let n = CHUNK.min(context);
+    let chunk = [RANK, ROPE, INDEX].map(|w| uniform(&[rows, n, w], seed + w as u64));
+    let mut done = 0;
+    while done < context {
+        let take = n.min(context - done);
+        let factor = ops::scalar(1.0 + done as f32 / context as f32);
+        let part = |a: &Array, w: usize| ops::multiply(&ops::slice(a, &[0, 0, 0], &[rows, take, w]).unwrap(), &factor).unwrap();
+        cache.append(&part(&chunk[0], RANK), &part(&chunk[1], ROPE), Some(&part(&chunk[2], INDEX))).unwrap();
+        cache.eval().unwrap();
+        done += take;
+    }
+    cache
+}
+
+/// One position appended to every row, evaluated.
+fn step_append(cache: &mut LatentCache, seed: u64) {
+    let rows = cache.batch_size();
+    let [l, r, k] = [RANK, ROPE, INDEX].map(|w| ops::astype(&uniform(&[rows, 1, w], seed + w as u64), Dtype::Bfloat16).unwrap());
+    cache.append(&l, &r, Some(&k)).unwrap();
+    cache.eval().unwrap();
+}
+
+fn active() -> usize {
+    memory::clear_cache().unwrap();
+    memory::info().active
+}
+
+fn us(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1e6
+}
+
+fn record(system: &str, scenario: &str, batch: usize, context: usize, t: [f64; 3], samples: usize, held: usize) -> String {
+    let line = format!(
+        "{{\"system\": \"{system}\", \"scenario\": \"{scenario}\", \"batch\": {batch}, \"context\": {context}, \
+         \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"samples\": {samples}, \"held_bytes\": {held}}}",
+        t[0], t[1], t[2]
+    );
+    eprintln!("{line}");
+    line
+}
+
+fn summary(mut v: Vec<f64>) -> [f64; 3] {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    [at(0.5), at(0.1), at(0.9)]
+}
+
+struct Queries {
+    latent: Array,
+    rope: Array,
+    index: Array,
+    weights: Array,
+}
+
+fn queries(rows: usize) -> Queries {
+    let bf = |a: Array| ops::astype(&a, Dtype::Bfloat16).unwrap();
+    let q = Queries {
+        latent: bf(uniform(&[rows, HEADS, 1, RANK], 1)),
+        rope: bf(uniform(&[rows, HEADS, 1, ROPE], 2)),
+        index: bf(uniform(&[rows, INDEX_HEADS, 1, INDEX], 3)),
+        weights: bf(uniform(&[rows, 1, INDEX_HEADS], 4)),
+    };
+    eval([&q.latent, &q.rope, &q.index, &q.weights]).unwrap();
+    q
+}
+
+/// One decode step's attention over `cache`'s rows, built and evaluated: dense, or DSA.
+fn attend(cache: &LatentCache, q: &Queries, sparse: bool) {
+    use latent_cache::core::attention::MaskMode;
+    let donor = cache.capture_donor_rows().unwrap();
+    let scale = 0.0625;
+    let out = match sparse {
+        false => donor.attend(&q.latent, &q.rope, scale, MaskMode::None, None).unwrap(),
+        true => {
+            let scores = donor.index_scores(&q.index, &q.weights, MaskMode::None).unwrap();
+            match donor.select(&scores, TOPK).unwrap() {
+                Some(idx) => donor.attend_selected(&q.latent, &q.rope, scale, MaskMode::None, &idx).unwrap(),
+                None => donor.attend(&q.latent, &q.rope, scale, MaskMode::None, None).unwrap(),
+            }
+        }
+    };
+    eval([&out]).unwrap();
+}
+
+/// Fork against copies at one context, `n` continuations.
+fn fork_and_step(out: &mut Vec<String>, context: usize, n: usize, samples: usize) {
+    let before = active();
+    let mut shared = filled(1, context, 7);
+    let start = Instant::now();
+    shared.fork_row(0, n).unwrap();
+    let fork_us = us(start);
+    step_append(&mut shared, 11);
+    let shared_held = active() - before;
+    let mut copied = LatentCache::new(geometry()).unwrap();
+    let copy_us = {
+        let prompt = filled(1, context, 7);
+        let start = Instant::now();
+        copied.merge_rows(&vec![&prompt; n]).unwrap();
+        copied.eval().unwrap();
+        us(start)
+    };
+    step_append(&mut copied, 11);
+    let copied_held = active() - before - shared_held;
+    out.push(record("shared prefix", "fork", n, context, [fork_us; 3], 1, shared_held));
+    out.push(record("copies (merge_rows)", "fork", n, context, [copy_us; 3], 1, copied_held));
+    let q = queries(n);
+    for sparse in [false, true] {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for i in 0..samples + 2 {
+            let start = Instant::now();
+            attend(&shared, &q, sparse);
+            let t = us(start);
+            let start = Instant::now();
+            attend(&copied, &q, sparse);
+            if i >= 2 {
+                a.push(t);
+                b.push(us(start));
+            }
+        }
+        let scenario = if sparse { "decode attention, DSA" } else { "decode attention, dense" };
+        out.push(record("shared prefix", scenario, n, context, summary(a), samples, shared_held));
+        out.push(record("copies (merge_rows)", scenario, n, context, summary(b), samples, copied_held));
+    }
+}
+
+/// Today's join (a one-row request of `context` positions merged into a running batch of
+/// `batch - 1` rows) and leave (the batch filtered to drop its first row).
+fn join_and_leave(out: &mut Vec<String>, batch: usize, context: usize, samples: usize) {
+    let running = filled(batch - 1, context, 21);
+    let joiner = filled(1, context, 23);
+    let (mut join, mut leave) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        let mut merged = LatentCache::new(geometry()).unwrap();
+        let start = Instant::now();
+        merged.merge_rows(&[&running, &joiner]).unwrap();
+        merged.eval().unwrap();
+        join.push(us(start));
+        let keep: Vec<usize> = (1..batch).collect();
+        let start = Instant::now();
+        merged.filter_rows(&keep).unwrap();
+        merged.eval().unwrap();
+        leave.push(us(start));
+    }
+    out.push(record("copies (merge_rows)", "join", batch, context, summary(join), samples, 0));
+    out.push(record("copies (filter_rows)", "leave", batch, context, summary(leave), samples, 0));
+}
+
+pub fn run(contexts: &[usize], n: usize, batches: &[usize], samples: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for &context in contexts {
+        fork_and_step(&mut out, context, n, samples);
+        for &batch in batches {
+            join_and_leave(&mut out, batch, context, 3);
+        }
+    }
+    out
+}
