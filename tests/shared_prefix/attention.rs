@@ -148,11 +148,11 @@ fn dsa_over_a_shared_prefix_scores_and_attends_as_over_the_whole_row() {
                     let seen = visible(rows.len(b), lq, i, mode == MaskMode::Causal).len();
                     let want = index_scores(&rows.0[b][2], &heads, &w[(b * lq + i) * INDEX_HEADS..][..INDEX_HEADS], seen);
                     let row = &got[(b * lq + i) * t..][..t];
-                    for j in 0..t {
+                    for (j, &score) in row.iter().enumerate() {
                         let at = j.checked_sub(pads[b]).filter(|&x| x < seen);
                         match at {
-                            Some(x) => close(&[row[j]], &[want[x]], 1e-4, &format!("{what}: score {b} {i} {j}")),
-                            None => assert_eq!(row[j], f32::NEG_INFINITY, "{what}: unseen {b} {i} {j}"),
+                            Some(x) => close(&[score], &[want[x]], 1e-4, &format!("{what}: score {b} {i} {j}")),
+                            None => assert_eq!(score, f32::NEG_INFINITY, "{what}: unseen {b} {i} {j}"),
                         }
                     }
                 }

@@ -136,11 +136,8 @@ impl Donor {
         let heads = q.q_latent.shape()[1] as usize;
         let mut passes = Vec::with_capacity(pieces.len() + 1);
         for (piece, _) in pieces {
-            let shape = cuda::mla_decode::Shape {
-                batch: 1,
-                heads: self.batch_size() * heads,
-                ..kernel.shape(self, piece.offset)
-            };
+            let shape =
+                cuda::mla_decode::Shape { batch: 1, heads: self.batch_size() * heads, ..kernel.shape(self, piece.offset) };
             let dtype = q.q_latent.dtype();
             let parts = piece.parts(Family::Latent);
             let latent = match packing {
