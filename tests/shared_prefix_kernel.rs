@@ -19,6 +19,8 @@ use mlx_rs::{Array, Dtype};
 
 const RANK: usize = 512;
 const ROPE: usize = 64;
+const INDEX: usize = 128;
+const INDEX_HEADS: usize = 32;
 const HEADS: usize = 64;
 /// As `decode_kernel`'s: the kernel sums in float32 and rounds the probabilities to bfloat16.
 const TOLERANCE: f32 = 2e-2;
@@ -31,7 +33,8 @@ fn values(rng: &mut Rng, shape: &[usize], amplitude: f32) -> Array {
 
 fn append(cache: &mut LatentCache, rng: &mut Rng, tokens: usize) {
     let rows = cache.batch_size().max(1);
-    cache.append(&values(rng, &[rows, tokens, RANK], 1.0), &values(rng, &[rows, tokens, ROPE], 1.0), None).unwrap();
+    let keys = values(rng, &[rows, tokens, INDEX], 1.0);
+    cache.append(&values(rng, &[rows, tokens, RANK], 1.0), &values(rng, &[rows, tokens, ROPE], 1.0), Some(&keys)).unwrap();
     cache.eval().unwrap();
 }
 
@@ -50,6 +53,8 @@ fn the_kernel_reads_the_prefix_and_the_rows_as_one_window() {
             rope_head_dim: ROPE,
             latent_storage: StorageMode::Bf16,
             rope_storage: StorageMode::Bf16,
+            index_head_dim: INDEX,
+            index_storage: StorageMode::Bf16,
             layout,
             ..Geometry::default()
         };
@@ -81,6 +86,30 @@ fn the_kernel_reads_the_prefix_and_the_rows_as_one_window() {
             cuda::mla_decode::KERNEL.set_enabled(true);
             close(&got, &ops_path, &format!("{what}: kernel against MLX's operations"));
             close(&got, &copied_ops, &format!("{what}: against the rows copied"));
+            // DSA: index scores through the kernel per part against the copy's, then the
+            // selected attention (a decode step: through the kernel over the gathered positions).
+            let qi = values(&mut rng, &[3, INDEX_HEADS, lq, INDEX], 1.0);
+            let w = values(&mut rng, &[3, lq, INDEX_HEADS], 0.2);
+            let before = cuda::dsa_scores::KERNEL.launches();
+            let scores = shared.index_scores(&qi, &w, mode).unwrap();
+            let got_scores = host(&scores);
+            if launch::on_cuda() && lq == 1 {
+                assert!(cuda::dsa_scores::KERNEL.launches() > before, "{what}: the scores kernel ran");
+            }
+            let want_scores = host(&copied.index_scores(&qi, &w, mode).unwrap());
+            let finite = |v: &[f32]| v.iter().map(|x| if x.is_finite() { *x } else { -1e30 }).collect::<Vec<_>>();
+            close(&finite(&got_scores), &finite(&want_scores), &format!("{what}: index scores"));
+            let k = 64;
+            let indices = copied.select(&copied.index_scores(&qi, &w, mode).unwrap(), k).unwrap().unwrap();
+            let before = cuda::mla_decode::KERNEL.launches();
+            let got = host(&shared.attend_selected(&ql, &qr, scale, mode, &indices).unwrap());
+            if launch::on_cuda() && lq == 1 {
+                assert!(cuda::mla_decode::KERNEL.launches() > before, "{what}: the kernel ran over the selection");
+            }
+            cuda::mla_decode::KERNEL.set_enabled(false);
+            let want = host(&copied.attend_selected(&ql, &qr, scale, mode, &indices).unwrap());
+            cuda::mla_decode::KERNEL.set_enabled(true);
+            close(&got, &want, &format!("{what}: selected attention"));
         }
     }
 }

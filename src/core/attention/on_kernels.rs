@@ -204,12 +204,47 @@ impl Donor {
             self.parts(family).iter().map(|part| math::take_along_axis(part, &flat, 1)).collect()
         };
         let (latent, rope) = (gather(Family::Latent)?, gather(Family::Rope)?);
-        let whole = vec![(0, k); batch];
-        if metal {
-            return metal::mla_decode::attend(q_latent, q_rope, &latent[0], &rope[0], &whole, scale, false).map(Some);
+        self.kernel_gathered(&query, &latent, &rope[0], k)
+    }
+
+    /// The split-K kernel over `k` gathered positions a row (`latent`: the latent's stored parts,
+    /// `rope`: the stored rope, `[B, k, width]` each), every one visible to the row's one query,
+    /// as over a window of `k` positions (on CUDA over 16-bit or packed latents, on Apple GPUs
+    /// over float storage). `None` where it does not apply.
+    pub(super) fn kernel_gathered(&self, query: &Query, latent: &[Array], rope: &Array, k: usize) -> Result<Option<Array>> {
+        let Query { q_latent, q_rope, scale, .. } = *query;
+        if query.queries != 1 || self.hot_values(Family::Latent).is_some() || !self.kernel_takes(query) {
+            return Ok(None);
         }
-        let Some(latent) = kernel.latent(&latent, k, self) else { return Ok(None) };
-        cuda::mla_decode::attend(q_latent, q_rope, latent, &rope[0], &whole, scale, false).map(Some)
+        let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
+        let kernel = KernelInputs { storage, packing, q: query };
+        let metal = packing.is_none() && metal::mla_decode::applies(storage, q_latent.dtype(), &kernel.shape(self, k), false);
+        if !metal && !kernel.applies(self, k) {
+            return Ok(None);
+        }
+        let whole = vec![(0, k); self.batch_size()];
+        if metal {
+            return metal::mla_decode::attend(q_latent, q_rope, &latent[0], rope, &whole, scale, false).map(Some);
+        }
+        let Some(latent) = kernel.latent(latent, k, self) else { return Ok(None) };
+        cuda::mla_decode::attend(q_latent, q_rope, latent, rope, &whole, scale, false).map(Some)
+    }
+
+    /// `index_scores` of a shared prefix's piece (one row, `keys [1, len, w]`) for every row's
+    /// queries by the CUDA kernel: the rows folded into the queries (`[1, Hi, B * Lq, w]`, a
+    /// copy of the queries), `[B, Lq, len]`. `None` where it does not apply.
+    pub(super) fn kernel_piece_scores(&self, piece: &Donor, q_index: &Array, weights: &Array) -> Result<Option<Array>> {
+        let keys = &piece.parts(Family::IndexKeys)[0];
+        let s = q_index.shape();
+        let (batch, heads, queries, width) = (s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize);
+        let float = matches!(self.geometry.storage(Family::IndexKeys).float_dtype(), Some(Dtype::Bfloat16 | Dtype::Float16));
+        if !float || !cuda::dsa_scores::applies(keys.dtype(), 1, heads, batch * queries, width, piece.offset) {
+            return Ok(None);
+        }
+        let folded = ops::reshape(&ops::contiguous(&math::swapaxes(q_index, 0, 1)?)?, &[1, heads, batch * queries, width])?;
+        let weights = ops::reshape(weights, &[1, batch * queries, heads])?;
+        let scores = cuda::dsa_scores::index_scores(&folded, &weights, keys, &[(0, piece.offset)], false)?;
+        Ok(Some(ops::reshape(&scores, &[batch, queries, piece.offset])?))
     }
 
     /// `index_scores` by the library's kernel on CUDA (`kernels::cuda::dsa_scores`), from the stored keys as

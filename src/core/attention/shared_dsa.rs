@@ -15,6 +15,7 @@ impl Donor {
         let s = q_index.shape();
         let (b, heads, lq, width) = (s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize);
         let q = ops::astype(q_index, Dtype::Float32)?;
+        let weights_in = weights.clone();
         let weights = math::expand_dims(&math::swapaxes(&ops::astype(weights, Dtype::Float32)?, 1, 2)?, 3)?;
         // keys `[1 or B, T, w]`: a piece's one row serves every row's queries, folded into one product.
         let scores = |keys: &Array| -> Result<Array> {
@@ -26,10 +27,16 @@ impl Donor {
             let per_head = ops::maximum(&math::matmul(&q, &math::swapaxes(keys, -1, -2)?)?, &ops::scalar(0.0))?;
             math::sum(&ops::multiply(&ops::reshape(&per_head, &[b, heads, lq, t])?, &weights)?, 1)
         };
+        let masked = self.prefix_masked(mode, lq);
         let mut prefix = Vec::new();
         for (piece, start) in self.pieces() {
+            // Our CUDA kernel where no query misses part of the prefix, else MLX's operations.
+            if let Some(sc) = (!masked).then(|| self.kernel_piece_scores(piece, q_index, &weights_in)).transpose()?.flatten() {
+                prefix.push(sc);
+                continue;
+            }
             let mut sc = scores(&ops::astype(&piece.decoded(Family::IndexKeys)?, Dtype::Float32)?)?;
-            if self.prefix_masked(mode, lq) {
+            if masked {
                 sc = math::add(&sc, &ops::reshape(&self.piece_mask(start, piece.offset, lq)?, &[b, lq, piece.offset])?)?;
             }
             prefix.push(sc);
@@ -37,6 +44,7 @@ impl Donor {
         let prefix = math::concatenate(&prefix.iter().collect::<Vec<_>>(), -1)?;
         let own = match self.offset {
             0 => None,
+            _ if let Some(sc) = self.kernel_index_scores(q_index, &weights_in, mode, (heads, lq, width))? => Some(sc),
             t => {
                 let sc = scores(&ops::astype(&self.decoded(Family::IndexKeys)?, Dtype::Float32)?)?;
                 Some(match self.masks(mode, lq) {
@@ -75,33 +83,45 @@ impl Donor {
         let in_prefix = math::logical_and(&ge(&rel, 0)?, &lt(&rel, p)?)?;
         // Own window positions: the row's padding as it is, its own positions less the prefix's.
         let own_at = math::select(&lt(&rel, 0)?, &flat, &math::subtract(&flat, &int(&[p], &[1]))?)?;
-        let gather = |family: Family| -> Result<Array> {
-            let mut values: Option<Array> = None;
-            for (piece, start) in self.pieces() {
-                let len = piece.offset as i64;
-                let local = clip(&math::subtract(&rel, &int(&[start as i64], &[1]))?, len - 1)?;
-                let parts = piece
-                    .parts(family)
-                    .iter()
-                    .map(|part| math::take(&ops::reshape(part, &[piece.offset, part.shape()[2] as usize])?, &local, 0))
-                    .collect::<Result<Vec<_>>>()?;
-                let decoded = piece.decode_parts(family, &parts)?;
-                let inside = math::logical_and(&ge(&rel, start as i64)?, &lt(&rel, start as i64 + len)?)?;
-                values = Some(match values {
-                    Some(v) => math::select(&math::expand_dims(&inside, 2)?, &decoded, &v)?,
-                    None => decoded,
-                });
+        // Each family's stored parts at the selected positions, `[B, Lq * k, part_width]`.
+        let gather_parts = |family: Family| -> Result<Vec<Array>> {
+            let specs = self.parts(family).len();
+            let mut out = Vec::with_capacity(specs);
+            for i in 0..specs {
+                let mut values: Option<Array> = None;
+                for (piece, start) in self.pieces() {
+                    let (len, part) = (piece.offset as i64, &piece.parts(family)[i]);
+                    let local = clip(&math::subtract(&rel, &int(&[start as i64], &[1]))?, len - 1)?;
+                    let taken = math::take(&ops::reshape(part, &[piece.offset, part.shape()[2] as usize])?, &local, 0)?;
+                    let inside = math::logical_and(&ge(&rel, start as i64)?, &lt(&rel, start as i64 + len)?)?;
+                    values = Some(match values {
+                        Some(v) => math::select(&math::expand_dims(&inside, 2)?, &taken, &v)?,
+                        None => taken,
+                    });
+                }
+                let mut values = values.expect("a shared prefix has a piece");
+                if self.offset > 0 {
+                    let at = ops::reshape(&clip(&own_at, self.offset as i64 - 1)?, &[b, lq * k, 1])?;
+                    let own = math::take_along_axis(&self.parts(family)[i], &at, 1)?;
+                    values = math::select(&math::expand_dims(&in_prefix, 2)?, &values, &own)?;
+                }
+                out.push(values);
             }
-            let mut values = values.expect("a shared prefix has a piece");
-            if self.offset > 0 {
-                let at = ops::reshape(&clip(&own_at, self.offset as i64 - 1)?, &[b, lq * k, 1])?;
-                let parts =
-                    self.parts(family).iter().map(|part| math::take_along_axis(part, &at, 1)).collect::<Result<Vec<_>>>()?;
-                let own = self.decode_parts(family, &parts)?;
-                values = math::select(&math::expand_dims(&in_prefix, 2)?, &values, &own)?;
+            Ok(out)
+        };
+        let (latent_parts, rope_parts) = (gather_parts(Family::Latent)?, gather_parts(Family::Rope)?);
+        // A decode step whose rows each hold k positions or more: every selected position is
+        // one the query sees, so our kernel runs over them as over a window of k.
+        let rows_hold_k = self.own_lengths().iter().all(|&n| n + self.shared_positions() >= k);
+        if lq == 1 && rows_hold_k {
+            let query = super::Query { q_latent, q_rope, scale, mode, extra: None, queries: 1 };
+            if let Some(out) = self.kernel_gathered(&query, &latent_parts, &rope_parts[0], k)? {
+                return Ok(out);
             }
+        }
+        let gather = |family: Family, parts: &[Array]| -> Result<Array> {
             let width = self.geometry.width(family).expect("present");
-            ops::reshape(&values, &[b, lq, k, width])
+            ops::reshape(&self.decode_parts(family, parts)?, &[b, lq, k, width])
         };
         // Which selected positions each query sees: prefix ones up to its causal limit, own ones
         // in the row's own range (up to the query's position under `Causal`).
@@ -121,8 +141,8 @@ impl Donor {
         let own_seen = math::logical_and(&ge(&rel3, p)?, &math::less(&at3, &int(&own_hi, &[b, lq, 1]))?)?;
         let seen = math::logical_or(&prefix_seen, &own_seen)?;
         let visible = math::expand_dims(&math::select(&seen, &ops::scalar(0.0), &neg_inf())?, 2)?;
-        let out =
-            self.attend_gathered(q_latent, q_rope, scale, &gather(Family::Latent)?, &gather(Family::Rope)?, Some(&visible))?;
+        let (latent, rope) = (gather(Family::Latent, &latent_parts)?, gather(Family::Rope, &rope_parts)?);
+        let out = self.attend_gathered(q_latent, q_rope, scale, &latent, &rope, Some(&visible))?;
         let sees = math::less(&neg_inf(), &math::max_keep(&visible, -1)?)?;
         // [B, Lq, 1, 1] -> [B, 1, Lq, 1] against the output's [B, H, Lq, r].
         math::select(&ops::reshape(&sees, &[b, 1, lq, 1])?, &out, &ops::scalar(0.0))
