@@ -1,6 +1,7 @@
 //! Decodes arbitrary bytes into a sequence of C API calls on two caches (a right-justified DSA
 //! layer with a position limit, a ragged plain layer without): appends, padded appends, trims,
-//! rounds, row operations, merges, resets and padded prefills (prepare / finalize), including
+//! rounds, row operations, merges, resets, padded prefills (prepare / finalize) and forks of a
+//! row into rows over a shared prefix, including
 //! invalid calls, and checks every result
 //! against the reference model: a call the documented rules accept must succeed and leave the
 //! cache equal to the model; a call they reject must fail with a message and change nothing.
@@ -11,6 +12,7 @@ use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::last_error::latent_cache_last_error;
 use latent_cache::ffi::prefill::*;
+use latent_cache::ffi::prefix::latent_cache_fork_row;
 use latent_cache::ffi::rows::*;
 use latent_cache::ffi::spec::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
@@ -43,6 +45,9 @@ struct Slot {
     model: Model,
     dsa: bool,
     max_tokens: usize,
+    /// Positions of the shared prefix below every row (a fork's); trims and a prefill's right
+    /// padding stop above it.
+    shared: usize,
 }
 
 fn new_cache(kind: usize) -> *mut Handle {
@@ -78,14 +83,14 @@ pub fn run_bytes(data: &[u8]) {
         .map(|k| {
             let mut model = Model::new(WIDTHS[k]);
             model.ragged = k == 1;
-            Slot { cache: new_cache(k), model, dsa: k == 0, max_tokens: MAX_TOKENS[k] }
+            Slot { cache: new_cache(k), model, dsa: k == 0, max_tokens: MAX_TOKENS[k], shared: 0 }
         })
         .collect();
     let mut step = 0;
     while !bytes.done() && step < 200 {
         step += 1;
         let k = bytes.next() % 2;
-        let op = bytes.next() % 16;
+        let op = bytes.next() % 17;
         let what = format!("step {step} op {op} on cache {k}");
         if std::env::var("DRIVER_TRACE").is_ok() {
             let m = &slots[k].model;
@@ -96,6 +101,7 @@ pub fn run_bytes(data: &[u8]) {
             continue;
         }
         let slot = &mut slots[k];
+        let shared = slot.shared;
         let (batch, model) = (slot.model.rows.len(), &mut slot.model);
         match op {
             0..=2 => {
@@ -153,7 +159,8 @@ pub fn run_bytes(data: &[u8]) {
             3 => {
                 let n = bytes.next() % 8;
                 let bypass = bytes.next() % 2 == 1;
-                let shortest = model.row_offsets().into_iter().min().unwrap_or(0);
+                // Shared positions are never trimmed.
+                let shortest = model.row_offsets().into_iter().min().unwrap_or(0).saturating_sub(shared);
                 // Inside a round a bypass trim may drop only what every row appended in it.
                 let in_round = match model.round {
                     Some(_) => (0..batch).map(|r| model.appended_in_round(r)).min().unwrap_or(0),
@@ -229,7 +236,7 @@ pub fn run_bytes(data: &[u8]) {
                 expect(unsafe { latent_cache_extract_row(slot.cache, row, &mut single) }, valid, &what);
                 if valid {
                     // A row leaving mid-prefill leaves with its prompt alone.
-                    assert_equal(single, &model.prompts_only().extract(row), &what);
+                    assert_equal(single, &model.prompts_above(shared).extract(row), &what);
                     unsafe { latent_cache_free(single) };
                 }
             }
@@ -274,8 +281,26 @@ pub fn run_bytes(data: &[u8]) {
             13 => {
                 expect(unsafe { latent_cache_reset(slot.cache) }, true, &what);
                 slot.model = slot.model.empty_like();
+                slot.shared = 0;
             }
             14 => prefill_prepare(&mut bytes, slot, &what),
+            16 => {
+                // Row `row` becomes the shared prefix of `n` new rows.
+                let (row, n) = (bytes.next() % 4, bytes.next() % 4);
+                let len = if row < batch { model.len(row) } else { 0 };
+                let valid = model.round.is_none()
+                    && model.prefill.is_none()
+                    && row < batch
+                    && n > 0
+                    && len > 0
+                    && (slot.max_tokens == 0 || len < slot.max_tokens);
+                expect(unsafe { latent_cache_fork_row(slot.cache, row, n) }, valid, &what);
+                if valid {
+                    model.rows = vec![model.rows[row].clone(); n];
+                    model.pads = vec![0; n];
+                    slot.shared = len;
+                }
+            }
             _ => prefill_finalize(slot, &what),
         }
         assert_equal(slots[k].cache, &slots[k].model, &what);
@@ -291,7 +316,8 @@ fn merge(slots: &mut [Slot], k: usize, other: usize, what: &str) {
     let destination = new_cache(k);
     let sources = [slots[k].cache.cast_const(), slots[other].cache.cast_const()];
     // Sources mid-prefill give their rows' prompts.
-    let merged = Model::merge(&[&slots[k].model.prompts_only(), &slots[other].model.prompts_only()]);
+    let merged =
+        Model::merge(&[&slots[k].model.prompts_above(slots[k].shared), &slots[other].model.prompts_above(slots[other].shared)]);
     let valid = other == k;
     expect(unsafe { latent_cache_merge_rows(destination, sources.as_ptr(), 2) }, valid, what);
     for slot in slots.iter() {
@@ -343,6 +369,7 @@ fn prefill_prepare(bytes: &mut Bytes<'_>, slot: &mut Slot, what: &str) {
 
 /// `latent_cache_prefill_finalize`: every row drops its right padding; `lengths` must match.
 fn prefill_finalize(slot: &mut Slot, what: &str) {
+    let shared = slot.shared;
     let model = &mut slot.model;
     let status = unsafe { latent_cache_prefill_finalize(slot.cache) };
     let Some(p) = model.prefill.clone() else {
@@ -353,7 +380,7 @@ fn prefill_finalize(slot: &mut Slot, what: &str) {
     let drops = p.right.clone().unwrap_or_else(|| vec![0; rows]);
     let now = model.row_offsets();
     let valid = drops.len() == rows
-        && (0..rows).all(|b| drops[b] <= now[b])
+        && (0..rows).all(|b| drops[b] + shared <= now[b])
         && p.lengths.as_ref().map_or(true, |lengths| {
             lengths.len() == rows
                 && (0..rows).all(|b| (now[b] - drops[b]).saturating_sub(p.base.get(b).copied().unwrap_or(0)) == lengths[b])

@@ -173,12 +173,18 @@ impl Model {
     /// Row `row`'s positions that are its prompt's in an open prefill: with lengths, up to the
     /// prompt's end; otherwise all but its right padding (all of them without a prefill).
     pub fn prefill_valid_len(&self, row: usize) -> usize {
+        self.prefill_valid_len_above(row, 0)
+    }
+
+    /// `prefill_valid_len` of rows whose first `shared` positions are a shared prefix: right
+    /// padding is the rows' own and never reaches it.
+    pub fn prefill_valid_len_above(&self, row: usize, shared: usize) -> usize {
         let len = self.len(row);
         match &self.prefill {
             None => len,
             Some(p) => match (&p.lengths, &p.right) {
                 (Some(lengths), _) => len.min(p.base.get(row).copied().unwrap_or(0) + lengths[row]),
-                (None, Some(right)) => len - right[row].min(len),
+                (None, Some(right)) => len - right[row].min(len - shared.min(len)),
                 (None, None) => len,
             },
         }
@@ -186,9 +192,14 @@ impl Model {
 
     /// Keeps only each row's prompt positions (what leaves a cache mid-prefill), closing nothing.
     pub fn prompts_only(&self) -> Model {
+        self.prompts_above(0)
+    }
+
+    /// `prompts_only` of rows over a shared prefix of `shared` positions.
+    pub fn prompts_above(&self, shared: usize) -> Model {
         let mut m = self.clone();
         for r in 0..m.rows.len() {
-            let keep = self.prefill_valid_len(r);
+            let keep = self.prefill_valid_len_above(r, shared);
             m.truncate_row(r, keep);
         }
         m.prefill = None;

@@ -23,8 +23,10 @@ fn the_corpus_replays_cleanly() {
 
 #[test]
 fn generated_call_sequences_match_the_model() {
-    let mut rng = Rng::new(2026);
-    for _ in 0..150 {
+    // LATENT_CACHE_DRIVER_SEED and LATENT_CACHE_DRIVER_RUNS widen a local search.
+    let env = |name: &str, default: u64| std::env::var(name).map_or(default, |v| v.parse().expect("a number"));
+    let mut rng = Rng::new(env("LATENT_CACHE_DRIVER_SEED", 2026));
+    for _ in 0..env("LATENT_CACHE_DRIVER_RUNS", 150) {
         let len = rng.range(8, 400);
         let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
         run_bytes(&data);

@@ -104,6 +104,22 @@ fn attach_and_fork_check_what_they_are_given() {
     Rows(vec![Default::default()]).append(&mut c, &mut rng, 20);
     assert_eq!(c.fork_row(0, 2).unwrap_err().kind, ErrorKind::InvalidArgument);
     assert_eq!(c.row_offsets(), vec![20]);
+    // Rows holding nothing of their own yet: a round rolled back, a prefill's right padding
+    // (refused: it would reach the prefix), an empty row's fork (refused).
+    let mut forked = cache.extract_row(0).unwrap();
+    forked.fork_row(0, 2).unwrap();
+    let before = forked.row_offsets();
+    forked.spec_round_begin().unwrap();
+    forked.spec_round_rollback(&[0, 0]).unwrap();
+    forked.prefill_prepare(None, None, Some(&[1, 0])).unwrap();
+    assert_eq!(forked.prefill_finalize().unwrap_err().kind, ErrorKind::OutOfRange);
+    assert_eq!(forked.row_offsets(), before);
+    let mut empty_row = LatentCache::new(*cache.geometry()).unwrap();
+    let part = |w: usize| crate::common::mlx_helpers::array(&vec![0.5; 4 * w], &[2, 2, w]);
+    empty_row.append_with(Some(&[2, 0]), &part(32), &part(16), Some(&part(24)), false).unwrap();
+    assert_eq!(empty_row.row_offsets(), vec![0, 2]);
+    assert_eq!(empty_row.fork_row(0, 2).unwrap_err().kind, ErrorKind::OutOfRange);
+    assert_eq!(empty_row.row_offsets(), vec![0, 2]);
     // A prefix shorter than the row's shared part cuts a piece without copying.
     let short = cache.share_prefix(0, 10).unwrap();
     assert_eq!(short.positions(), 10);

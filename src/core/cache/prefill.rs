@@ -61,7 +61,8 @@ impl LatentCache {
             lengths: lengths.map(<[usize]>::to_vec),
             left_padding: left_padding.map(<[usize]>::to_vec),
             right_padding: right_padding.map(<[usize]>::to_vec),
-            base: self.row_offsets(),
+            // The rows' own positions (a shared prefix below them is not the prompt's).
+            base: self.layout.row_offsets(),
         });
         Ok(change)
     }
@@ -84,9 +85,16 @@ impl LatentCache {
         if drops.len() != rows {
             return fail!(InvalidArgument, "right_padding has {} entries but the cache holds {rows} rows", drops.len());
         }
-        let now = self.row_offsets();
+        // Right padding is the rows' own: it never reaches a shared prefix below them.
+        let now = self.layout.row_offsets();
         if let Some(b) = (0..rows).find(|&b| drops[b] > now[b]) {
-            return fail!(OutOfRange, "row {b} holds {} positions; cannot drop {} of right padding", now[b], drops[b]);
+            return fail!(
+                OutOfRange,
+                "row {b} holds {} positions{}; cannot drop {} of right padding",
+                now[b],
+                if self.base.is_some() { " above its shared prefix" } else { "" },
+                drops[b]
+            );
         }
         let kept: Vec<usize> =
             (0..rows).map(|b| (now[b] - drops[b]).saturating_sub(prefill.base.get(b).copied().unwrap_or(0))).collect();

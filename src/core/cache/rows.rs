@@ -135,6 +135,12 @@ impl LatentCache {
         let pending = if in_place {
             // A rollback: only the rows that shift move, in place, and only their positions.
             let moving: Vec<RowPiece<'_>> = pieces.into_iter().filter(|p| p.lo != p.dest_lo && p.hi > p.lo).collect();
+            if moving.is_empty() {
+                // Nothing moves (rows over a shared prefix may hold no positions of their own yet).
+                let mut layout = plan.layout.clone();
+                layout.finish_rollback();
+                return Ok(Change { hot, ..self.relabel(layout) });
+            }
             self.storage.prepare_move(&moving)?
         } else {
             let capacity = self.storage.capacity().max(new.offset());

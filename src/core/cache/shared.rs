@@ -171,6 +171,9 @@ impl LatentCache {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
         let positions = self.row_offsets()[row];
+        if positions == 0 {
+            return fail!(OutOfRange, "row {row} holds no positions to share");
+        }
         self.check_rows_over(positions, n)?;
         let (lo, hi) = (self.layout.left_pad()[row], self.layout.row_ends()[row]);
         let own = hi - lo;
