@@ -54,7 +54,9 @@ Systems:
 Timings (field "timing"): "single": build the step's graph, mx.eval it, trim every cache back by
 one; "pipelined": step n+1's graph is built (and trimmed) and handed to mx.async_eval before
 waiting for step n, as mlx-lm's generate_step overlaps steps; timed is the interval between
-successive steps' completions. bytes_read is the Rust driver's count (the stored state the step
+successive steps' completions; "build": building the step's graph alone (the Python calls into
+mlx-lm's code, no evaluation), the host's share of a step, each graph then evaluated and trimmed
+outside the timing. bytes_read is the Rust driver's count (the stored state the step
 reads, for the bandwidth floor); mlx-lm's zeros_like and copies are not in it.
 
 Usage: python3 mlx_lm_model_step.py [--quick] [--gpu] [--points BxT,...] --out FILE
@@ -125,6 +127,19 @@ def pipelined(warmup, samples, build, trim):
         last = now
         prev = nxt
     mx.eval(prev)
+    return stats(us)
+
+
+def build_time(warmup, samples, build, trim):
+    us = []
+    for i in range(warmup + samples):
+        start = time.perf_counter()
+        outs = build()
+        took = (time.perf_counter() - start) * 1e6
+        mx.eval(outs)
+        trim()
+        if i >= warmup:
+            us.append(took)
     return stats(us)
 
 
@@ -263,6 +278,7 @@ def measure(dtype_name, batch, context, runs, every):
         for timing, t in (
             ("single", single(*runs, step)),
             ("pipelined", pipelined(*runs, lambda: build(layers, q, system), trim)),
+            ("build", build_time(*runs, lambda: build(layers, q, system), trim)),
         ):
             r = {"system": name, "mode": dtype_name, "timing": timing, "batch": batch, "context": context,
                  "median_us": round(t[0], 1), "p10_us": round(t[1], 1), "p90_us": round(t[2], 1),

@@ -16,6 +16,9 @@
 //!   the next's. The bench calls mlx-rs's `async_eval` itself (the library has no asynchronous
 //!   evaluation), with the library's evaluation thread turned off for the measurement so that
 //!   every evaluation runs on this one thread, in order (nothing else evaluates meanwhile).
+//! - build (`"timing": "build"`): building the step's graph alone (the appends, the index scores
+//!   and selections, the attention; no evaluation), the host's share of a step; each graph is
+//!   then evaluated and trimmed outside the timing.
 //!
 //! Records: median, p10, p90 (us) of the step after warmup, and the bytes of stored state the
 //! step reads, for the bandwidth floor. mlx-lm's peer of this step: bench/mlx_lm_model_step.py.
@@ -135,6 +138,25 @@ fn step(layers: &mut [LatentCache], q: &Queries, sparse: bool) {
     trim(layers);
 }
 
+/// Building one step's graph, timed alone; the graph is then evaluated and trimmed, untimed.
+fn build_time(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usize, samples: usize) -> [f64; 3] {
+    let mut us = Vec::with_capacity(samples);
+    for i in 0..warmup + samples {
+        let start = Instant::now();
+        let outs = build(layers, q, sparse);
+        let took = start.elapsed().as_secs_f64() * 1e6;
+        eval(outs.iter()).unwrap();
+        drop(outs);
+        trim(layers);
+        if i >= warmup {
+            us.push(took);
+        }
+    }
+    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
+    [at(0.5), at(0.1), at(0.9)]
+}
+
 /// Pipelined steps: step n+1 is built and handed to MLX (`async_eval`) before waiting for step
 /// n. Median, p10, p90 (us) of the intervals between successive steps' completions, after
 /// `warmup` steps.
@@ -183,7 +205,8 @@ pub fn run(storage: StorageMode, points: &[(usize, usize)], quick: bool) -> Vec<
         for (system, sparse, bytes) in [("dense", false, dense_bytes), ("sparse (DSA)", true, sparse_bytes)] {
             let single = time(warmup, samples, || step(&mut layers, &q, sparse));
             let overlapped = pipelined(&mut layers, &q, sparse, warmup, samples);
-            for (timing, t) in [("single", single), ("pipelined", overlapped)] {
+            let building = build_time(&mut layers, &q, sparse, warmup, samples);
+            for (timing, t) in [("single", single), ("pipelined", overlapped), ("build", building)] {
                 let line = format!(
                     "{{\"system\": \"model step, {system}\", \"mode\": \"{mode}\", \"timing\": \"{timing}\", \
                      \"batch\": {batch}, \"context\": {context}, \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \
