@@ -251,6 +251,7 @@ bench bench-quick: bench-deps
 	$(PIN) target/release/latent-cache-bench --shared-prefix $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/shared_prefix.json
 	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
 	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_attention_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_attention.json
+	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_model_step.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_model_step.json
 	PYTHONPATH=$(BENCH_PY) $(PYTHON) bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/rounds.json $(BENCH_OUT)/persist.json $(BENCH_OUT)/mlx_lm.json \
 	  $(BENCH_OUT)/attention.json $(BENCH_OUT)/mlx_lm_attention.json \
 	  --title "decode step time, GLM-5.2 shape, $(BENCH_DEVICE)$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"

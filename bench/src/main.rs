@@ -27,7 +27,9 @@
 //! - `--model-step`: the whole decode step as GLM-5.2 runs it, its 78 layers' appends and
 //!   attention in one graph, DSA-sparse (the indexer on 21 layers, the others reusing its
 //!   selection) beside dense, in bfloat16 and float32 (see `model_step.rs`); batch 1 at 4K and
-//!   16K (4K with `--quick`; 16K to 128K and batch 8 at 16K with `--gpu`), or `--points`.
+//!   16K (4K with `--quick`; 16K to 128K and batch 8 at 16K with `--gpu`), or `--points`; each
+//!   timed as single steps, pipelined (the next step built while the device runs this one) and
+//!   its graph build alone. mlx-lm's peer is bench/mlx_lm_model_step.py.
 //! - `--shared-prefix`: one prompt forked into 8 continuations beside copies of it (the fork,
 //!   memory held, dense and DSA decode attention), and today's join and leave of a running batch
 //!   (see `shared_prefix.rs`); 4K and 16K positions (4K with `--quick`; to 64K with `--gpu`).

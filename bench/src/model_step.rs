@@ -7,15 +7,28 @@
 //! - dense: every layer attending over its whole window.
 //!
 //! After each step every layer is trimmed back by the position it appended (a trim moves an
-//! offset), so every step runs at the same context. Records: median, p10, p90 (us) of the step
-//! after warmup, and the bytes of stored state the step reads, for the bandwidth floor. mlx-lm's
-//! step is not measured here (not done yet).
+//! offset), so every step runs at the same context. Each system is timed two ways:
+//! - single (`"timing": "single"`): build the step's graph, evaluate it and wait, one step at a
+//!   time (the library's `eval`, on its evaluation thread);
+//! - pipelined (`"timing": "pipelined"`): step n+1's graph is built (and its layers trimmed)
+//!   while the device runs step n, as an engine's decode loop overlaps them: build n+1, MLX
+//!   `async_eval` it, then wait for n. Timed is the interval between one step's completion and
+//!   the next's. The bench calls mlx-rs's `async_eval` itself (the library has no asynchronous
+//!   evaluation), with the library's evaluation thread turned off for the measurement so that
+//!   every evaluation runs on this one thread, in order (nothing else evaluates meanwhile).
+//! - build (`"timing": "build"`): building the step's graph alone (the appends, the index scores
+//!   and selections, the attention; no evaluation), the host's share of a step; each graph is
+//!   then evaluated and trimmed outside the timing.
+//!
+//! Records: median, p10, p90 (us) of the step after warmup, and the bytes of stored state the
+//! step reads, for the bandwidth floor. mlx-lm's peer of this step: bench/mlx_lm_model_step.py.
 use latent_cache::core::attention::{Donor, MaskMode};
-use latent_cache::core::mlx::eval::eval;
+use latent_cache::core::mlx::eval::{eval, evaluation_thread, set_evaluation_thread};
 use latent_cache::core::mlx::ops;
 use latent_cache::core::model::presets::{glm52_selection_source, glm52_selects, GLM52_TARGET_LAYERS};
 use latent_cache::{Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
+use std::time::Instant;
 
 use crate::attention::{time, uniform};
 
@@ -84,8 +97,8 @@ fn queries(batch: usize, dtype: Dtype) -> Queries {
     qs
 }
 
-/// One decode step of every layer as one graph, evaluated once; then each layer trimmed back.
-fn step(layers: &mut [LatentCache], q: &Queries, sparse: bool) {
+/// One decode step of every layer as one graph (not evaluated): the outputs of the 78 layers.
+fn build(layers: &mut [LatentCache], q: &Queries, sparse: bool) -> Vec<Array> {
     let scale = 1.0 / ((192 + ROPE) as f32).sqrt();
     let mut outs = Vec::with_capacity(layers.len());
     let mut selections: Vec<Option<Array>> = vec![None; layers.len()];
@@ -107,11 +120,72 @@ fn step(layers: &mut [LatentCache], q: &Queries, sparse: bool) {
         };
         outs.push(out);
     }
-    eval(outs.iter()).unwrap();
-    drop(outs);
+    outs
+}
+
+/// Every layer trimmed back by the position its step appended.
+fn trim(layers: &mut [LatentCache]) {
     for cache in layers.iter_mut() {
         cache.trim(1, false).unwrap();
     }
+}
+
+/// One decode step of every layer as one graph, evaluated once; then each layer trimmed back.
+fn step(layers: &mut [LatentCache], q: &Queries, sparse: bool) {
+    let outs = build(layers, q, sparse);
+    eval(outs.iter()).unwrap();
+    drop(outs);
+    trim(layers);
+}
+
+/// Building one step's graph, timed alone; the graph is then evaluated and trimmed, untimed.
+fn build_time(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usize, samples: usize) -> [f64; 3] {
+    let mut us = Vec::with_capacity(samples);
+    for i in 0..warmup + samples {
+        let start = Instant::now();
+        let outs = build(layers, q, sparse);
+        let took = start.elapsed().as_secs_f64() * 1e6;
+        eval(outs.iter()).unwrap();
+        drop(outs);
+        trim(layers);
+        if i >= warmup {
+            us.push(took);
+        }
+    }
+    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
+    [at(0.5), at(0.1), at(0.9)]
+}
+
+/// Pipelined steps: step n+1 is built and handed to MLX (`async_eval`) before waiting for step
+/// n. Median, p10, p90 (us) of the intervals between successive steps' completions, after
+/// `warmup` steps.
+fn pipelined(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usize, samples: usize) -> [f64; 3] {
+    let threaded = evaluation_thread();
+    set_evaluation_thread(false);
+    let mut prev = build(layers, q, sparse);
+    mlx_rs::transforms::async_eval(prev.iter()).unwrap();
+    trim(layers);
+    let mut last = Instant::now();
+    let mut us = Vec::with_capacity(samples);
+    for i in 0..warmup + samples {
+        let next = build(layers, q, sparse);
+        mlx_rs::transforms::async_eval(next.iter()).unwrap();
+        trim(layers);
+        eval(prev.iter()).unwrap();
+        let now = Instant::now();
+        if i >= warmup {
+            us.push((now - last).as_secs_f64() * 1e6);
+        }
+        last = now;
+        prev = next;
+    }
+    eval(prev.iter()).unwrap();
+    drop(prev);
+    set_evaluation_thread(threaded);
+    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
+    [at(0.5), at(0.1), at(0.9)]
 }
 
 /// Records of both systems at each (batch, context) of `points`, in `storage`.
@@ -129,15 +203,19 @@ pub fn run(storage: StorageMode, points: &[(usize, usize)], quick: bool) -> Vec<
         let selected = TOPK.min(context);
         let sparse_bytes = batch * (dsa_layers * context * INDEX + GLM52_TARGET_LAYERS * selected * (RANK + ROPE)) * width;
         for (system, sparse, bytes) in [("dense", false, dense_bytes), ("sparse (DSA)", true, sparse_bytes)] {
-            let t = time(warmup, samples, || step(&mut layers, &q, sparse));
-            let line = format!(
-                "{{\"system\": \"model step, {system}\", \"mode\": \"{mode}\", \"batch\": {batch}, \"context\": {context}, \
-                 \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"samples\": {samples}, \"layers\": {}, \
-                 \"bytes_read\": {bytes}}}",
-                t[0], t[1], t[2], GLM52_TARGET_LAYERS
-            );
-            eprintln!("{line}");
-            out.push(line);
+            let single = time(warmup, samples, || step(&mut layers, &q, sparse));
+            let overlapped = pipelined(&mut layers, &q, sparse, warmup, samples);
+            let building = build_time(&mut layers, &q, sparse, warmup, samples);
+            for (timing, t) in [("single", single), ("pipelined", overlapped), ("build", building)] {
+                let line = format!(
+                    "{{\"system\": \"model step, {system}\", \"mode\": \"{mode}\", \"timing\": \"{timing}\", \
+                     \"batch\": {batch}, \"context\": {context}, \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \
+                     \"samples\": {samples}, \"layers\": {}, \"bytes_read\": {bytes}}}",
+                    t[0], t[1], t[2], GLM52_TARGET_LAYERS
+                );
+                eprintln!("{line}");
+                out.push(line);
+            }
         }
     }
     out
