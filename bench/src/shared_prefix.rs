@@ -9,7 +9,8 @@
 //! appended one position, and a decode step (one query per row, 64 heads) of dense attention and
 //! of DSA (index scores, top-2048, selected attention), the two systems stepped alternately.
 //! Beside them, today's join and leave of a running batch (`merge_rows`, `filter_rows`): every
-//! row copied into new buffers, at `batch` rows of `context` positions.
+//! row copied into new buffers, at `batch` rows of `context` positions; and the same over one
+//! shared prompt of `context` positions, rows holding 64 of their own (only those are copied).
 use std::time::Instant;
 
 use latent_cache::core::mlx::eval::eval;
@@ -188,6 +189,37 @@ fn join_and_leave(out: &mut Vec<String>, batch: usize, context: usize, samples: 
     }
     out.push(record("copies (merge_rows)", "join", batch, context, summary(join), samples, 0));
     out.push(record("copies (filter_rows)", "leave", batch, context, summary(leave), samples, 0));
+    // The same over one shared prompt: `batch - 1` continuations of 64 positions each and a
+    // joining request of 64 over the same prompt; merge and filter copy the rows' own positions.
+    let mut running = filled(1, context, 21);
+    running.fork_row(0, batch - 1).unwrap();
+    step_own(&mut running, 64);
+    let mut joiner = running.extract_row(0).unwrap();
+    joiner.trim(64, false).unwrap();
+    step_own(&mut joiner, 64);
+    let (mut join, mut leave) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        let mut merged = LatentCache::new(geometry()).unwrap();
+        let start = Instant::now();
+        merged.merge_rows(&[&running, &joiner]).unwrap();
+        merged.eval().unwrap();
+        join.push(us(start));
+        let keep: Vec<usize> = (1..batch).collect();
+        let start = Instant::now();
+        merged.filter_rows(&keep).unwrap();
+        merged.eval().unwrap();
+        leave.push(us(start));
+    }
+    out.push(record("shared prefix (merge_rows)", "join", batch, context, summary(join), samples, 0));
+    out.push(record("shared prefix (filter_rows)", "leave", batch, context, summary(leave), samples, 0));
+}
+
+/// `n` positions appended to every row, one append.
+fn step_own(cache: &mut LatentCache, n: usize) {
+    let rows = cache.batch_size();
+    let [l, r, k] = [RANK, ROPE, INDEX].map(|w| ops::astype(&uniform(&[rows, n, w], 5 + w as u64), Dtype::Bfloat16).unwrap());
+    cache.append(&l, &r, Some(&k)).unwrap();
+    cache.eval().unwrap();
 }
 
 pub fn run(contexts: &[usize], n: usize, batches: &[usize], samples: usize) -> Vec<String> {
