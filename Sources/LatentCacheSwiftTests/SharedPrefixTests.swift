@@ -60,4 +60,40 @@ final class SharedPrefixTests: XCTestCase {
     try assertLayers(set, models.map { CacheModel.merge([$0, $0, $0, $0]) }, "set forked")
     XCTAssertEqual(try set.layer(1).sharedPositions, 5)
   }
+
+  /// One stored prompt attached below requests in concurrent tasks (the prefix is Sendable and
+  /// shared, never copied); each request appends, reads and attends through its own cache while
+  /// the others do, and each matches its model; the prompt's cache is freed first.
+  func testRequestsOverOnePrefixInConcurrentTasks() async throws {
+    let config = smallConfig()
+    var prompt = CacheModel(config)
+    let prefix: SharedPrefix
+    do {
+      let source = try Cache(config: config)
+      let data = prompt.data(batch: 1, tokens: 12, seed: 40)
+      try source.append(batch: 1, tokens: 12, data)
+      prompt.append(batch: 1, tokens: 12, data)
+      prefix = try source.sharePrefix(row: 0, positions: 12)
+    }
+    let base = prompt
+    try await withThrowingTaskGroup(of: Void.self) { group in
+      for task in 0..<6 {
+        group.addTask {
+          let request = try Cache(config: config)
+          try request.attachPrefix(prefix, rows: 1)
+          var model = base
+          for step in 0..<20 {
+            let data = model.data(batch: 1, tokens: 1, seed: 1000 * task + step)
+            try request.append(batch: 1, tokens: 1, data)
+            model.append(batch: 1, tokens: 1, data)
+            await Task.yield()  // let the task resume on another thread
+            XCTAssertEqual(try request.readRow(.latent, row: 0), model.rows[0][0], "task \(task) step \(step)")
+          }
+          XCTAssertEqual(try request.sharedPositions, 12)
+          try assertMatches(request, model, "task \(task)")
+        }
+      }
+      try await group.waitForAll()
+    }
+  }
 }
