@@ -169,49 +169,42 @@ fn fork_and_step(out: &mut Vec<String>, context: usize, n: usize, samples: usize
     }
 }
 
-/// Today's join (a one-row request of `context` positions merged into a running batch of
-/// `batch - 1` rows) and leave (the batch filtered to drop its first row).
-fn join_and_leave(out: &mut Vec<String>, batch: usize, context: usize, samples: usize) {
-    let running = filled(batch - 1, context, 21);
-    let joiner = filled(1, context, 23);
+/// Median, p10, p90 of `samples` joins (`running` and `joiner` merged into a new cache) and
+/// leaves (the merged batch's first row filtered out).
+fn join_then_leave(running: &LatentCache, joiner: &LatentCache, samples: usize) -> [[f64; 3]; 2] {
     let (mut join, mut leave) = (Vec::new(), Vec::new());
     for _ in 0..samples {
         let mut merged = LatentCache::new(geometry()).unwrap();
         let start = Instant::now();
-        merged.merge_rows(&[&running, &joiner]).unwrap();
+        merged.merge_rows(&[running, joiner]).unwrap();
         merged.eval().unwrap();
         join.push(us(start));
-        let keep: Vec<usize> = (1..batch).collect();
+        let keep: Vec<usize> = (1..merged.batch_size()).collect();
         let start = Instant::now();
         merged.filter_rows(&keep).unwrap();
         merged.eval().unwrap();
         leave.push(us(start));
     }
-    out.push(record("copies (merge_rows)", "join", batch, context, summary(join), samples, 0));
-    out.push(record("copies (filter_rows)", "leave", batch, context, summary(leave), samples, 0));
-    // The same over one shared prompt: `batch - 1` continuations of 64 positions each and a
-    // joining request of 64 over the same prompt; merge and filter copy the rows' own positions.
+    [summary(join), summary(leave)]
+}
+
+/// Today's join (a one-row request of `context` positions merged into a running batch of
+/// `batch - 1` rows) and leave (the batch filtered to drop its first row); then the same over
+/// one shared prompt: `batch - 1` continuations of 64 positions each and a joining request of 64
+/// over the same prompt, where merge and filter copy the rows' own positions.
+fn join_and_leave(out: &mut Vec<String>, batch: usize, context: usize, samples: usize) {
+    let [join, leave] = join_then_leave(&filled(batch - 1, context, 21), &filled(1, context, 23), samples);
+    out.push(record("copies (merge_rows)", "join", batch, context, join, samples, 0));
+    out.push(record("copies (filter_rows)", "leave", batch, context, leave, samples, 0));
     let mut running = filled(1, context, 21);
     running.fork_row(0, batch - 1).unwrap();
     step_own(&mut running, 64);
     let mut joiner = running.extract_row(0).unwrap();
     joiner.trim(64, false).unwrap();
     step_own(&mut joiner, 64);
-    let (mut join, mut leave) = (Vec::new(), Vec::new());
-    for _ in 0..samples {
-        let mut merged = LatentCache::new(geometry()).unwrap();
-        let start = Instant::now();
-        merged.merge_rows(&[&running, &joiner]).unwrap();
-        merged.eval().unwrap();
-        join.push(us(start));
-        let keep: Vec<usize> = (1..batch).collect();
-        let start = Instant::now();
-        merged.filter_rows(&keep).unwrap();
-        merged.eval().unwrap();
-        leave.push(us(start));
-    }
-    out.push(record("shared prefix (merge_rows)", "join", batch, context, summary(join), samples, 0));
-    out.push(record("shared prefix (filter_rows)", "leave", batch, context, summary(leave), samples, 0));
+    let [join, leave] = join_then_leave(&running, &joiner, samples);
+    out.push(record("shared prefix (merge_rows)", "join", batch, context, join, samples, 0));
+    out.push(record("shared prefix (filter_rows)", "leave", batch, context, leave, samples, 0));
 }
 
 /// `n` positions appended to every row, one append.

@@ -39,9 +39,14 @@ fn check_layers_agree(layers: &[&LatentCache]) -> Result<()> {
 /// returned with no layer changed.
 pub fn change_all(layers: &mut [&mut LatentCache], prepare: impl Fn(&LatentCache) -> Result<Change>) -> Result<()> {
     check_agree(layers)?;
+    change_each(layers, |_, layer| prepare(layer))
+}
+
+/// Prepares `prepare(i, layer)` on every layer, then applies them all (no agreement check).
+fn change_each(layers: &mut [&mut LatentCache], prepare: impl Fn(usize, &LatentCache) -> Result<Change>) -> Result<()> {
     let mut changes = Vec::with_capacity(layers.len());
     for (i, layer) in layers.iter().enumerate() {
-        changes.push(prepare(layer).map_err(|mut err| {
+        changes.push(prepare(i, layer).map_err(|mut err| {
             err.message = format!("layer {i}: {}", err.message);
             err
         })?);
@@ -130,15 +135,5 @@ pub fn attach_all(layers: &mut [&mut LatentCache], prefixes: &[SharedPrefix], ro
     if prefixes.len() != layers.len() {
         return fail!(InvalidArgument, "the prefix holds {} layers; the set has {}", prefixes.len(), layers.len());
     }
-    let mut changes = Vec::with_capacity(layers.len());
-    for (i, (layer, prefix)) in layers.iter().zip(prefixes).enumerate() {
-        changes.push(layer.prepare_attach(prefix, rows).map_err(|mut err| {
-            err.message = format!("layer {i}: {}", err.message);
-            err
-        })?);
-    }
-    for (layer, change) in layers.iter_mut().zip(changes) {
-        layer.apply(change);
-    }
-    Ok(())
+    change_each(layers, |i, layer| layer.prepare_attach(&prefixes[i], rows))
 }
