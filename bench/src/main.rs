@@ -29,7 +29,8 @@
 //!   selection) beside dense, in bfloat16 and float32 (see `model_step.rs`); batch 1 at 4K and
 //!   16K (4K with `--quick`; 16K to 128K and batch 8 at 16K with `--gpu`), or `--points`; each
 //!   timed as single steps, pipelined (the next step built while the device runs this one) and
-//!   its graph build alone. mlx-lm's peer is bench/mlx_lm_model_step.py.
+//!   its graph build alone, beside the MLX operations of its graph (`--only ops`: those alone).
+//!   mlx-lm's peer is bench/mlx_lm_model_step.py.
 //! - `--shared-prefix`: one prompt forked into 8 continuations beside copies of it (the fork,
 //!   memory held, dense and DSA decode attention), and today's join and leave of a running batch
 //!   (see `shared_prefix.rs`); 4K and 16K positions (4K with `--quick`; to 64K with `--gpu`).
@@ -397,8 +398,10 @@ fn main() {
             (false, true) => vec![(1, 16384), (1, 65536), (1, 131072), (8, 16384)],
             (false, false) => vec![(1, 4096), (1, 16384)],
         });
+        // `--only ops`: the operation counts alone, no timing.
+        let ops_only = std::env::args().collect::<Vec<_>>().windows(2).any(|w| w[0] == "--only" && w[1] == "ops");
         for storage in [latent_cache::StorageMode::Bf16, latent_cache::StorageMode::F32] {
-            out.extend(model_step::run(storage, &points, cfg.quick));
+            out.extend(model_step::run(storage, &points, cfg.quick, ops_only));
         }
         if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
             std::fs::create_dir_all(dir).unwrap();

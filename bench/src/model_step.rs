@@ -99,10 +99,15 @@ fn queries(batch: usize, dtype: Dtype) -> Queries {
 
 /// One decode step of every layer as one graph (not evaluated): the outputs of the 78 layers.
 fn build(layers: &mut [LatentCache], q: &Queries, sparse: bool) -> Vec<Array> {
+    build_layers(layers, q, sparse, |_| true)
+}
+
+/// `build` of the layers `take` names (a layer reusing a selection needs its source's).
+fn build_layers(layers: &mut [LatentCache], q: &Queries, sparse: bool, take: impl Fn(usize) -> bool) -> Vec<Array> {
     let scale = 1.0 / ((192 + ROPE) as f32).sqrt();
     let mut outs = Vec::with_capacity(layers.len());
     let mut selections: Vec<Option<Array>> = vec![None; layers.len()];
-    for (l, cache) in layers.iter_mut().enumerate() {
+    for (l, cache) in layers.iter_mut().enumerate().filter(|(l, _)| take(*l)) {
         let keys = glm52_selects(l).then_some(&q.new[2]);
         cache.append(&q.new[0], &q.new[1], keys).unwrap();
         let donor: Donor = cache.capture_donor_rows().unwrap();
@@ -121,6 +126,44 @@ fn build(layers: &mut [LatentCache], q: &Queries, sparse: bool) -> Vec<Array> {
         outs.push(out);
     }
     outs
+}
+
+/// The MLX operations of one step's graph, by primitive, as MLX prints the graph (see
+/// `modes::printed_graph`): the whole step, and the operations one layer adds (a layer running
+/// the indexer, a layer reusing its selection, a dense layer), counted from graphs of the
+/// layers alone. Our kernels are a primitive each where they run (CUDA), so the count depends on
+/// the device. Every layer is trimmed back after.
+fn ops_record(layers: &mut [LatentCache], q: &Queries, sparse: bool, system: &str, mode: &str, at: (usize, usize)) -> String {
+    let mut count = |take: &dyn Fn(usize) -> bool| -> std::collections::BTreeMap<String, usize> {
+        let outs = build_layers(layers, q, sparse, take);
+        let mut counts = std::collections::BTreeMap::<String, usize>::new();
+        for line in crate::modes::printed_graph(&outs).lines().skip(2).collect::<std::collections::BTreeSet<_>>() {
+            *counts.entry(line.split(' ').next().unwrap_or("").to_string()).or_default() += 1;
+        }
+        eval(outs.iter()).unwrap();
+        for (l, cache) in layers.iter_mut().enumerate() {
+            if take(l) {
+                cache.trim(1, false).unwrap();
+            }
+        }
+        counts
+    };
+    let total = |c: &std::collections::BTreeMap<String, usize>| c.values().sum::<usize>();
+    let step = count(&|_| true);
+    // Layer 2 runs the indexer; layer 3 reuses its selection (GLM-5.2's schedule).
+    let source = total(&count(&|l| l == 2));
+    let reusing = total(&count(&|l| l == 2 || l == 3)) - source;
+    let by: Vec<String> = step.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+    let line = format!(
+        "{{\"system\": \"model step, {system}\", \"mode\": \"{mode}\", \"scenario\": \"ops_per_step\", \"batch\": {}, \"context\": {}, \
+         \"ops\": {}, \"layers\": {GLM52_TARGET_LAYERS}, \"ops_layer_2\": {source}, \"ops_layer_3\": {reusing}, \"by_primitive\": {{{}}}}}",
+        at.0,
+        at.1,
+        total(&step),
+        by.join(", ")
+    );
+    eprintln!("{line}");
+    line
 }
 
 /// Every layer trimmed back by the position its step appended.
@@ -189,7 +232,7 @@ fn pipelined(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usiz
 }
 
 /// Records of both systems at each (batch, context) of `points`, in `storage`.
-pub fn run(storage: StorageMode, points: &[(usize, usize)], quick: bool) -> Vec<String> {
+pub fn run(storage: StorageMode, points: &[(usize, usize)], quick: bool, ops_only: bool) -> Vec<String> {
     let (warmup, samples) = if quick { (1, 3) } else { (3, 10) };
     let mode = format!("{storage:?}").to_lowercase();
     let dtype = if storage == StorageMode::F32 { Dtype::Float32 } else { Dtype::Bfloat16 };
@@ -203,6 +246,10 @@ pub fn run(storage: StorageMode, points: &[(usize, usize)], quick: bool) -> Vec<
         let selected = TOPK.min(context);
         let sparse_bytes = batch * (dsa_layers * context * INDEX + GLM52_TARGET_LAYERS * selected * (RANK + ROPE)) * width;
         for (system, sparse, bytes) in [("dense", false, dense_bytes), ("sparse (DSA)", true, sparse_bytes)] {
+            out.push(ops_record(&mut layers, &q, sparse, system, &mode, (batch, context)));
+            if ops_only {
+                continue;
+            }
             let single = time(warmup, samples, || step(&mut layers, &q, sparse));
             let overlapped = pipelined(&mut layers, &q, sparse, warmup, samples);
             let building = build_time(&mut layers, &q, sparse, warmup, samples);

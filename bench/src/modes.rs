@@ -197,7 +197,7 @@ pub fn op_counts() -> Vec<String> {
 
 /// MLX's printout of the graph behind `outputs` (one line per operation after two header lines;
 /// an operation with several outputs prints one identical line per output).
-fn printed_graph(outputs: &[Array]) -> String {
+pub(crate) fn printed_graph(outputs: &[Array]) -> String {
     let path = std::env::temp_dir().join(format!("latent-cache-graph-{}.txt", std::process::id()));
     let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: a file opened and closed here; the vector and namer are freed after the call, and
