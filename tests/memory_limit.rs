@@ -15,6 +15,7 @@ use latent_cache::ffi::cache::*;
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::memory::*;
 use latent_cache::ffi::persist::*;
+use latent_cache::ffi::prefix::latent_cache_share_prefix;
 use latent_cache::ffi::rows::*;
 use latent_cache::ffi::set::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
@@ -180,6 +181,12 @@ fn allocations_beyond_the_memory_limit_are_refused_and_change_nothing() {
         let status = unsafe { latent_cache_extract_row(long, 0, &mut single) };
         refused(status, "extract_row of a ~70 MB row under a low memory limit");
         assert!(single.is_null(), "extract_row wrote its output on failure");
+        // Storing the row as a shared prefix copies its positions: refused the same way.
+        let mut prefix = std::ptr::null_mut();
+        let status = unsafe { latent_cache_share_prefix(long, 0, long_model.len(0), &mut prefix) };
+        refused(status, "share_prefix of a ~70 MB row under a low memory limit");
+        assert!(prefix.is_null(), "share_prefix wrote its output on failure");
+        assert_equal(long, &long_model, "refused share_prefix");
         assert_equal(glm, &glm_model, "refused calls on other caches");
     });
 

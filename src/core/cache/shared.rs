@@ -17,6 +17,7 @@ use super::{Change, LatentCache};
 use crate::core::error::{fail, Result};
 use crate::core::layout::row_layout::RowLayout;
 use crate::core::mlx::eval::eval;
+use crate::core::mlx::memory::check_alloc;
 use crate::core::mlx::{math, ops};
 use crate::core::model::families::Families;
 use crate::core::model::geometry::Family;
@@ -101,8 +102,11 @@ impl LatentCache {
         Ok(SharedPrefix::new(*base.geometry(), pieces))
     }
 
-    /// Row `row`'s own positions `[lo, hi)` copied into a compact piece, evaluated.
+    /// Row `row`'s own positions `[lo, hi)` copied into a compact piece, evaluated (checked
+    /// against MLX's memory limit first, so a copy that cannot be made changes nothing).
     fn copied_piece(&self, row: usize, lo: usize, hi: usize) -> Result<Arc<Piece>> {
+        let bytes = (hi - lo).checked_mul(self.geometry.bytes_per_token());
+        check_alloc(bytes, &format!("copying {} positions into a shared prefix", hi - lo))?;
         let parts = self.family_list().try_map(|_, family| {
             self.storage.stored_row_parts(family, row, lo, hi)?.iter().map(ops::copy).collect::<Result<Vec<Array>>>()
         })?;
