@@ -32,13 +32,13 @@ use std::time::Instant;
 
 use crate::attention::{time, uniform};
 
-const HEADS: usize = 64;
-const INDEX_HEADS: usize = 32;
-const TOPK: usize = 2048;
-const RANK: usize = 512;
-const ROPE: usize = 64;
-const INDEX: usize = 128;
-const CHUNK: usize = 4096;
+pub(crate) const HEADS: usize = 64;
+pub(crate) const INDEX_HEADS: usize = 32;
+pub(crate) const TOPK: usize = 2048;
+pub(crate) const RANK: usize = 512;
+pub(crate) const ROPE: usize = 64;
+pub(crate) const INDEX: usize = 128;
+pub(crate) const CHUNK: usize = 4096;
 
 /// GLM-5.2's 78 target layers in `storage`, filled to `context` positions per row.
 fn model(storage: StorageMode, batch: usize, context: usize) -> Vec<LatentCache> {

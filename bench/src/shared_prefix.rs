@@ -19,14 +19,7 @@ use latent_cache::{Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
 
 use crate::attention::uniform;
-
-const HEADS: usize = 64;
-const INDEX_HEADS: usize = 32;
-const TOPK: usize = 2048;
-const RANK: usize = 512;
-const ROPE: usize = 64;
-const INDEX: usize = 128;
-const CHUNK: usize = 4096;
+use crate::model_step::{CHUNK, HEADS, INDEX, INDEX_HEADS, RANK, ROPE, TOPK};
 
 fn geometry() -> Geometry {
     Geometry {
