@@ -4,7 +4,7 @@
 use crate::common::model::Rng;
 use crate::{assert_rows, geometry, prompt, Rows, PREFIX};
 use latent_cache::core::persist;
-use latent_cache::core::persist::segment::{save_segment_to_bytes, SegmentRange};
+use latent_cache::core::persist::segment::{extend_segments, load_segments, save_segment_to_bytes, SegmentRange, SegmentSource};
 use latent_cache::{ErrorKind, Geometry, LatentCache, LayoutKind, StorageMode};
 
 fn attached(layout: LayoutKind, rng: &mut Rng, rows: usize, own: usize) -> (LatentCache, Rows, LatentCache) {
@@ -59,11 +59,27 @@ fn writes_stay_above_the_prefix_and_refusals_change_nothing() {
         let loaded = persist::load_from_bytes(&persist::save_to_bytes(&[&cache]).unwrap()).unwrap();
         assert_eq!(loaded[0].shared_positions(), 0);
         assert_rows(&loaded[0], &rows, "saved and loaded");
-        // Segments hold contiguous rows only.
+        // A row over a prefix snapshotted turn by turn: a segment inside the prefix, one across
+        // its end, one of positions appended after; the chain restores the row bit for bit, and
+        // extends a cache holding its first segments.
         let mut one = cache.extract_row(0).unwrap();
-        let range = SegmentRange { row: 0, from: 0, to: one.offset(), key: b"k" };
-        let err = save_segment_to_bytes(&mut [&mut one], range).unwrap_err();
-        assert_eq!(err.kind, ErrorKind::InvalidArgument, "{}", err.message);
+        let mut row = Rows(vec![rows.0[0].clone()]);
+        let save = |one: &mut LatentCache, from: usize, to: usize, key: &[u8]| {
+            save_segment_to_bytes(&mut [one], SegmentRange { row: 0, from, to, key }).unwrap().0
+        };
+        let first = save(&mut one, 0, PREFIX - 10, b"a");
+        let end = one.offset();
+        let second = save(&mut one, PREFIX - 10, end, b"b");
+        row.append(&mut one, &mut rng, 2);
+        let now = one.offset();
+        let third = save(&mut one, end, now, b"c");
+        let chain = [SegmentSource::Bytes(&first), SegmentSource::Bytes(&second), SegmentSource::Bytes(&third)];
+        let restored = load_segments(&chain).unwrap();
+        assert_eq!(restored[0].shared_positions(), 0);
+        assert_rows(&restored[0], &row, "restored from its segments");
+        let mut partial = load_segments(&chain[..2]).unwrap();
+        assert_eq!(extend_segments(&mut [&mut partial[0]], &chain[2..]).unwrap(), 1);
+        assert_rows(&partial[0], &row, "extended by its last segment");
         cache.reset();
         assert_eq!((cache.batch_size(), cache.shared_positions()), (0, 0));
     }

@@ -131,7 +131,6 @@ impl LatentCache {
     pub(crate) fn keep_chain(&mut self, forget: bool) {
         let Some(mark) = self.chain else { return };
         let kept = !forget
-            && self.base.is_none()
             && self.batch_size() == mark.rows
             && self.left_pad().get(mark.row) == Some(&mark.left_pad)
             && self.row_offsets()[mark.row] >= mark.positions;

@@ -1,4 +1,5 @@
-//! What segments (`persist::segment`) need of one cache: a row's positions as stored (views),
+//! What segments (`persist::segment`) need of one cache: a row's positions as stored (views;
+//! over a shared prefix, its pieces' too),
 //! a composed row's hot side, an append of positions already encoded (a segment's parts,
 //! written as they are, never re-encoded), and the chain mark (`ChainMark`) a save or a restore
 //! leaves.
@@ -6,6 +7,7 @@ use mlx_rs::Array;
 
 use super::{ChainMark, Change, LatentCache};
 use crate::core::error::{fail, Result};
+use crate::core::mlx::{math, ops};
 use crate::core::model::families::Families;
 use crate::core::model::geometry::Family;
 
@@ -23,7 +25,10 @@ impl LatentCache {
     }
 
     /// Views of one family's stored parts for row `row`'s positions `[from, to)` (counted from
-    /// the row's first position): `[1, to - from, part_width]` each, as stored.
+    /// the row's first position): `[1, to - from, part_width]` each, as stored. Over a shared
+    /// prefix, positions of the prefix come from its pieces: views where the range lies in one
+    /// piece or in the row's own positions, else the parts joined (a copy of `to - from`
+    /// positions).
     pub fn stored_row_parts(&self, family: Family, row: usize, from: usize, to: usize) -> Result<Vec<Array>> {
         self.width(family)?;
         if row >= self.batch_size() {
@@ -33,8 +38,29 @@ impl LatentCache {
         if from >= to || to > len {
             return fail!(OutOfRange, "positions [{from}, {to}) of row {row}, which holds {len}");
         }
-        let pad = self.left_pad()[row];
-        self.storage.stored_row_parts(family, row, pad + from, pad + to)
+        let (pad, shared) = (self.layout.left_pad()[row], self.shared_positions());
+        let Some(base) = self.base.as_ref().filter(|_| from < shared) else {
+            return self.storage.stored_row_parts(family, row, pad + from - shared, pad + to - shared);
+        };
+        // Each part's pieces of the range, in order: the prefix's pieces, then the row's own.
+        let mut chunks: Vec<Vec<Array>> = Vec::new();
+        let mut start = 0;
+        for piece in base.pieces() {
+            let (lo, hi) = (from.max(start), to.min(start + piece.len));
+            if lo < hi {
+                let parts = piece.parts.get(family).expect("present");
+                let views = parts.iter().map(|p| ops::slice(p, &[0, lo - start, 0], &[1, hi - start, p.shape()[2] as usize]));
+                chunks.push(views.collect::<Result<Vec<_>>>()?);
+            }
+            start += piece.len;
+        }
+        if to > shared {
+            chunks.push(self.storage.stored_row_parts(family, row, pad, pad + to - shared)?);
+        }
+        if chunks.len() == 1 {
+            return Ok(chunks.pop().expect("one chunk"));
+        }
+        (0..chunks[0].len()).map(|k| math::concatenate(&chunks.iter().map(|c| &c[k]).collect::<Vec<_>>(), 1)).collect()
     }
 
     /// Prepares the append of `tokens` positions given as stored parts (`[1, tokens,
@@ -47,9 +73,9 @@ impl LatentCache {
         if self.batch_size() > 1 {
             return fail!(State, "the cache holds {} rows; segments extend a cache of one row", self.batch_size());
         }
-        self.layout.check_append(1, tokens, self.geometry.max_tokens)?;
+        self.layout.check_append(1, tokens, self.own_max_tokens())?;
         let starts = self.layout.append_starts(1);
-        let limits = (self.geometry.max_tokens, self.reserved);
+        let limits = (self.own_max_tokens(), self.reserved);
         let pending = self.storage.prepare_append_encoded(parts, 1, self.layout.offset(), &starts, tokens, limits)?;
         let mut after = self.layout.clone();
         after.append(1, tokens);

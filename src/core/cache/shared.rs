@@ -285,14 +285,3 @@ pub fn with_copies<T>(layers: &[&LatentCache], f: impl FnOnce(&[&LatentCache]) -
     let refs: Vec<&LatentCache> = layers.iter().zip(&copies).map(|(l, c)| c.as_ref().unwrap_or(l)).collect();
     f(&refs)
 }
-
-/// Refuses segment files over layers holding a shared prefix (a segment records stored
-/// positions of one contiguous row; save the set whole, or segments before attaching).
-pub fn check_no_prefix(layers: &[&LatentCache], what: &str) -> Result<()> {
-    match layers.iter().position(|l| l.base.is_some()) {
-        Some(i) => {
-            fail!(InvalidArgument, "{what}: layer {i} reads a shared prefix, which segments do not hold (save the set whole)")
-        }
-        None => Ok(()),
-    }
-}

@@ -31,7 +31,6 @@ pub struct SegmentRange<'a> {
 /// `from` known (`from` 0, or every layer marked as holding a chain of exactly `from`
 /// positions of this row).
 fn plan(layers: &[&LatentCache], range: SegmentRange<'_>) -> Result<SegmentHeader> {
-    crate::core::cache::shared::check_no_prefix(layers, "save_segment")?;
     let SegmentRange { row, from, to, key } = range;
     check_at_rest(layers)?;
     if key.len() > MAX_KEY {
