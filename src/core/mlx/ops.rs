@@ -211,18 +211,6 @@ pub fn from_fp8(a: &Array, dtype: Dtype) -> Result<Array> {
     call("from_fp8", |res, s| unsafe { mlx_sys::mlx_from_fp8(res, a.as_ptr(), dtype as u32, s) })
 }
 
-/// `arrays` joined along `axis` (one new array, their values copied once).
-pub fn concatenate(arrays: &[&Array], axis: i32) -> Result<Array> {
-    let raw: Vec<mlx_sys::mlx_array> = arrays.iter().map(|a| a.as_ptr()).collect();
-    call("concatenate", |res, s| unsafe {
-        // SAFETY: the vector copies the handles (adding references) and is freed here.
-        let vector = mlx_sys::mlx_vector_array_new_data(raw.as_ptr(), raw.len());
-        let rc = mlx_sys::mlx_concatenate_axis(res, vector, axis, s);
-        mlx_sys::mlx_vector_array_free(vector);
-        rc
-    })
-}
-
 /// `a` laid out row-contiguously (`a` itself when it already is), so its data can be read.
 pub fn contiguous(a: &Array) -> Result<Array> {
     call("contiguous", |res, s| unsafe { mlx_sys::mlx_contiguous(res, a.as_ptr(), false, s) })

@@ -14,7 +14,7 @@ use crate::core::error::{fail, Result};
 use crate::core::layout::row_layout::RowLayout;
 use crate::core::mlx::eval::eval;
 use crate::core::mlx::memory::check_alloc;
-use crate::core::mlx::ops;
+use crate::core::mlx::math;
 use crate::core::model::families::Families;
 use crate::core::model::geometry::Family;
 use crate::core::persist::checksum;
@@ -150,7 +150,7 @@ fn joined(segments: Vec<Vec<Families<Vec<Array>>>>, bytes: usize) -> Result<Vec<
                         1 => Ok(first[p].clone()),
                         _ => {
                             let all: Vec<&Array> = pieces.iter().map(|s| &s.get(family).expect("one geometry")[p]).collect();
-                            ops::concatenate(&all, 1)
+                            math::concatenate(&all, 1)
                         }
                     })
                     .collect::<Result<Vec<Array>>>()
