@@ -55,18 +55,13 @@ impl LatentCache {
         if row >= self.batch_size() {
             return fail!(OutOfRange, "row {row} out of range: the cache holds {} rows", self.batch_size());
         }
-        let (lo, hi) = (self.layout.left_pad()[row], self.layout.row_ends()[row]);
-        let Some(base) = &self.base else { return self.read_span(family, row, lo, hi) };
-        // The prefix's positions, then the row's own.
-        let mut out = Vec::with_capacity(self.row_offsets()[row] * self.geometry.width(family).unwrap_or(0));
-        let mode = self.geometry.storage(family);
-        for piece in base.pieces() {
-            let parts = piece.parts.get(family).expect("present");
-            let values = mode.decode(parts, self.geometry.width(family).expect("present"))?;
-            out.extend(ops::to_host(&ops::astype(&values, Dtype::Float32)?)?);
+        if self.base.is_none() {
+            return self.read_span(family, row, self.layout.left_pad()[row], self.layout.row_ends()[row]);
         }
-        out.extend(self.read_span(family, row, lo, hi)?);
-        Ok(out)
+        // The prefix's positions, then the row's own (`stored_row_parts` joins them).
+        let parts = self.stored_row_parts(family, row, 0, self.row_offsets()[row])?;
+        let values = self.geometry.storage(family).decode(&parts, self.geometry.width(family).expect("present"))?;
+        ops::to_host(&ops::astype(&values, Dtype::Float32)?)
     }
 
     /// Row `row`'s positions `[lo, hi)` of one family as float32 on the host.
