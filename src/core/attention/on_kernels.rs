@@ -186,25 +186,16 @@ impl Donor {
         let shape = indices.shape();
         let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
         let query = Query { q_latent, q_rope, scale, mode: MaskMode::None, extra: None, queries };
-        if queries != 1
-            || self.row_ranges().iter().any(|&range| range != (0, self.offset))
-            || self.hot_values(Family::Latent).is_some()
-            || !self.kernel_takes(&query)
-        {
+        if self.row_ranges().iter().any(|&range| range != (0, self.offset)) {
             return Ok(None);
         }
-        let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
-        let kernel = KernelInputs { storage, packing, q: &query };
-        let metal = packing.is_none() && metal::mla_decode::applies(storage, q_latent.dtype(), &kernel.shape(self, k), false);
-        if !metal && !kernel.applies(self, k) {
-            return Ok(None);
-        }
+        let Some(kernel) = self.gathered_kernel(&query, k) else { return Ok(None) };
         let flat = ops::reshape(indices, &[batch, k, 1])?;
         let gather = |family: Family| -> Result<Vec<Array>> {
             self.parts(family).iter().map(|part| math::take_along_axis(part, &flat, 1)).collect()
         };
         let (latent, rope) = (gather(Family::Latent)?, gather(Family::Rope)?);
-        self.kernel_gathered(&query, &latent, &rope[0], k)
+        self.run_gathered(kernel, &latent, &rope[0], k)
     }
 
     /// The split-K kernel over `k` gathered positions a row (`latent`: the latent's stored parts,
@@ -212,16 +203,34 @@ impl Donor {
     /// as over a window of `k` positions (on CUDA over 16-bit or packed latents, on Apple GPUs
     /// over float storage). `None` where it does not apply.
     pub(super) fn kernel_gathered(&self, query: &Query, latent: &[Array], rope: &Array, k: usize) -> Result<Option<Array>> {
-        let Query { q_latent, q_rope, scale, .. } = *query;
+        match self.gathered_kernel(query, k) {
+            Some(kernel) => self.run_gathered(kernel, latent, rope, k),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether a kernel runs over `k` gathered positions a row for `query` (one query per row,
+    /// the latent not composed): its inputs, and whether it is the Metal one.
+    fn gathered_kernel<'q>(&self, query: &'q Query<'q>, k: usize) -> Option<(KernelInputs<'q>, bool)> {
         if query.queries != 1 || self.hot_values(Family::Latent).is_some() || !self.kernel_takes(query) {
-            return Ok(None);
+            return None;
         }
-        let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
+        let (storage, packing) = self.kernel_storage()?;
         let kernel = KernelInputs { storage, packing, q: query };
-        let metal = packing.is_none() && metal::mla_decode::applies(storage, q_latent.dtype(), &kernel.shape(self, k), false);
-        if !metal && !kernel.applies(self, k) {
-            return Ok(None);
-        }
+        let metal =
+            packing.is_none() && metal::mla_decode::applies(storage, query.q_latent.dtype(), &kernel.shape(self, k), false);
+        (metal || kernel.applies(self, k)).then_some((kernel, metal))
+    }
+
+    /// Runs the kernel `gathered_kernel` chose over the gathered positions.
+    fn run_gathered(
+        &self,
+        (kernel, metal): (KernelInputs, bool),
+        latent: &[Array],
+        rope: &Array,
+        k: usize,
+    ) -> Result<Option<Array>> {
+        let Query { q_latent, q_rope, scale, .. } = *kernel.q;
         let whole = vec![(0, k); self.batch_size()];
         if metal {
             return metal::mla_decode::attend(q_latent, q_rope, &latent[0], rope, &whole, scale, false).map(Some);
