@@ -57,9 +57,10 @@ fn change_each(layers: &mut [&mut LatentCache], prepare: impl Fn(usize, &LatentC
     Ok(())
 }
 
-/// `count` new caches made by `make(i)`; the first failure is returned and every cache made so
-/// far dropped (whatever `make` reads is not changed).
-pub fn make_all(count: usize, make: impl Fn(usize) -> Result<LatentCache>) -> Result<Vec<LatentCache>> {
+/// `count` new values (caches, a layer's prefix) made by `make(i)`; the first failure is
+/// returned naming its layer, and every value made so far dropped (whatever `make` reads is not
+/// changed).
+pub fn make_all<T>(count: usize, make: impl Fn(usize) -> Result<T>) -> Result<Vec<T>> {
     (0..count)
         .map(|i| {
             make(i).map_err(|mut err| {
@@ -119,14 +120,7 @@ pub fn merge_all(destination: &mut [&mut LatentCache], sources: &[Vec<&LatentCac
 /// (`LatentCache::share_prefix`), from layers that agree about their rows.
 pub fn share_all(layers: &[&mut LatentCache], row: usize, positions: usize) -> Result<Vec<SharedPrefix>> {
     check_agree(layers)?;
-    (0..layers.len())
-        .map(|i| {
-            layers[i].share_prefix(row, positions).map_err(|mut err| {
-                err.message = format!("layer {i}: {}", err.message);
-                err
-            })
-        })
-        .collect()
+    make_all(layers.len(), |i| layers[i].share_prefix(row, positions))
 }
 
 /// Makes every empty layer `rows` rows over its layer's prefix (`LatentCache::attach_prefix`);
