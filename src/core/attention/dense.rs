@@ -40,6 +40,13 @@ impl Donor {
         Self::unfold_heads(&scores, q.shape()[1])
     }
 
+    /// `scale * (q_latent . latent^T + q_rope . rope^T)` in float32, `[B, H, Lq, T]`: the
+    /// scores before any mask.
+    pub(super) fn scaled_scores(&self, q_latent: &Array, q_rope: &Array, scale: f32) -> Result<Array> {
+        let scores = math::add(&self.scores(Family::Latent, q_latent)?, &self.scores(Family::Rope, q_rope)?)?;
+        ops::multiply(&ops::astype(&scores, Dtype::Float32)?, &ops::scalar(scale))
+    }
+
     /// `probs . latent`, `[B, H, Lq, kv_lora_rank]` float32. `compute` is the queries' dtype:
     /// where the latent is stored in it (bfloat16 or float16 queries over that storage) the
     /// product runs in it, reading the stored values as they are; otherwise in float32 (exact,
@@ -151,8 +158,7 @@ impl Donor {
         if let Some(out) = self.fused_decode(&query)? {
             return self.zero_padding_queries(out, mode, queries);
         }
-        let scores = math::add(&self.scores(Family::Latent, q_latent)?, &self.scores(Family::Rope, q_rope)?)?;
-        let scores = ops::multiply(&ops::astype(&scores, Dtype::Float32)?, &ops::scalar(scale))?;
+        let scores = self.scaled_scores(q_latent, q_rope, scale)?;
         let mut scores = match self.masks(mode, queries) {
             true => math::add(&scores, &self.row_mask(mode, queries)?)?,
             false => scores,

@@ -13,12 +13,12 @@
 //!
 //! These paths run MLX's operations on every platform (our kernels read one contiguous window).
 //! This file holds the window's parts, their masks and dense attention; `shared_dsa` DSA's.
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 
 use super::{Donor, MaskMode, Query};
 use crate::core::error::Result;
 use crate::core::mlx::{math, ops};
-use crate::core::model::geometry::{Family, Geometry};
+use crate::core::model::geometry::Geometry;
 use crate::core::storage::shared::Piece;
 
 /// An attention's output and log-sum-exp over one part of the window.
@@ -207,9 +207,8 @@ impl Donor {
             shape.insert(0, 1);
         }
         let x = ops::reshape(x, &shape)?;
-        let own = (self.offset > 0).then_some(());
         if shape[3] == 1 {
-            return Ok((self.pieces().iter().map(|_| x.clone()).collect(), own.map(|_| x.clone())));
+            return Ok((self.pieces().iter().map(|_| x.clone()).collect(), (self.offset > 0).then(|| x.clone())));
         }
         let pads = &self.left_pad;
         let x = match pads.iter().all(|&p| p == pads[0]) || shape[0] != 1 {
@@ -283,10 +282,8 @@ impl Donor {
         let (b, h, lq) = (s[0] as usize, s[1] as usize, s[2] as usize);
         let fold = |x: &Array| ops::reshape(x, &[1, b * h, lq, x.shape()[3] as usize]);
         let len = piece.offset;
-        let scores =
-            math::add(&piece.scores(Family::Latent, &fold(q.q_latent)?)?, &piece.scores(Family::Rope, &fold(q.q_rope)?)?)?;
-        let scores = ops::reshape(&scores, &[b, h, lq, len])?;
-        let mut scores = ops::multiply(&ops::astype(&scores, Dtype::Float32)?, &ops::scalar(q.scale))?;
+        let scores = piece.scaled_scores(&fold(q.q_latent)?, &fold(q.q_rope)?, q.scale)?;
+        let mut scores = ops::reshape(&scores, &[b, h, lq, len])?;
         if self.prefix_masked(q.mode, lq) {
             scores = math::add(&scores, &self.piece_mask(start, len, lq)?)?;
         }
@@ -300,8 +297,7 @@ impl Donor {
 
     /// The rows' queries against their own window.
     fn own_partial(&self, q: &Query, extra: Option<&Array>) -> Result<Partial> {
-        let scores = math::add(&self.scores(Family::Latent, q.q_latent)?, &self.scores(Family::Rope, q.q_rope)?)?;
-        let mut scores = ops::multiply(&ops::astype(&scores, Dtype::Float32)?, &ops::scalar(q.scale))?;
+        let mut scores = self.scaled_scores(q.q_latent, q.q_rope, q.scale)?;
         if self.masks(q.mode, q.queries) {
             scores = math::add(&scores, &self.own_mask(q.mode, q.queries)?)?;
         }
