@@ -14,28 +14,16 @@ impl Donor {
     pub(super) fn shared_index_scores(&self, q_index: &Array, weights: &Array, mode: MaskMode) -> Result<Array> {
         let s = q_index.shape();
         let (b, heads, lq, width) = (s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize);
-        let q = ops::astype(q_index, Dtype::Float32)?;
-        let weights_in = weights.clone();
-        let weights = math::expand_dims(&math::swapaxes(&ops::astype(weights, Dtype::Float32)?, 1, 2)?, 3)?;
-        // keys `[1 or B, T, w]`: a piece's one row serves every row's queries, folded into one product.
-        let scores = |keys: &Array| -> Result<Array> {
-            let t = keys.shape()[1] as usize;
-            let q = match keys.shape()[0] {
-                1 => ops::reshape(&q, &[1, b * heads * lq, width])?,
-                _ => ops::reshape(&q, &[b, heads * lq, width])?,
-            };
-            let per_head = ops::maximum(&math::matmul(&q, &math::swapaxes(keys, -1, -2)?)?, &ops::scalar(0.0))?;
-            math::sum(&ops::multiply(&ops::reshape(&per_head, &[b, heads, lq, t])?, &weights)?, 1)
-        };
+        let scores = |keys: &Array| Self::index_products(q_index, weights, &ops::astype(keys, Dtype::Float32)?);
         let masked = self.prefix_masked(mode, lq);
         let mut prefix = Vec::new();
         for (piece, start) in self.pieces() {
             // Our CUDA kernel where no query misses part of the prefix, else MLX's operations.
-            if let Some(sc) = (!masked).then(|| self.kernel_piece_scores(piece, q_index, &weights_in)).transpose()?.flatten() {
+            if let Some(sc) = (!masked).then(|| self.kernel_piece_scores(piece, q_index, weights)).transpose()?.flatten() {
                 prefix.push(sc);
                 continue;
             }
-            let mut sc = scores(&ops::astype(&piece.decoded(Family::IndexKeys)?, Dtype::Float32)?)?;
+            let mut sc = scores(&piece.decoded(Family::IndexKeys)?)?;
             if masked {
                 sc = math::add(&sc, &ops::reshape(&self.piece_mask(start, piece.offset, lq)?, &[b, lq, piece.offset])?)?;
             }
@@ -44,9 +32,9 @@ impl Donor {
         let prefix = math::concatenate(&prefix.iter().collect::<Vec<_>>(), -1)?;
         let own = match self.offset {
             0 => None,
-            _ if let Some(sc) = self.kernel_index_scores(q_index, &weights_in, mode, (heads, lq, width))? => Some(sc),
+            _ if let Some(sc) = self.kernel_index_scores(q_index, weights, mode, (heads, lq, width))? => Some(sc),
             t => {
-                let sc = scores(&ops::astype(&self.decoded(Family::IndexKeys)?, Dtype::Float32)?)?;
+                let sc = scores(&self.decoded(Family::IndexKeys)?)?;
                 Some(match self.masks(mode, lq) {
                     true => {
                         let mask = self.own_mask(mode, lq)?;

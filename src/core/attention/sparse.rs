@@ -62,30 +62,47 @@ impl Donor {
             return self.shared_index_scores(q_index, weights, mode);
         }
         self.check_rows(mode, queries as usize)?;
-        let (b, h, lq, t) = (self.batch_size(), heads as usize, queries as usize, self.offset);
+        let (h, lq) = (heads as usize, queries as usize);
         if let Some(scores) = self.kernel_index_scores(q_index, weights, mode, (h, lq, width))? {
             return Ok(scores);
         }
         let keys = ops::astype(&self.decoded(Family::IndexKeys)?, Dtype::Float32)?;
-        // Every head and query folded into the rows of one product per row, [B, Hi*Lq, 128] x
-        // [B, 128, T]: a head axis broadcast against the keys made MLX's CUDA matmul expand the
-        // keys per head at batch > 1 (60x slower at batch 8, 128K positions).
-        let q = ops::reshape(&ops::astype(q_index, Dtype::Float32)?, &[b, h * lq, width])?;
-        let per_head = ops::maximum(&math::matmul(&q, &math::swapaxes(&keys, -1, -2)?)?, &ops::scalar(0.0))?;
-        let weights = ops::astype(weights, Dtype::Float32)?;
-        let scores = if lq == 1 {
-            // One query: the weighted sum over heads is one more product, [B, 1, Hi] x [B, Hi, T].
-            math::matmul(&weights, &per_head)?
-        } else {
-            // [B, Lq, Hi] -> [B, Hi, Lq, 1] against [B, Hi, Lq, T], summed over heads.
-            let weights = math::expand_dims(&math::swapaxes(&weights, 1, 2)?, 3)?;
-            let per_head = ops::reshape(&per_head, &[b, h, lq, t])?;
-            math::sum(&ops::multiply(&per_head, &weights)?, 1)?
-        };
+        let scores = Self::index_products(q_index, weights, &keys)?;
         match self.masks(mode, lq) {
             true => math::add(&scores, &self.query_mask(mode, lq)?),
             false => Ok(scores),
         }
+    }
+
+    /// Index scores before any mask, `[B, Lq, T]` float32: queries `q_index` `[B, Hi, Lq, w]`
+    /// and `weights` `[B, Lq, Hi]` against `keys` `[B, T, w]` float32, or `[1, T, w]` (a shared
+    /// prefix's piece, whose one row serves every row's queries, folded into one product).
+    pub(super) fn index_products(q_index: &Array, weights: &Array, keys: &Array) -> Result<Array> {
+        let s = q_index.shape();
+        let (b, h, lq, width) = (s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize);
+        let t = keys.shape()[1] as usize;
+        // Every head and query folded into the rows of one product per row, [B, Hi*Lq, 128] x
+        // [B, 128, T]: a head axis broadcast against the keys made MLX's CUDA matmul expand the
+        // keys per head at batch > 1 (60x slower at batch 8, 128K positions).
+        let rows = match keys.shape()[0] {
+            1 => [1, b * h * lq, width],
+            _ => [b, h * lq, width],
+        };
+        let q = ops::reshape(&ops::astype(q_index, Dtype::Float32)?, &rows)?;
+        let per_head = ops::maximum(&math::matmul(&q, &math::swapaxes(keys, -1, -2)?)?, &ops::scalar(0.0))?;
+        let weights = ops::astype(weights, Dtype::Float32)?;
+        if lq == 1 {
+            // One query: the weighted sum over heads is one more product, [B, 1, Hi] x [B, Hi, T]
+            // (folded products unfolded to that first).
+            let per_head = match rows[0] == b {
+                true => per_head,
+                false => ops::reshape(&per_head, &[b, h, t])?,
+            };
+            return math::matmul(&weights, &per_head);
+        }
+        // [B, Lq, Hi] -> [B, Hi, Lq, 1] against [B, Hi, Lq, T], summed over heads.
+        let weights = math::expand_dims(&math::swapaxes(&weights, 1, 2)?, 3)?;
+        math::sum(&ops::multiply(&ops::reshape(&per_head, &[b, h, lq, t])?, &weights)?, 1)
     }
 
     /// The `k` positions with the highest scores per query (`scores` `[B, Lq, T]` from
