@@ -66,26 +66,30 @@ impl LatentCache {
         }
         let shared = self.shared_positions();
         if positions <= shared {
-            let base = self.base.as_ref().expect("positions <= shared implies a prefix");
-            return match base.first(positions) {
-                Some(prefix) => Ok(prefix),
-                None => Self::cut(base, positions),
-            };
+            return Self::cut(self.base.as_ref().expect("positions <= shared implies a prefix"), positions);
         }
         let lo = self.layout.left_pad()[row];
-        let piece = self.copied_piece(row, lo, lo + positions - shared)?;
-        Ok(match &self.base {
-            Some(base) => base.with(piece),
-            None => SharedPrefix::new(self.geometry, vec![piece]),
-        })
+        Ok(self.over_base(self.copied_piece(row, lo, lo + positions - shared)?))
     }
 
-    /// `base`'s first `positions` positions where they end inside a piece: the pieces before it
-    /// and a view of that piece's first positions (no copy; the new piece holds the same arrays).
+    /// This cache's prefix (if any) with `piece` on top.
+    fn over_base(&self, piece: Arc<Piece>) -> SharedPrefix {
+        match &self.base {
+            Some(base) => base.with(piece),
+            None => SharedPrefix::new(self.geometry, vec![piece]),
+        }
+    }
+
+    /// `base`'s first `positions` positions: the pieces they cover whole, shared as they are,
+    /// and where they end inside a piece a view of its first positions (no copy; the new piece
+    /// holds the same arrays).
     fn cut(base: &SharedPrefix, positions: usize) -> Result<SharedPrefix> {
         let mut pieces = Vec::new();
         let mut left = positions;
         for piece in base.pieces() {
+            if left == 0 {
+                break;
+            }
             if left >= piece.len {
                 pieces.push(piece.clone());
                 left -= piece.len;
@@ -185,14 +189,10 @@ impl LatentCache {
             self.base.clone().expect("a row of no own positions holds the prefix's")
         } else {
             let kept = self.batch_size() == 1 && lo == 0 && self.storage.capacity() - own <= own / SPARE_KEPT;
-            let piece = match kept {
+            self.over_base(match kept {
                 true => self.viewed_piece(hi)?,
                 false => self.copied_piece(row, lo, hi)?,
-            };
-            match &self.base {
-                Some(base) => base.with(piece),
-                None => SharedPrefix::new(self.geometry, vec![piece]),
-            }
+            })
         };
         let layout = RowLayout::rebuilt(self.layout.kind(), &vec![0; n]);
         Ok(Change { rebase: Some(Some(prefix)), reserved: 0, ..self.relabel(layout) })

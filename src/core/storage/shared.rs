@@ -67,19 +67,6 @@ impl SharedPrefix {
         self.pieces.len() == other.pieces.len() && self.pieces.iter().zip(&other.pieces).all(|(a, b)| Arc::ptr_eq(a, b))
     }
 
-    /// This prefix's first pieces covering exactly `positions` positions, if a piece boundary
-    /// falls there.
-    pub fn first(&self, positions: usize) -> Option<SharedPrefix> {
-        let mut sum = 0;
-        for (i, piece) in self.pieces.iter().enumerate() {
-            if sum == positions {
-                return (i > 0).then(|| SharedPrefix::new(self.geometry, self.pieces[..i].to_vec()));
-            }
-            sum += piece.len;
-        }
-        (sum == positions).then(|| self.clone())
-    }
-
     /// This prefix with `piece` on top.
     pub fn with(&self, piece: Arc<Piece>) -> SharedPrefix {
         let mut pieces = self.pieces.clone();
