@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use latent_cache::ffi::cache::{latent_cache_append_host, latent_cache_read_row_host};
+use crate::common::check::{append_host, last_error};
+
+use latent_cache::ffi::cache::latent_cache_read_row_host;
 use latent_cache::ffi::config::latent_cache_config_default;
-use latent_cache::ffi::last_error::latent_cache_last_error;
 use latent_cache::ffi::mlxbun::{latent_cache_set_load_mlxbun, latent_cache_set_save_mlxbun};
 use latent_cache::ffi::persist::{latent_cache_set_load, latent_cache_set_save};
 use latent_cache::ffi::query::latent_cache_offset;
@@ -53,30 +54,12 @@ fn make_set(tokens: usize, sign: f32) -> Appended {
         let value = |i: usize| sign * (1.0 + (l * 1_000_000 + i) as f32);
         let latent: Vec<f32> = (0..tokens * RANK).map(value).collect();
         let rope: Vec<f32> = (0..tokens * ROPE).map(|i| value(500_000 + i)).collect();
-        let rc = unsafe {
-            latent_cache_append_host(
-                layer(set, l),
-                1,
-                tokens,
-                latent.as_ptr(),
-                latent.len(),
-                rope.as_ptr(),
-                rope.len(),
-                std::ptr::null(),
-                0,
-            )
-        };
-        assert_eq!(rc, Status::Ok);
+        let data = [latent, rope, Vec::new()];
+        assert_eq!(append_host(layer(set, l), 1, tokens, &data), Status::Ok);
+        let [latent, rope, _] = data;
         values.push((latent, rope));
     }
     Appended { set, tokens, values }
-}
-
-/// This thread's last failure message.
-fn last_error() -> String {
-    let mut buf = vec![0u8; 1024];
-    let len = unsafe { latent_cache_last_error(buf.as_mut_ptr().cast(), buf.len()) }.min(buf.len() - 1);
-    String::from_utf8_lossy(&buf[..len]).into_owned()
 }
 
 fn read_row(cache: *mut Cache, family: u32, len: usize) -> Vec<f32> {

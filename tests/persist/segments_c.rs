@@ -5,9 +5,10 @@
 //! segment's header read alone; refusals with their statuses, the set unchanged.
 use std::ffi::{c_char, CString};
 
+use crate::common::check::append_host;
 use crate::common::model::Rng;
 
-use latent_cache::ffi::cache::{latent_cache_append_host, latent_cache_read_row_host};
+use latent_cache::ffi::cache::latent_cache_read_row_host;
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::persist::latent_cache_bytes_free;
 use latent_cache::ffi::segment::*;
@@ -73,21 +74,8 @@ fn a_client_snapshots_each_turn_and_restores_any() {
     for turn in 0..20 {
         let tokens = rng.range(1, 30);
         for l in 0..LAYERS {
-            let (latent, rope) = (rng.floats(tokens * WIDTHS[0]), rng.floats(tokens * WIDTHS[1]));
-            let rc = unsafe {
-                latent_cache_append_host(
-                    layer(set, l),
-                    1,
-                    tokens,
-                    latent.as_ptr(),
-                    latent.len(),
-                    rope.as_ptr(),
-                    rope.len(),
-                    std::ptr::null(),
-                    0,
-                )
-            };
-            assert_eq!(rc, Status::Ok);
+            let data = [rng.floats(tokens * WIDTHS[0]), rng.floats(tokens * WIDTHS[1]), Vec::new()];
+            assert_eq!(append_host(layer(set, l), 1, tokens, &data), Status::Ok);
         }
         let key = format!("tokens-hash-{turn}");
         let path = CString::new(dir.join(format!("{turn}.seg")).to_str().unwrap()).unwrap();
