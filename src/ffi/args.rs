@@ -104,3 +104,11 @@ pub(crate) unsafe fn write<T>(ptr: *mut T, value: T) {
     // SAFETY: checked by out_ptr; the caller owns the pointee.
     unsafe { ptr.write(value) };
 }
+
+/// Stores an output the caller may decline with NULL (written only when given).
+pub(crate) unsafe fn write_optional<T>(ptr: *mut T, value: T) {
+    if !ptr.is_null() {
+        // SAFETY: a non-NULL output points at a writable value, as the caller's docs require.
+        unsafe { ptr.write(value) };
+    }
+}

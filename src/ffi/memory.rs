@@ -1,7 +1,7 @@
 //! MLX's memory, for engines that link only this library: what its allocator holds, its memory
 //! limit (which every allocation check of the library measures against) and its buffer cache
 //! (freed arrays' memory MLX keeps for reuse until told to return it).
-use super::args::{out_ptr, write};
+use super::args::{out_ptr, write, write_optional};
 use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use crate::core::mlx::memory;
@@ -42,9 +42,7 @@ pub unsafe extern "C" fn latent_cache_memory_info(out: *mut latent_cache_memory)
 pub unsafe extern "C" fn latent_cache_set_memory_limit(bytes: usize, previous: *mut usize) -> latent_cache_status {
     ffi_boundary! {
         let old = memory::set_limit(bytes)?;
-        if !previous.is_null() {
-            unsafe { write(previous, old) };
-        }
+        unsafe { write_optional(previous, old) };
         Ok(())
     }
 }

@@ -4,7 +4,7 @@
 //! prefix handle holds one prefix per layer (one for a cache's, every layer's for a set's).
 use std::sync::Arc;
 
-use super::args::{out_ptr, write};
+use super::args::{out_ptr, write, write_optional};
 use super::error::{set_last_error, Failure, FfiResult};
 use super::handle::{latent_cache, with_cache};
 use super::panic::ffi_boundary;
@@ -96,9 +96,7 @@ pub unsafe extern "C" fn latent_cache_prefix_info(
             Ok((all.len(), all[0].positions(), all.iter().map(SharedPrefix::held_bytes).sum::<usize>()))
         })?;
         for (out, value) in [(layers, n), (positions, p), (bytes, b)] {
-            if !out.is_null() {
-                unsafe { write(out, value) };
-            }
+            unsafe { write_optional(out, value) };
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 use std::ffi::c_char;
 use std::path::PathBuf;
 
-use super::args::{in_slice, out_ptr, path, write};
+use super::args::{in_slice, out_ptr, path, write, write_optional};
 use super::error::{Failure, FfiResult};
 use super::panic::ffi_boundary;
 use super::persist::give_bytes;
@@ -88,9 +88,7 @@ pub unsafe extern "C" fn latent_cache_set_save_segment(
         let key = unsafe { in_slice(key, key_len, "key") }?;
         let range = SegmentRange { row, from, to, key };
         let h = with_set_layers(set, |layers| Ok(save_segment(layers, range, &path)?))?;
-        if !digest.is_null() {
-            unsafe { write(digest, h.digest) };
-        }
+        unsafe { write_optional(digest, h.digest) };
         Ok(())
     }
 }
@@ -116,9 +114,7 @@ pub unsafe extern "C" fn latent_cache_set_save_segment_to_buffer(
         let range = SegmentRange { row, from, to, key };
         let (bytes, h) = with_set_layers(set, |layers| Ok(save_segment_to_bytes(layers, range)?))?;
         unsafe { give_bytes(bytes, out, out_len) };
-        if !digest.is_null() {
-            unsafe { write(digest, h.digest) };
-        }
+        unsafe { write_optional(digest, h.digest) };
         Ok(())
     }
 }
@@ -143,11 +139,7 @@ pub unsafe extern "C" fn latent_cache_set_load_segments(
 ) -> latent_cache_status {
     ffi_boundary! {
         let paths = unsafe { self::paths(paths, n) }?;
-        let out = out_ptr(out, "out")?;
-        let sources: Vec<SegmentSource<'_>> = paths.iter().map(|p| SegmentSource::Path(p)).collect();
-        let caches = load_segments(&sources)?;
-        unsafe { write(out, register_set(caches)) };
-        Ok(())
+        unsafe { load_into(&paths.iter().map(|p| SegmentSource::Path(p)).collect::<Vec<_>>(), out) }
     }
 }
 
@@ -162,11 +154,7 @@ pub unsafe extern "C" fn latent_cache_set_load_segments_from_buffers(
 ) -> latent_cache_status {
     ffi_boundary! {
         let buffers = unsafe { buffers(data, lens, n) }?;
-        let out = out_ptr(out, "out")?;
-        let sources: Vec<SegmentSource<'_>> = buffers.iter().map(|b| SegmentSource::Bytes(b)).collect();
-        let caches = load_segments(&sources)?;
-        unsafe { write(out, register_set(caches)) };
-        Ok(())
+        unsafe { load_into(&buffers.iter().map(|b| SegmentSource::Bytes(b)).collect::<Vec<_>>(), out) }
     }
 }
 
@@ -190,12 +178,7 @@ pub unsafe extern "C" fn latent_cache_set_extend_segments(
 ) -> latent_cache_status {
     ffi_boundary! {
         let paths = unsafe { self::paths(paths, n) }?;
-        let sources: Vec<SegmentSource<'_>> = paths.iter().map(|p| SegmentSource::Path(p)).collect();
-        let count = with_set_layers(set, |layers| Ok(extend_segments(layers, &sources)?))?;
-        if !appended.is_null() {
-            unsafe { write(appended, count) };
-        }
-        Ok(())
+        unsafe { extend_with(set, &paths.iter().map(|p| SegmentSource::Path(p)).collect::<Vec<_>>(), appended) }
     }
 }
 
@@ -210,13 +193,24 @@ pub unsafe extern "C" fn latent_cache_set_extend_segments_from_buffers(
 ) -> latent_cache_status {
     ffi_boundary! {
         let buffers = unsafe { buffers(data, lens, n) }?;
-        let sources: Vec<SegmentSource<'_>> = buffers.iter().map(|b| SegmentSource::Bytes(b)).collect();
-        let count = with_set_layers(set, |layers| Ok(extend_segments(layers, &sources)?))?;
-        if !appended.is_null() {
-            unsafe { write(appended, count) };
-        }
-        Ok(())
+        unsafe { extend_with(set, &buffers.iter().map(|b| SegmentSource::Bytes(b)).collect::<Vec<_>>(), appended) }
     }
+}
+
+/// A set restored from `sources` (`latent_cache_set_load_segments`) written to `*out`.
+unsafe fn load_into(sources: &[SegmentSource<'_>], out: *mut *mut latent_cache_set) -> FfiResult {
+    let out = out_ptr(out, "out")?;
+    let caches = load_segments(sources)?;
+    unsafe { write(out, register_set(caches)) };
+    Ok(())
+}
+
+/// `set` extended by `sources` (`latent_cache_set_extend_segments`); `*appended` (optional)
+/// receives how many segments were appended.
+unsafe fn extend_with(set: *mut latent_cache_set, sources: &[SegmentSource<'_>], appended: *mut usize) -> FfiResult {
+    let count = with_set_layers(set, |layers| Ok(extend_segments(layers, sources)?))?;
+    unsafe { write_optional(appended, count) };
+    Ok(())
 }
 
 /// Copies the key into `(key, key_capacity)` when `key` is not NULL, then writes `*out`.
