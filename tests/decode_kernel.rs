@@ -51,10 +51,6 @@ struct Case {
     hot_window: usize,
 }
 
-fn uniform(rng: &mut Rng, n: usize, amplitude: f32) -> Vec<f32> {
-    (0..n).map(|_| ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * amplitude).collect()
-}
-
 /// `v` rounded to the dtype the queries are given in (round to nearest even), as MLX's cast does.
 fn narrowed(v: &[f32], dtype: Dtype) -> Vec<f32> {
     let a = ops::astype(&Array::from_slice(v, &[v.len() as i32]), dtype).unwrap();
@@ -77,7 +73,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     let mut model = Model::with_modes(widths, modes);
     model.ragged = case.layout == LayoutKind::Ragged;
     let batch = case.pads.len();
-    let mut data = [uniform(rng, batch * case.first * case.rank, 1.0), uniform(rng, batch * case.first * case.rope, 1.0), vec![]];
+    let mut data = [rng.uniform(batch * case.first * case.rank, 1.0), rng.uniform(batch * case.first * case.rope, 1.0), vec![]];
     // Markers a misplaced boundary cannot hide: each row's first valid position holds -4 in every
     // latent channel, its last +4 (a query that must not see it, or misses it, is far off).
     for (b, &pad) in case.pads.iter().enumerate() {
@@ -96,8 +92,7 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     cache.append_host_padded(batch, case.first, &case.pads, &data[0], &data[1], None).unwrap();
     model.append_padded(batch, case.first, &case.pads, &data);
     if case.more > 0 {
-        let mut data =
-            [uniform(rng, batch * case.more * case.rank, 1.0), uniform(rng, batch * case.more * case.rope, 1.0), vec![]];
+        let mut data = [rng.uniform(batch * case.more * case.rank, 1.0), rng.uniform(batch * case.more * case.rope, 1.0), vec![]];
         last(&mut data, case.more);
         cache.append_host(batch, case.more, &data[0], &data[1], None).unwrap();
         model.append(batch, case.more, &data);
@@ -115,8 +110,8 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     let (h, lq) = (case.heads, case.queries);
     // Queries large enough that the softmax is far from uniform (scores of standard deviation
     // about 1 over unit-scale values).
-    let q_latent = narrowed(&uniform(rng, batch * h * lq * case.rank, 3.0), dtype);
-    let q_rope = narrowed(&uniform(rng, batch * h * lq * case.rope, 3.0), dtype);
+    let q_latent = narrowed(&rng.uniform(batch * h * lq * case.rank, 3.0), dtype);
+    let q_rope = narrowed(&rng.uniform(batch * h * lq * case.rope, 3.0), dtype);
     let shape = |w: usize| [batch as i32, h as i32, lq as i32, w as i32];
     // With several queries per row, the queries are a strided view (their channels lq apart, as
     // a transposed projection gives), so the kernel's element-wise query copy is tested too.

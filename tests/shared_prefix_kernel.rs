@@ -26,8 +26,7 @@ const HEADS: usize = 64;
 const TOLERANCE: f32 = 2e-2;
 
 fn values(rng: &mut Rng, shape: &[usize], amplitude: f32) -> Array {
-    let n: usize = shape.iter().product();
-    let v: Vec<f32> = (0..n).map(|_| ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * amplitude).collect();
+    let v = rng.uniform(shape.iter().product(), amplitude);
     ops::astype(&Array::from_slice(&v, &shape.iter().map(|&d| d as i32).collect::<Vec<_>>()), Dtype::Bfloat16).unwrap()
 }
 

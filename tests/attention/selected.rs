@@ -27,10 +27,6 @@ const TOKENS: usize = 300;
 const HEADS: usize = 2;
 const QUERIES: usize = 2;
 
-fn uniform(rng: &mut Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0).collect()
-}
-
 /// The values `cache` stores for `family` (`x`: what was appended, `[BATCH, TOKENS, width]`),
 /// row-major `[BATCH, TOKENS, width]`, as described in the module doc.
 fn stored_values(cache: &LatentCache, g: &Geometry, family: Family, x: &[f32]) -> Vec<f32> {
@@ -102,7 +98,7 @@ fn selected_attention_equals_dense_attention_masked_to_the_same_positions() {
     for g in geometries {
         let what = g.describe();
         let mut cache = LatentCache::new(g).unwrap();
-        let x: [Vec<f32>; 2] = std::array::from_fn(|f| uniform(&mut rng, BATCH * TOKENS * WIDTHS[f]));
+        let x: [Vec<f32>; 2] = std::array::from_fn(|f| rng.uniform(BATCH * TOKENS * WIDTHS[f], 1.0));
         cache.append_host(BATCH, TOKENS, &x[0], &x[1], None).unwrap();
         if g.hot_window > 0 {
             assert_eq!(cache.converted_positions(), vec![192; BATCH], "{what}: the boundary of 300 positions");
@@ -129,8 +125,8 @@ fn selected_attention_equals_dense_attention_masked_to_the_same_positions() {
                 positions.iter().for_each(|&p| mask[bq * TOKENS + p] = 0.0);
             }
             let mask = Array::from_slice(&mask, &[BATCH as i32, 1, QUERIES as i32, TOKENS as i32]);
-            let q_latent = uniform(&mut rng, BATCH * HEADS * QUERIES * WIDTHS[0]);
-            let q_rope = uniform(&mut rng, BATCH * HEADS * QUERIES * WIDTHS[1]);
+            let q_latent = rng.uniform(BATCH * HEADS * QUERIES * WIDTHS[0], 1.0);
+            let q_rope = rng.uniform(BATCH * HEADS * QUERIES * WIDTHS[1], 1.0);
             let shape = |w: usize| [BATCH as i32, HEADS as i32, QUERIES as i32, w as i32];
             let (ql, qr) = (Array::from_slice(&q_latent, &shape(WIDTHS[0])), Array::from_slice(&q_rope, &shape(WIDTHS[1])));
             let scale = 0.25;

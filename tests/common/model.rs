@@ -231,6 +231,11 @@ impl Rng {
         lo + (self.next() % (hi - lo + 1) as u64) as usize
     }
 
+    /// `n` values uniform in `[-amplitude, amplitude)`.
+    pub fn uniform(&mut self, n: usize, amplitude: f32) -> Vec<f32> {
+        (0..n).map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * amplitude).collect()
+    }
+
     /// Distinct values, so a misplaced position can never compare equal by accident.
     pub fn floats(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| (self.next() >> 40) as f32 / 1024.0 - 8192.0).collect()

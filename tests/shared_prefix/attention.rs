@@ -3,7 +3,7 @@
 use crate::common::attention_ref::{attention, index_scores, visible};
 use crate::common::mlx_helpers::{array, host};
 use crate::common::model::Rng;
-use crate::{prompt, uniform, Rows, PREFIX, WIDTHS};
+use crate::{prompt, Rows, PREFIX, WIDTHS};
 use latent_cache::core::attention::{Donor, MaskMode};
 use latent_cache::{LatentCache, LayoutKind};
 
@@ -48,7 +48,11 @@ struct Queries {
 }
 
 fn queries(rng: &mut Rng, batch: usize, lq: usize) -> Queries {
-    Queries { latent: uniform(rng, batch * HEADS * lq * WIDTHS[0]), rope: uniform(rng, batch * HEADS * lq * WIDTHS[1]), lq }
+    Queries {
+        latent: rng.uniform(batch * HEADS * lq * WIDTHS[0], 1.0),
+        rope: rng.uniform(batch * HEADS * lq * WIDTHS[1], 1.0),
+        lq,
+    }
 }
 
 fn attend(donor: &Donor, q: &Queries, mode: MaskMode, mask: Option<&[f32]>) -> Vec<f32> {
@@ -110,7 +114,7 @@ fn dense_attention_over_a_shared_prefix_is_attention_over_the_whole_row() {
         let q = queries(&mut rng, 3, 2);
         let t = cache.offset();
         let mut mask: Vec<f32> =
-            uniform(&mut rng, 3 * HEADS * 2 * t).iter().map(|&x| if x > 0.6 { f32::NEG_INFINITY } else { x }).collect();
+            rng.uniform(3 * HEADS * 2 * t, 1.0).iter().map(|&x| if x > 0.6 { f32::NEG_INFINITY } else { x }).collect();
         mask[..t].iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
         let got = attend(&shared, &q, MaskMode::Array, Some(&mask));
         close(&got, &reference(&rows, &pads, t, &q, false, Some(&mask)), 1e-4, &format!("{layout:?} mask array"));
@@ -129,8 +133,8 @@ fn dsa_over_a_shared_prefix_scores_and_attends_as_over_the_whole_row() {
         let t = cache.offset();
         for (lq, mode) in [(1, MaskMode::None), (3, MaskMode::Causal), (8, MaskMode::Causal)] {
             let what = format!("{layout:?} Lq {lq} {mode:?}");
-            let qi = uniform(&mut rng, 3 * INDEX_HEADS * lq * WIDTHS[2]);
-            let w = uniform(&mut rng, 3 * lq * INDEX_HEADS);
+            let qi = rng.uniform(3 * INDEX_HEADS * lq * WIDTHS[2], 1.0);
+            let w = rng.uniform(3 * lq * INDEX_HEADS, 1.0);
             let (qi_a, w_a) = (array(&qi, &[3, INDEX_HEADS, lq, WIDTHS[2]]), array(&w, &[3, lq, INDEX_HEADS]));
             let scores = shared.index_scores(&qi_a, &w_a, mode).unwrap();
             let got = host(&scores);

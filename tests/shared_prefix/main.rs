@@ -16,10 +16,6 @@ use latent_cache::{Family, Geometry, LatentCache, LayoutKind};
 pub const WIDTHS: [usize; 3] = [32, 16, 24];
 pub const PREFIX: usize = 40;
 
-pub fn uniform(rng: &mut Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0).collect()
-}
-
 pub fn geometry(layout: LayoutKind) -> Geometry {
     common::mlx_helpers::geometry(WIDTHS, layout)
 }
@@ -36,7 +32,7 @@ impl Rows {
     /// Appends `tokens` random positions to every row of `cache` and of the rows.
     pub fn append(&mut self, cache: &mut LatentCache, rng: &mut Rng, tokens: usize) {
         let batch = self.0.len();
-        let data: Vec<Vec<f32>> = WIDTHS.iter().map(|&w| uniform(rng, batch * tokens * w)).collect();
+        let data: Vec<Vec<f32>> = WIDTHS.iter().map(|&w| rng.uniform(batch * tokens * w, 1.0)).collect();
         let arrays: Vec<_> = WIDTHS.iter().zip(&data).map(|(&w, d)| array(d, &[batch, tokens, w])).collect();
         cache.append(&arrays[0], &arrays[1], Some(&arrays[2])).unwrap();
         for (b, row) in self.0.iter_mut().enumerate() {
