@@ -259,35 +259,90 @@ fn decode_attention_over_selected_positions_matches_a_float64_reference() {
     }
 }
 
-/// Top-k over a window of thousands of positions, with negative, positive, -inf and repeated
-/// scores: the selection holds every position scoring above the k-th largest score and the rest
-/// at it, k distinct positions.
+/// Top-k over windows of hundreds to tens of thousands of positions (some not a multiple of a
+/// warp, some fewer than the kernel's threads), batch 2 x 2 queries, with negative, positive,
+/// -inf and repeated scores: the selection holds every position scoring above the k-th largest
+/// score and the rest at it, k distinct positions. Where the CUDA kernel runs (each case checks
+/// that it did), the ties it takes are the first by position, as `kernels::cuda::dsa_topk`
+/// documents, and a second run gives the same positions.
 #[test]
 fn selection_over_a_long_window_takes_the_k_largest() {
+    let _counting = COUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut rng = Rng::new(94);
-    let (batch, positions, k) = (2usize, 5000usize, 300usize);
-    let mut cache = LatentCache::new(geometry([64, 32, 64], LayoutKind::RightJustified)).unwrap();
-    let n = batch * positions;
-    cache.append_host(batch, positions, &vec![0.5; n * 64], &vec![0.5; n * 32], Some(&vec![0.5; n * 64])).unwrap();
-    let donor = cache.capture_donor_rows().unwrap();
-    // Scores from a small set (many ties), some -inf (unseen positions).
-    let scores: Vec<f32> = (0..n)
-        .map(|_| match rng.next() % 50 {
-            0 => f32::NEG_INFINITY,
-            r => (r as f32 - 25.0) * 0.75,
-        })
-        .collect();
-    let indices = donor.select(&Array::from_slice(&scores, &[batch as i32, 1, positions as i32]), k).unwrap().unwrap();
-    let got = host(&indices);
-    for b in 0..batch {
-        let row = &scores[b * positions..][..positions];
-        let chosen: BTreeSet<usize> = got[b * k..][..k].iter().map(|&p| p as usize).collect();
-        assert_eq!(chosen.len(), k, "row {b}: k distinct positions");
-        let mut sorted: Vec<f32> = row.to_vec();
-        sorted.sort_by(|x, y| y.partial_cmp(x).unwrap());
-        let kth = sorted[k - 1];
-        assert!(chosen.iter().all(|&p| p < positions && row[p] >= kth), "row {b}: nothing below the k-th score");
-        let above = (0..positions).filter(|&p| row[p] > kth).count();
-        assert_eq!(chosen.iter().filter(|&&p| row[p] > kth).count(), above, "row {b}: every score above the k-th");
+    let (batch, queries) = (2usize, 2usize);
+    for (positions, k, levels) in
+        [(5000usize, 300usize, 50u64), (700, 699, 3), (1000, 1, 1000), (33_001, 2048, 40), (40_000, 2048, 1 << 30)]
+    {
+        let mut cache = LatentCache::new(geometry([64, 32, 64], LayoutKind::RightJustified)).unwrap();
+        let n = batch * positions;
+        cache.append_host(batch, positions, &vec![0.5; n * 64], &vec![0.5; n * 32], Some(&vec![0.5; n * 64])).unwrap();
+        let donor = cache.capture_donor_rows().unwrap();
+        // Scores from `levels` values (many ties where few), some -inf (unseen positions).
+        let scores: Vec<f32> = (0..n * queries)
+            .map(|_| match rng.next() % (levels + 1) {
+                0 => f32::NEG_INFINITY,
+                r => (r as f32 - levels as f32 / 2.0) * 0.75,
+            })
+            .collect();
+        let scores = Array::from_slice(&scores, &[batch as i32, queries as i32, positions as i32]);
+        let before = cuda::dsa_topk::KERNEL.launches();
+        let got = host(&donor.select(&scores, k).unwrap().unwrap());
+        let kernel = cuda::dsa_topk::KERNEL.launches() - before == 1;
+        assert_eq!(kernel, launch::on_cuda(), "{positions} positions: the kernel runs on CUDA and only there");
+        if kernel {
+            assert_eq!(host(&donor.select(&scores, k).unwrap().unwrap()), got, "{positions} positions: the same again");
+        }
+        let scores = host(&scores);
+        for r in 0..batch * queries {
+            let what = format!("{positions} positions, k {k}, row-query {r}");
+            let row = &scores[r * positions..][..positions];
+            let chosen: Vec<usize> = got[r * k..][..k].iter().map(|&p| p as usize).collect();
+            let distinct: BTreeSet<usize> = chosen.iter().copied().collect();
+            assert_eq!(distinct.len(), k, "{what}: k distinct positions");
+            let mut sorted: Vec<f32> = row.to_vec();
+            sorted.sort_by(|x, y| y.partial_cmp(x).unwrap());
+            let kth = sorted[k - 1];
+            assert!(distinct.iter().all(|&p| p < positions && row[p] >= kth), "{what}: nothing below the k-th score");
+            let above = (0..positions).filter(|&p| row[p] > kth).count();
+            assert_eq!(distinct.iter().filter(|&&p| row[p] > kth).count(), above, "{what}: every score above the k-th");
+            if kernel {
+                // The positions above the k-th score in order, then the first ties in order.
+                let want: Vec<usize> = (0..positions)
+                    .filter(|&p| row[p] > kth)
+                    .chain((0..positions).filter(|&p| row[p] == kth).take(k - above))
+                    .collect();
+                assert_eq!(chosen, want, "{what}: the kernel's order and ties");
+            }
+        }
+    }
+}
+
+/// Indices are the caller's: ones outside the window read the nearest position of it (never
+/// outside the stored buffers), on every path: a decode step the kernel takes (rows spanning the
+/// window, 16-bit storage on CUDA) and padded rows (MLX's ops).
+#[test]
+fn selected_positions_outside_the_window_read_clamped() {
+    let _counting = COUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut rng = Rng::new(95);
+    let (rank, rope, heads, tokens) = (128usize, 64usize, 4usize, 100usize);
+    for pads in [[0usize, 0], [0, 9]] {
+        let modes = [StorageMode::Bf16, StorageMode::Bf16, StorageMode::F32];
+        let mut cache = LatentCache::new(geometry_in([rank, rope, 0], modes, LayoutKind::RightJustified)).unwrap();
+        let data = [rng.uniform(2 * tokens * rank, 1.0), rng.uniform(2 * tokens * rope, 1.0)];
+        cache.append_host_padded(2, tokens, &pads, &data[0], &data[1], None).unwrap();
+        let donor = cache.capture_donor_rows().unwrap();
+        let t = donor.offset() as i32;
+        let wild = [-5, 3, t + 100, 7, i32::MIN, 20, i32::MAX, 40];
+        let tame = [0, 3, t - 1, 7, 0, 20, t - 1, 40];
+        let mut q = |w: usize| {
+            let v = rng.uniform(2 * heads * w, 1.0);
+            ops::astype(&Array::from_slice(&v, &[2, heads as i32, 1, w as i32]), mlx_rs::Dtype::Bfloat16).unwrap()
+        };
+        let (ql, qr) = (q(rank), q(rope));
+        let attend = |indices: &[i32]| {
+            let indices = Array::from_slice(indices, &[2, 1, 4]);
+            host(&donor.attend_selected(&ql, &qr, 0.05, MaskMode::None, &indices).unwrap())
+        };
+        assert_eq!(attend(&wild), attend(&tame), "pads {pads:?}: out-of-window indices read clamped");
     }
 }

@@ -104,7 +104,14 @@ impl Donor {
         let mut passes = Vec::with_capacity(2);
         if cold_len > 0 {
             let Some(latent) = k.latent(&cold_parts, cold_len, self) else { return Ok(None) };
-            passes.push(cuda::mla_decode::Pass { latent, rope: &cold_rope, ranges: cold, causal: false, shared: false });
+            passes.push(cuda::mla_decode::Pass {
+                latent,
+                rope: &cold_rope,
+                ranges: cold,
+                causal: false,
+                shared: false,
+                selected: None,
+            });
         }
         if hot_len > 0 {
             let shape = k.shape(self, hot_len);
@@ -117,6 +124,7 @@ impl Donor {
                 ranges: warm,
                 causal: mode == MaskMode::Causal,
                 shared: false,
+                selected: None,
             });
         }
         cuda::mla_decode::attend_passes(q_latent, q_rope, &passes, scale).map(Some)
@@ -148,12 +156,26 @@ impl Donor {
                 _ => return Ok(None),
             };
             let rope = &piece.parts(Family::Rope)[0];
-            passes.push(cuda::mla_decode::Pass { latent, rope, ranges: vec![(0, piece.offset)], causal: false, shared: true });
+            passes.push(cuda::mla_decode::Pass {
+                latent,
+                rope,
+                ranges: vec![(0, piece.offset)],
+                causal: false,
+                shared: true,
+                selected: None,
+            });
         }
         if self.offset > 0 {
             let Some(latent) = kernel.latent(self.parts(Family::Latent), self.offset, self) else { return Ok(None) };
             let (rope, ranges) = (&self.parts(Family::Rope)[0], self.row_ranges());
-            passes.push(cuda::mla_decode::Pass { latent, rope, ranges, causal: q.mode == MaskMode::Causal, shared: false });
+            passes.push(cuda::mla_decode::Pass {
+                latent,
+                rope,
+                ranges,
+                causal: q.mode == MaskMode::Causal,
+                shared: false,
+                selected: None,
+            });
         }
         cuda::mla_decode::attend_passes(q.q_latent, q.q_rope, &passes, q.scale).map(Some)
     }
@@ -175,13 +197,13 @@ impl Donor {
     }
 
     /// `attend_selected` for a decode step (one query per row) whose rows each span the whole
-    /// window, so that every position the indices can name is visible (no mask is needed):
-    /// each stored part's selected positions gathered (`k` a row, as stored), then the split-K
-    /// kernel over them as over a window of `k` positions (on CUDA over 16-bit or packed latents,
-    /// on Apple GPUs over float storage). That replaces about fifteen MLX operations over float32
-    /// copies with four gathers and the kernel's two. `None` where it does not apply (composed
-    /// storage, verify queries, padded or shorter rows: MLX's ops, which mask the selected
-    /// positions a row lacks).
+    /// window, so that every position the indices can name is visible (no mask is needed): the
+    /// split-K kernel over the selected positions as over a window of `k` positions. On CUDA
+    /// (16-bit or packed latents) the kernel reads each selected position through the indices
+    /// as it copies its tile in, so the step is the kernel's two operations and nothing is
+    /// gathered; on Apple GPUs (float storage) the positions are gathered first. `None` where it does not apply
+    /// (composed storage, verify queries, padded or shorter rows: MLX's ops, which mask the
+    /// selected positions a row lacks).
     pub(super) fn kernel_selected(&self, q_latent: &Array, q_rope: &Array, scale: f32, indices: &Array) -> Result<Option<Array>> {
         let shape = indices.shape();
         let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
@@ -189,13 +211,19 @@ impl Donor {
         if self.row_ranges().iter().any(|&range| range != (0, self.offset)) {
             return Ok(None);
         }
-        let Some(kernel) = self.gathered_kernel(&query, k) else { return Ok(None) };
-        let flat = ops::reshape(indices, &[batch, k, 1])?;
-        let gather = |family: Family| -> Result<Vec<Array>> {
-            self.parts(family).iter().map(|part| math::take_along_axis(part, &flat, 1)).collect()
-        };
-        let (latent, rope) = (gather(Family::Latent)?, gather(Family::Rope)?);
-        self.run_gathered(kernel, &latent, &rope[0], k)
+        let Some((kernel, on_metal)) = self.gathered_kernel(&query, k) else { return Ok(None) };
+        let rope = &self.parts(Family::Rope)[0];
+        let whole = vec![(0, k); batch];
+        if on_metal {
+            // Apple GPUs: the selected positions gathered (the Metal kernel reads a window).
+            let flat = self.within_window(&ops::reshape(indices, &[batch, k, 1])?)?;
+            let gather = |part: &Array| math::take_along_axis(part, &flat, 1);
+            let (latent, rope) = (gather(&self.parts(Family::Latent)[0])?, gather(rope)?);
+            return metal::mla_decode::attend(q_latent, q_rope, &latent, &rope, &whole, scale, false).map(Some);
+        }
+        let Some(latent) = kernel.latent(self.parts(Family::Latent), k, self) else { return Ok(None) };
+        let pass = cuda::mla_decode::Pass { latent, rope, ranges: whole, causal: false, shared: false, selected: Some(indices) };
+        cuda::mla_decode::attend_passes(q_latent, q_rope, &[pass], scale).map(Some)
     }
 
     /// The split-K kernel over `k` gathered positions a row (`latent`: the latent's stored parts,

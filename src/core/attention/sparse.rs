@@ -5,6 +5,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::{Donor, MaskMode};
 use crate::core::error::{fail, Result};
+use crate::core::kernels::cuda;
 use crate::core::mlx::{math, ops};
 use crate::core::model::geometry::Family;
 use crate::core::storage::hot::same_dtype;
@@ -40,6 +41,13 @@ impl Donor {
             values = math::select(&is_hot, &hot, &cold)?;
         }
         ops::reshape(&values, &[batch, queries, k, width])
+    }
+
+    /// `indices` clamped into the window `[0, T)`: the indices are the caller's, and a gather
+    /// never reads outside the stored buffers (a position outside the window reads its nearest).
+    pub(super) fn within_window(&self, indices: &Array) -> Result<Array> {
+        let last = ops::indices(&[self.offset.saturating_sub(1) as i32], &[1]);
+        math::minimum(&ops::maximum(indices, &ops::indices(&[0], &[1]))?, &last)
     }
 
     /// DSA index scores, `[B, Lq, T]` float32: `sum over index heads h of weights[b, q, h] *
@@ -108,6 +116,8 @@ impl Donor {
     /// The `k` positions with the highest scores per query (`scores` `[B, Lq, T]` from
     /// `index_scores`), `[B, Lq, k]` int32 window positions in no particular order; `None` when
     /// the window holds no more than `k` positions (attend densely, as DeepSeek's indexer does).
+    /// On CUDA the radix-select kernel of `kernels::cuda::dsa_topk` (ties at the k-th score go
+    /// to the first positions), elsewhere MLX's `argpartition` (ties as it breaks them).
     pub fn select(&self, scores: &Array, k: usize) -> Result<Option<Array>> {
         if k == 0 {
             return fail!(InvalidArgument, "top-k needs k of at least 1");
@@ -119,6 +129,9 @@ impl Donor {
         }
         if t <= k {
             return Ok(None);
+        }
+        if cuda::dsa_topk::applies(scores.dtype(), shape[0] as usize, shape[1] as usize, t, k) {
+            return cuda::dsa_topk::top_k(scores, k).map(Some);
         }
         // The last k of a partition at T - k are the k largest (no negated copy of the scores).
         let order = math::argpartition(scores, (t - k) as i32, -1)?;
@@ -168,6 +181,7 @@ impl Donor {
         if let Some(out) = self.kernel_selected(q_latent, q_rope, scale, indices)? {
             return Ok(out);
         }
+        let indices = &self.within_window(indices)?;
         // Visibility of the selected positions: the row mask gathered at them, [B, Lq, 1, k].
         let visible = match self.masks(mode, dims.1 as usize) {
             true => {

@@ -143,7 +143,8 @@ const HEADER: &str = include_str!("src/mla_decode.cuh");
 /// ranges, else every row spans the whole window). Inputs: `q_latent [B, heads, LQ, R]`,
 /// `q_rope [B, heads, LQ, P]`, `latent [B, T, R]`, `rope [B, T, P]` (views, any strides),
 /// `ranges` int32 `[lo_0, hi_0, lo_1, ...]` (each row's valid window range; any array, unread,
-/// without `RANGES`). Outputs: `o_part [B, S, H, R]` float32 (unnormalized) and `ml [B, S, H, 2]`
+/// without `RANGES`), `sel` int32 `[B, 1, k]` (with `GATHER`, the stored positions that make
+/// the window: `T` is `k`; any array, unread, without). Outputs: `o_part [B, S, H, R]` float32 (unnormalized) and `ml [B, S, H, 2]`
 /// (running max in log2 units, running sum). Every value comes by argument (shapes, template
 /// arguments) but the ranges: on MLX's CUDA backend an array made on the host costs an
 /// evaluation that reads it in a kernel about 30 us (measured on an H200), more than the
@@ -153,7 +154,7 @@ const PARTIAL: &str =
 
 /// The mma.sync pass's inputs: the partial passes' and a quantized latent's scales and biases
 /// (any arrays, unread, over a 16-bit float latent).
-const MMA_INPUTS: &[&str] = &["q_latent", "q_rope", "latent", "rope", "ranges", "lat_scales", "lat_biases"];
+const MMA_INPUTS: &[&str] = &["q_latent", "q_rope", "latent", "rope", "ranges", "sel", "lat_scales", "lat_biases"];
 
 static PARTIAL_KERNEL: Source = Source {
     name: "latent_cache_mla_decode_partial",
@@ -199,10 +200,17 @@ pub(crate) struct Pass<'a> {
     /// The pass's one row serves every row of the queries (a shared prefix's piece): the rows
     /// fold into the heads (`[1, B * H, Lq, w]`), so each position is read once for all of them.
     pub shared: bool,
+    /// The stored positions each row reads, `[B, 1, k]` int32 (a DSA decode step's selection),
+    /// read through as the tiles are copied in: the pass's window is these `k` positions, in
+    /// this order, and the latent and rope are the whole stored buffers, never a gathered copy.
+    pub selected: Option<&'a Array>,
 }
 
 impl Pass<'_> {
     fn positions(&self) -> usize {
+        if let Some(selected) = self.selected {
+            return selected.shape()[2] as usize;
+        }
         match &self.latent {
             Latent::Float(values) => values.shape()[1] as usize,
             Latent::Packed { parts, .. } => parts[0].shape()[1] as usize,
@@ -223,7 +231,12 @@ pub(crate) fn attend(
     scale: f32,
     causal: bool,
 ) -> Result<Array> {
-    attend_passes(q_latent, q_rope, &[Pass { latent, rope, ranges: ranges.to_vec(), causal, shared: false }], scale)
+    attend_passes(
+        q_latent,
+        q_rope,
+        &[Pass { latent, rope, ranges: ranges.to_vec(), causal, shared: false, selected: None }],
+        scale,
+    )
 }
 
 /// `attend` over positions held in several places (composed storage: each row's compact
@@ -322,14 +335,20 @@ fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, target
         ("BITS", bits as i32),
     ];
     let (b, s, h, r) = (batch as i32, splits as i32, rows as i32, rank as i32);
-    let inputs = [q_latent, q_rope, stored, pass.rope, &bounds, scales, biases];
+    // Without a selection the queries stand in for the unread `sel`.
+    let inputs = [q_latent, q_rope, stored, pass.rope, &bounds, pass.selected.unwrap_or(q_latent), scales, biases];
     let outputs: [(&[i32], Dtype); 2] = [(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)];
     // With one query, causal sees the whole row: one compiled kernel serves both.
-    let bools =
-        [("BF16", bf16), ("CAUSAL", pass.causal && queries > 1), ("RANGES", !whole), ("FP8", packing == Some(Packing::Fp8))];
+    let bools = [
+        ("BF16", bf16),
+        ("CAUSAL", pass.causal && queries > 1),
+        ("RANGES", !whole),
+        ("GATHER", pass.selected.is_some()),
+        ("FP8", packing == Some(Packing::Fp8)),
+    ];
     let out = match wgmma {
         true => {
-            mla_decode_wgmma::partial(&inputs[..5], &outputs, [s, b, groups as i32], &ints[..5], &bools[..3], rank + rope_dim)?
+            mla_decode_wgmma::partial(&inputs[..6], &outputs, [s, b, groups as i32], &ints[..5], &bools[..4], rank + rope_dim)?
         }
         false => apply(
             kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim, rank, packing))?,

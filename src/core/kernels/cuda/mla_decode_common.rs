@@ -13,5 +13,6 @@ macro_rules! partial_prologue {
 pub(crate) use partial_prologue;
 
 /// The partial passes' inputs and outputs, by the names their bodies give them.
-pub(crate) const PARTIAL_INPUTS: &[&str] = &["q_latent", "q_rope", "latent", "rope", "ranges"];
+/// `sel` holds the selected positions of a gathered pass (any array, unread, otherwise).
+pub(crate) const PARTIAL_INPUTS: &[&str] = &["q_latent", "q_rope", "latent", "rope", "ranges", "sel"];
 pub(crate) const PARTIAL_OUTPUTS: &[&str] = &["o_part", "ml"];

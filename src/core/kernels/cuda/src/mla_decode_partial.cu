@@ -49,19 +49,19 @@
         for (int i = tid; i < N * CR; i += THREADS) {
           int r = i / CR, c = (C0 + i % CR) * 8, pos = tile + r;
           const bool in = pos < end;
-          const uint16_t* src = !in ? lat : c < R ? lat + b * l0 + pos * l1 + c : rop + b * r0s + pos * r1s + (c - R);
+          const uint16_t* src = !in ? lat : c < R ? lat + b * l0 + at(pos) * l1 + c : rop + b * r0s + at(pos) * r1s + (c - R);
           lc_cp_async16(sk + r * LD + c, src, in);
         }
         for (int i = tid; i < N * CW / 4; i += THREADS) {
           int r = i / (CW / 4), c = i % (CW / 4) * 4, pos = tile + r;
           const bool in = pos < end;
-          lc_cp_async16(rc + r * CW + c, in ? cod + b * w0 + pos * w1 + c : cod, in);
+          lc_cp_async16(rc + r * CW + c, in ? cod + b * w0 + at(pos) * w1 + c : cod, in);
         }
         for (int i = tid; i < N * SW; i += THREADS) {
           const int r = i / SW, j = i % SW, pos = tile + r;
           const bool in = pos < end, scale = FP8 || j < G / 2;
           const int e = FP8 ? 2 * j : 2 * (scale ? j : j - G / 2);  // in 16-bit units
-          const uint16_t* src = !in ? scl : scale ? scl + (b * s0 + pos * s1) * (FP8 ? 2 : 1) + e : bia + b * z0 + pos * z1 + e;
+          const uint16_t* src = !in ? scl : scale ? scl + (b * s0 + at(pos) * s1) * (FP8 ? 2 : 1) + e : bia + b * z0 + at(pos) * z1 + e;
           lc_cp_async4(rw + i, src, in);
         }
       }
@@ -71,7 +71,7 @@
         int r = i / D, c = i % D, pos = tile + r;
         if (c < C0 * 8) continue;
         uint16_t v = 0;
-        if (pos < end) v = c < R ? lat[b * l0 + pos * l1 + c * l2] : rop[b * r0s + pos * r1s + (c - R) * r2s];
+        if (pos < end) v = c < R ? lat[b * l0 + at(pos) * l1 + c * l2] : rop[b * r0s + at(pos) * r1s + (c - R) * r2s];
         sk[r * LD + c] = v;
       }
       for (int i = tid; i < N * CW; i += THREADS) {
@@ -79,9 +79,9 @@
         uint32_t w = 0;
         if (pos < end && FP8) {
           #pragma unroll
-          for (int k = 0; k < 4; k++) w |= static_cast<uint32_t>(cbytes[b * l0 + pos * l1 + (4 * c + k) * l2]) << (8 * k);
+          for (int k = 0; k < 4; k++) w |= static_cast<uint32_t>(cbytes[b * l0 + at(pos) * l1 + (4 * c + k) * l2]) << (8 * k);
         } else if (pos < end) {
-          w = cod[b * l0 + pos * l1 + c * l2];
+          w = cod[b * l0 + at(pos) * l1 + c * l2];
         }
         rc[i] = w;
       }
@@ -89,11 +89,11 @@
         const int r = i / SW, j = i % SW, pos = tile + r;
         uint32_t w = 0;
         if (pos < end && FP8) {
-          w = reinterpret_cast<const uint32_t*>(scl)[b * s0 + pos * s1 + j * s2];
+          w = reinterpret_cast<const uint32_t*>(scl)[b * s0 + at(pos) * s1 + j * s2];
         } else if (pos < end) {
           const bool scale = j < G / 2;
           const int e = 2 * (scale ? j : j - G / 2);
-          const uint16_t* row = scale ? scl + b * s0 + pos * s1 : bia + b * z0 + pos * z1;
+          const uint16_t* row = scale ? scl + b * s0 + at(pos) * s1 : bia + b * z0 + at(pos) * z1;
           const int64_t step = scale ? s2 : z2;
           w = row[e * step] | static_cast<uint32_t>(row[(e + 1) * step]) << 16;
         }

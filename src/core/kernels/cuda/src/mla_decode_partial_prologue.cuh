@@ -1,8 +1,19 @@
 //! Both partial passes' body, shared middle: threads, split, pointers, strides.
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x, S = gridDim.x, b = blockIdx.y, h0 = blockIdx.z * M;
+  // GATHER: the window is a row's selected positions, `sel [B, 1, k]` int32 naming stored
+  // positions (DSA's top-k), read through it where a tile is copied in (no gathered copy);
+  // otherwise the stored positions themselves (`sel` unread).
+  const int* selp = reinterpret_cast<const int*>(sel);
+  const int T = GATHER ? sel_shape[2] : latent_shape[1];
+  // A selected position outside the stored buffers is read clamped into them: the indices are
+  // the caller's, and no index reads outside what the cache holds.
+  const int stored = min(latent_shape[1], rope_shape[1]);
+  auto at = [&](int pos) -> int64_t {
+    return GATHER ? min(max(selp[b * sel_strides[0] + pos * sel_strides[2]], 0), stored - 1) : pos;
+  };
   // Split s takes positions [s * chunk, (s + 1) * chunk): whole tiles, S of them covering T.
-  const int T = latent_shape[1], chunk = ((T + S - 1) / S + N - 1) / N * N;
+  const int chunk = ((T + S - 1) / S + N - 1) / N * N;
   const int* rp = reinterpret_cast<const int*>(ranges);
   const int lo = RANGES ? rp[2 * b] : 0, hi = RANGES ? rp[2 * b + 1] : T;
   const int begin = max(lo, split * chunk), end = min(hi, (split + 1) * chunk);

@@ -50,7 +50,7 @@
         for (int it = pw; it < (N / 8) * (D / 32); it += 4) {
           const int r = (it % (N / 8)) * 8 + (lane & 7), c = ((it / (N / 8)) * 4 + (lane >> 3)) * 8, pos = tile + r;
           const bool in = pos < end;
-          const uint16_t* src = !in ? lat : c < R ? lat + b * l0 + pos * l1 + c : rop + b * r0s + pos * r1s + (c - R);
+          const uint16_t* src = !in ? lat : c < R ? lat + b * l0 + at(pos) * l1 + c : rop + b * r0s + at(pos) * r1s + (c - R);
           lc_cp_async16(sk + kcore(r, c), src, in);
         }
         asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(lc_smem_addr(full + st)));
@@ -58,7 +58,7 @@
         for (int e = tid - 256; e < N * D; e += 128) {
           const int r = e / D, c = e % D, pos = tile + r;
           uint16_t v = 0;
-          if (pos < end) v = c < R ? lat[b * l0 + pos * l1 + c * l2] : rop[b * r0s + pos * r1s + (c - R) * r2s];
+          if (pos < end) v = c < R ? lat[b * l0 + at(pos) * l1 + c * l2] : rop[b * r0s + at(pos) * r1s + (c - R) * r2s];
           sk[kcore(r, c)] = v;
         }
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(lc_smem_addr(full + st)));
