@@ -154,7 +154,9 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
     }
     // On an Apple GPU: the Metal kernel, over float storage that is not composed.
     let metal = |mode: MaskMode| {
-        packing.is_none() && case.hot_window == 0 && metal::mla_decode::applies(dtype, dtype, &sizes, mode == MaskMode::Causal)
+        packing.is_none()
+            && case.hot_window == 0
+            && metal::mla_decode::applies(dtype, dtype, &sizes, mode == MaskMode::Causal, false)
     };
     if metal::on_metal() && packing.is_none() && case.hot_window == 0 && case.rank % 32 == 0 && case.rope % 32 == 0 {
         // There the Metal kernel must be the one tested: a failed check at its first use turns it

@@ -34,8 +34,16 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
         sources.join("mla_decode.h.metal").display(),
         function(
             "lc_partial",
-            "int R, int P, int H, int LQ, bool CAUSAL, typename TS",
-            &[("q_latent", "TS"), ("q_rope", "TS"), ("latent", "TS"), ("rope", "TS"), ("ranges", "int"), ("scale", "float")],
+            "int R, int P, int H, int LQ, bool CAUSAL, bool GATHER, typename TS",
+            &[
+                ("q_latent", "TS"),
+                ("q_rope", "TS"),
+                ("latent", "TS"),
+                ("rope", "TS"),
+                ("ranges", "int"),
+                ("scale", "float"),
+                ("sel", "int"),
+            ],
             &["o_part", "ml"],
             &sources.join("mla_decode_partial.metal")
         ),
@@ -65,6 +73,6 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
     let report = String::from_utf8_lossy(&ran.stdout);
     println!("{report}");
     assert!(ran.status.success(), "every case agrees with float64:\n{report}{}", String::from_utf8_lossy(&ran.stderr));
-    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 4, "four cases ran:\n{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 6, "six cases ran:\n{report}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -227,7 +227,7 @@ fn decode_attention_over_selected_positions_matches_a_float64_reference() {
         let sizes = cuda::mla_decode::Shape { batch: 2, heads, queries: 1, positions: k, rank, rope, scale };
         let kernel = match latent_mode {
             F32 | Bf16 | F16 => {
-                cuda::mla_decode::applies(dtype, dtype, &sizes) || metal::mla_decode::applies(dtype, dtype, &sizes, false)
+                cuda::mla_decode::applies(dtype, dtype, &sizes) || metal::mla_decode::applies(dtype, dtype, &sizes, false, true)
             }
             Q8 => cuda::mla_decode::applies_packed(latent_cache::core::model::storage_mode::Packing::Affine(8), dtype, &sizes),
             _ => cuda::mla_decode::applies_packed(latent_cache::core::model::storage_mode::Packing::Fp8, dtype, &sizes),

@@ -17,6 +17,15 @@ std::vector<float> values(size_t n, std::mt19937& rng) {
   return v;
 }
 
+// k distinct positions of [0, T) per row, for `rows` rows, in no order.
+std::vector<int> selection(int rows, int k, int T) {
+  std::vector<int> out;
+  for (int b = 0; b < rows; b++) {
+    for (int i = 0; i < k; i++) out.push_back((37 * i + 11 + 5 * b) % T);
+  }
+  return out;
+}
+
 template <typename T>
 std::vector<T> as(const std::vector<float>& v) {
   std::vector<T> out;
@@ -25,10 +34,12 @@ std::vector<T> as(const std::vector<float>& v) {
 }
 
 // One case: `heads` x `LQ` queries per row over a [B, cap, R] buffer viewed as its first T
-// positions, rows' valid ranges `ranges`, `S` splits. Returns the largest difference from the
-// float64 result relative to the largest output.
-template <typename TS, int R, int P, int HEADS, int LQ, bool CAUSAL>
-double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges, int S, uint32_t seed) {
+// positions, rows' valid ranges `ranges`, `S` splits; with GATHER, each row's window is instead
+// `sel`'s k positions of the buffer (k per row, out of order; ranges then [0, k)). Returns the
+// largest difference from the float64 result relative to the largest output.
+template <typename TS, int R, int P, int HEADS, int LQ, bool CAUSAL, bool GATHER = false>
+double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges, int S, uint32_t seed,
+           const std::vector<int>& sel = {}) {
   constexpr int H = HEADS * LQ;
   std::mt19937 rng(seed);
   const auto ql = values(size_t(B) * H * R, rng), qr = values(size_t(B) * H * P, rng);
@@ -40,14 +51,20 @@ double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges
   std::vector<int> rng_bounds;
   for (auto [lo, hi] : ranges) rng_bounds.insert(rng_bounds.end(), {lo, hi});
   const int bs[1] = {2 * B}, ss[1] = {1};
+  const int k = GATHER ? int(sel.size()) / B : 0;
+  const int sels[3] = {B, 1, k};
+  const int64_t selst[3] = {k, k, 1};
+  // The stored position window position t of row b reads.
+  auto stored = [&](int b, int t) { return GATHER ? std::clamp(sel[size_t(b) * k + t], 0, std::min(T, cap) - 1) : t; };
   const int64_t one[1] = {1};
   const float scale[1] = {0.125f};
   std::vector<float> o_part(size_t(B) * S * H * R, NAN), ml(size_t(B) * S * H * 2, NAN), out(size_t(B) * H * R, NAN);
   const int ops[4] = {B, S, H, R}, mls[4] = {B, S, H, 2};
   const int64_t opst[4] = {int64_t(S) * H * R, int64_t(H) * R, R, 1}, mlst[4] = {int64_t(S) * H * 2, int64_t(H) * 2, 2, 1};
   dispatch({uint(S), uint(B), uint((H + 15) / 16)}, 256, [&](const Attributes& a) {
-    lc_partial<R, P, H, LQ, CAUSAL, TS>(qlt.data(), qls, qlst, qrt.data(), qrs, qrst, latt.data(), ls, lst, ropt.data(), rs, rst,
-                                     rng_bounds.data(), bs, one, scale, ss, one, o_part.data(), ml.data(), a);
+    lc_partial<R, P, H, LQ, CAUSAL, GATHER, TS>(qlt.data(), qls, qlst, qrt.data(), qrs, qrst, latt.data(), ls, lst, ropt.data(), rs, rst,
+                                     rng_bounds.data(), bs, one, scale, ss, one, GATHER ? sel.data() : rng_bounds.data(), sels, selst,
+                                     o_part.data(), ml.data(), a);
   });
   dispatch({1, uint(H), uint(B)}, 256, [&](const Attributes& a) {
     lc_combine<R, H, 256>(o_part.data(), ops, opst, ml.data(), mls, mlst, out.data(), a);
@@ -60,8 +77,9 @@ double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges
       std::vector<double> s;
       for (int t = lo; t < end; t++) {
         double d = 0;
-        for (int c = 0; c < R; c++) d += double(ql[(size_t(b) * H + h) * R + c]) * lat[(size_t(b) * cap + t) * R + c];
-        for (int c = 0; c < P; c++) d += double(qr[(size_t(b) * H + h) * P + c]) * rop[(size_t(b) * cap + t) * P + c];
+        const int p = stored(b, t);
+        for (int c = 0; c < R; c++) d += double(ql[(size_t(b) * H + h) * R + c]) * lat[(size_t(b) * cap + p) * R + c];
+        for (int c = 0; c < P; c++) d += double(qr[(size_t(b) * H + h) * P + c]) * rop[(size_t(b) * cap + p) * P + c];
         s.push_back(0.125 * d);
       }
       const double top = *std::max_element(s.begin(), s.end());
@@ -69,7 +87,7 @@ double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges
       for (auto& x : s) total += (x = std::exp(x - top));
       for (int c = 0; c < R; c++) {
         double want = 0;
-        for (int t = lo; t < end; t++) want += s[t - lo] * lat[(size_t(b) * cap + t) * R + c];
+        for (int t = lo; t < end; t++) want += s[t - lo] * lat[(size_t(b) * cap + stored(b, t)) * R + c];
         want /= total;
         const double got = out[(size_t(b) * H + h) * R + c];
         worst = std::isfinite(got) ? std::max(worst, std::abs(got - want)) : INFINITY;
@@ -96,6 +114,10 @@ int main() {
        run<bfloat16_t, 512, 64, 64, 1, false>(1, 100, 128, {{0, 100}}, 2, 3)},
       {"float16, 5 heads x 2 queries unmasked, 8 splits (three of them empty)",
        run<float16_t, 64, 32, 5, 2, false>(1, 40, 40, {{0, 40}}, 8, 4)},
+      {"bfloat16, GLM-5.2's widths, 64 heads, 2 rows each reading 50 selected positions out of order, 3 splits",
+       run<bfloat16_t, 512, 64, 64, 1, false, true>(2, 90, 96, {{0, 50}, {0, 50}}, 3, 5, selection(2, 50, 90))},
+      {"float32, 20 heads, selected positions outside the window read clamped into it",
+       run<float, 64, 32, 20, 1, false, true>(1, 30, 32, {{0, 12}}, 2, 6, {-4, 3, 29, 40, 7, 2147483647, 0, 11, -2147483647 - 1, 5, 28, 1})},
   };
   int failed = 0;
   for (const auto& c : cases) {

@@ -29,6 +29,7 @@ struct uint3 {
 // MLX's utils.h (prepended to every kernel) defines this as a full-unroll pragma.
 #define MLX_MTL_PRAGMA_UNROLL
 
+using std::clamp;
 using std::exp2;
 using std::fma;
 using std::max;

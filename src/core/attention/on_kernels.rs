@@ -62,7 +62,7 @@ impl Donor {
         let (latent, rope) = (&self.parts(Family::Latent)[0], &self.parts(Family::Rope)[0]);
         let kernel = KernelInputs { storage, packing: None, q };
         let causal = mode == MaskMode::Causal;
-        if !metal::mla_decode::applies(storage, q_latent.dtype(), &kernel.shape(self, self.offset), causal) {
+        if !metal::mla_decode::applies(storage, q_latent.dtype(), &kernel.shape(self, self.offset), causal, false) {
             return Ok(None);
         }
         metal::mla_decode::attend(q_latent, q_rope, latent, rope, &self.row_ranges(), scale, causal).map(Some)
@@ -201,7 +201,7 @@ impl Donor {
     /// split-K kernel over the selected positions as over a window of `k` positions. On CUDA
     /// (16-bit or packed latents) the kernel reads each selected position through the indices
     /// as it copies its tile in, so the step is the kernel's two operations and nothing is
-    /// gathered; on Apple GPUs (float storage) the positions are gathered first. `None` where it does not apply
+    /// gathered; on Apple GPUs (float storage) likewise. `None` where it does not apply
     /// (composed storage, verify queries, padded or shorter rows: MLX's ops, which mask the
     /// selected positions a row lacks).
     pub(super) fn kernel_selected(&self, q_latent: &Array, q_rope: &Array, scale: f32, indices: &Array) -> Result<Option<Array>> {
@@ -211,17 +211,19 @@ impl Donor {
         if self.row_ranges().iter().any(|&range| range != (0, self.offset)) {
             return Ok(None);
         }
-        let Some((kernel, on_metal)) = self.gathered_kernel(&query, k) else { return Ok(None) };
+        let Some((kernel, on_metal)) = self.gathered_kernel(&query, k, true) else { return Ok(None) };
         let rope = &self.parts(Family::Rope)[0];
-        let whole = vec![(0, k); batch];
         if on_metal {
-            // Apple GPUs: the selected positions gathered (the Metal kernel reads a window).
-            let flat = self.within_window(&ops::reshape(indices, &[batch, k, 1])?)?;
-            let gather = |part: &Array| math::take_along_axis(part, &flat, 1);
-            let (latent, rope) = (gather(&self.parts(Family::Latent)[0])?, gather(rope)?);
-            return metal::mla_decode::attend(q_latent, q_rope, &latent, &rope, &whole, scale, false).map(Some);
+            // MLX passes an input of fewer than 8 values in another address space: a kernel
+            // compiled apart from the probed one (MLX's ops instead).
+            if batch * k < 8 {
+                return Ok(None);
+            }
+            let latent = &self.parts(Family::Latent)[0];
+            return metal::mla_decode::attend_selected(q_latent, q_rope, latent, rope, indices, scale).map(Some);
         }
         let Some(latent) = kernel.latent(self.parts(Family::Latent), k, self) else { return Ok(None) };
+        let whole = vec![(0, k); batch];
         let pass = cuda::mla_decode::Pass { latent, rope, ranges: whole, causal: false, shared: false, selected: Some(indices) };
         cuda::mla_decode::attend_passes(q_latent, q_rope, &[pass], scale).map(Some)
     }
@@ -231,22 +233,23 @@ impl Donor {
     /// as over a window of `k` positions (on CUDA over 16-bit or packed latents, on Apple GPUs
     /// over float storage). `None` where it does not apply.
     pub(super) fn kernel_gathered(&self, query: &Query, latent: &[Array], rope: &Array, k: usize) -> Result<Option<Array>> {
-        match self.gathered_kernel(query, k) {
+        match self.gathered_kernel(query, k, false) {
             Some(kernel) => self.run_gathered(kernel, latent, rope, k),
             None => Ok(None),
         }
     }
 
     /// Whether a kernel runs over `k` gathered positions a row for `query` (one query per row,
-    /// the latent not composed): its inputs, and whether it is the Metal one.
-    fn gathered_kernel<'q>(&self, query: &'q Query<'q>, k: usize) -> Option<(KernelInputs<'q>, bool)> {
+    /// the latent not composed), read through their indices (`through`) or gathered before:
+    /// its inputs, and whether it is the Metal one.
+    fn gathered_kernel<'q>(&self, query: &'q Query<'q>, k: usize, through: bool) -> Option<(KernelInputs<'q>, bool)> {
         if query.queries != 1 || self.hot_values(Family::Latent).is_some() || !self.kernel_takes(query) {
             return None;
         }
         let (storage, packing) = self.kernel_storage()?;
         let kernel = KernelInputs { storage, packing, q: query };
-        let metal =
-            packing.is_none() && metal::mla_decode::applies(storage, query.q_latent.dtype(), &kernel.shape(self, k), false);
+        let metal = packing.is_none()
+            && metal::mla_decode::applies(storage, query.q_latent.dtype(), &kernel.shape(self, k), false, through);
         (metal || kernel.applies(self, k)).then_some((kernel, metal))
     }
 

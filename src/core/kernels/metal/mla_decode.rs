@@ -54,7 +54,8 @@ const HEADER: &str = include_str!("src/mla_decode.h.metal");
 /// heads x queries), `LQ` (queries), `CAUSAL` (bottom-right aligned). Inputs: `q_latent [B,
 /// heads, LQ, R]`, `q_rope [B, heads, LQ, P]`, `latent [B, T, R]`, `rope [B, T, P]` (any
 /// strides; float32, bfloat16 or float16), `ranges` int32 `[lo_0, hi_0, ...]` (each row's
-/// valid positions), `scale` float32 `[1]`. Outputs: `o_part [B, S, H, R]` float32
+/// valid positions), `scale` float32 `[1]`, `sel` int32 `[B, 1, k]` (with `GATHER`, the stored
+/// positions that make the window: `T` is `k`; any int32 array, unread, without). Outputs: `o_part [B, S, H, R]` float32
 /// (unnormalized) and `ml [B, S, H, 2]` (running max in log2 units, running sum).
 const PARTIAL: &str = include_str!("src/mla_decode_partial.metal");
 
@@ -64,7 +65,7 @@ const COMBINE: &str = include_str!("src/mla_decode_combine.metal");
 
 static PARTIAL_KERNEL: Source = Source {
     name: "latent_cache_mla_decode_partial_metal",
-    inputs: &["q_latent", "q_rope", "latent", "rope", "ranges", "scale"],
+    inputs: &["q_latent", "q_rope", "latent", "rope", "ranges", "scale", "sel"],
     outputs: &["o_part", "ml"],
     header: HEADER,
     body: PARTIAL,
@@ -91,8 +92,9 @@ fn splits(batch: usize, rows: usize, positions: usize) -> usize {
 
 /// Whether the kernel computes this attention: an Apple GPU, latent and rope stored in the
 /// queries' float dtype (float32, bfloat16 or float16), widths that divide among 32 lanes, the
-/// tile within threadgroup memory, and the kernel having passed its probe for this shape.
-pub fn applies(storage: Dtype, q_dtype: Dtype, s: &Shape, causal: bool) -> bool {
+/// tile within threadgroup memory, and the kernel having passed its probe for this shape
+/// (`gather`: reading a selection through its indices, `attend_selected`).
+pub fn applies(storage: Dtype, q_dtype: Dtype, s: &Shape, causal: bool, gather: bool) -> bool {
     let rows = s.heads * s.queries;
     let fits = KERNEL.enabled()
         && on_metal()
@@ -106,7 +108,7 @@ pub fn applies(storage: Dtype, q_dtype: Dtype, s: &Shape, causal: bool) -> bool 
         && (1..=65535).contains(&rows)
         && (1..=65535).contains(&s.batch)
         && (1..=i32::MAX as usize).contains(&s.positions);
-    fits && probed((storage, s.rank, s.rope, s.heads, s.queries, causal && s.queries > 1), launch)
+    fits && probed((storage, s.rank, s.rope, s.heads, s.queries, causal && s.queries > 1, gather), launch)
 }
 
 /// Absorbed MLA attention, `[B, H, Lq, R]` float32, lazily, over `latent [B, T, R]` and `rope
@@ -121,18 +123,42 @@ pub(crate) fn attend(
     scale: f32,
     causal: bool,
 ) -> Result<Array> {
-    let out = launch([q_latent, q_rope, latent, rope], ranges, scale, causal)?;
+    let out = launch([q_latent, q_rope, latent, rope], None, ranges, scale, causal)?;
+    KERNEL.launched();
+    Ok(out)
+}
+
+/// `attend` of a decode step over each row's selected positions, `selected [B, 1, k]` int32
+/// stored positions read through as the tiles are copied in (no gathered copy), every one
+/// visible. Callers check `applies` with `gather` first, and that `B * k` is at least 8 (MLX
+/// passes smaller inputs in another address space: a kernel compiled apart from the probed one).
+pub(crate) fn attend_selected(
+    q_latent: &Array,
+    q_rope: &Array,
+    latent: &Array,
+    rope: &Array,
+    selected: &Array,
+    scale: f32,
+) -> Result<Array> {
+    let whole = vec![(0, selected.shape()[2] as usize); selected.shape()[0] as usize];
+    let out = launch([q_latent, q_rope, latent, rope], Some(selected), &whole, scale, false)?;
     KERNEL.launched();
     Ok(out)
 }
 
 /// `attend` without counting the launch (the probe's), its arrays in `attend`'s order.
-pub(super) fn launch(arrays: [&Array; 4], ranges: &[(usize, usize)], scale: f32, causal: bool) -> Result<Array> {
+pub(super) fn launch(
+    arrays: [&Array; 4],
+    selected: Option<&Array>,
+    ranges: &[(usize, usize)],
+    scale: f32,
+    causal: bool,
+) -> Result<Array> {
     let [q_latent, q_rope, latent, rope] = arrays;
     let qs = q_latent.shape();
     let (batch, heads, queries, rank) = (qs[0] as usize, qs[1] as usize, qs[2] as usize, qs[3] as usize);
     let rope_dim = q_rope.shape()[3] as usize;
-    let positions = latent.shape()[1] as usize;
+    let positions = selected.map_or(latent.shape()[1], |s| s.shape()[2]) as usize;
     let rows = heads * queries;
     let splits = splits(batch, rows, positions);
     let groups = rows.div_ceil(ROWS_PER_GROUP);
@@ -147,13 +173,14 @@ pub(super) fn launch(arrays: [&Array; 4], ranges: &[(usize, usize)], scale: f32,
     let threads = (SIMDGROUPS * 32) as i32;
     let parts = apply(
         kernel(&PARTIAL_KERNEL)?,
-        &[q_latent, q_rope, latent, rope, &bounds, &scale],
+        // Without a selection the ranges stand in for the unread `sel`.
+        &[q_latent, q_rope, latent, rope, &bounds, &scale, selected.unwrap_or(&bounds)],
         Launch {
             outputs: &[(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)],
             grid: [s * threads, b, groups as i32],
             block: [threads, 1, 1],
             ints: &ints,
-            bools: &[("CAUSAL", causal && queries > 1)],
+            bools: &[("CAUSAL", causal && queries > 1), ("GATHER", selected.is_some())],
         },
     )?;
     let out = apply(

@@ -10,8 +10,9 @@ use once_cell::sync::Lazy;
 use crate::core::error::Result;
 use crate::core::mlx::ops;
 
-/// What a probe is keyed by: the compiled kernel's template arguments and the storage dtype.
-type ProbeKey = (Dtype, usize, usize, usize, usize, bool);
+/// What a probe is keyed by: the compiled kernel's template arguments and the storage dtype
+/// (dtype, rank, rope, heads, queries, causal, gather).
+type ProbeKey = (Dtype, usize, usize, usize, usize, bool, bool);
 
 /// Probes run so far and whether each passed.
 static PROBES: Lazy<Mutex<Vec<(ProbeKey, bool)>>> = Lazy::new(|| Mutex::new(Vec::new()));
@@ -43,13 +44,23 @@ pub(super) fn probed(key: ProbeKey, launch: Attend) -> bool {
 const PROBE_TOLERANCE: f64 = 1e-3;
 
 /// `launch`'s signature: the kernel, or a stand-in in tests.
-pub(super) type Attend = fn([&Array; 4], &[(usize, usize)], f32, bool) -> Result<Array>;
+pub(super) type Attend = fn([&Array; 4], Option<&Array>, &[(usize, usize)], f32, bool) -> Result<Array>;
+
+/// Positions a gathered probe selects in row `b`: 200 distinct of the 300, out of order.
+fn probe_selection(b: usize) -> Vec<usize> {
+    (0..200).map(|i| (37 * i + 11 + 5 * b) % 300).collect()
+}
 
 /// Runs the kernel for `key` (`run`) over a small problem (two rows, one padded and ragged, 300
-/// positions in several splits) of values exact in every storage dtype, and returns its largest
-/// difference from a float64 computation on the host, relative to the largest output.
-fn probe((dtype, rank, rope, heads, queries, causal): ProbeKey, run: Attend) -> Result<f64> {
-    let (batch, positions, ranges) = (2, 300, [(0usize, 300usize), (7, 290)]);
+/// positions in several splits; gathered, 200 of them selected out of order in each row) of
+/// values exact in every storage dtype, and returns its largest difference from a float64
+/// computation on the host, relative to the largest output.
+fn probe((dtype, rank, rope, heads, queries, causal, gather): ProbeKey, run: Attend) -> Result<f64> {
+    let (batch, positions) = (2, 300);
+    let ranges = match gather {
+        true => [(0usize, 200usize); 2],
+        false => [(0, 300), (7, 290)],
+    };
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut values = |n: usize| -> Vec<f32> {
         (0..n)
@@ -70,25 +81,31 @@ fn probe((dtype, rank, rope, heads, queries, causal): ProbeKey, run: Attend) -> 
         array(&lat, &[batch, positions, rank])?,
         array(&rop, &[batch, positions, rope])?,
     ];
-    let out = run(arrays.each_ref(), &ranges, 0.125, causal)?;
+    let chosen: Vec<i32> = (0..batch).flat_map(probe_selection).map(|p| p as i32).collect();
+    let selection = ops::indices(&chosen, &[batch, 1, 200]);
+    let out = run(arrays.each_ref(), gather.then_some(&selection), &ranges, 0.125, causal)?;
     let got = ops::to_host(&out)?;
     let (mut worst, mut largest) = (0f64, 0f64);
     for (b, &(lo, hi)) in ranges.iter().enumerate() {
         for row in 0..heads * queries {
             let (q, qi) = (b * heads * queries + row, row % queries);
             let end = if causal { hi - queries + 1 + qi } else { hi };
+            let seen: Vec<usize> = match gather {
+                true => probe_selection(b),
+                false => (lo..end).collect(),
+            };
             let dot = |t: usize| -> f64 {
                 let l: f64 = (0..rank).map(|c| ql[q * rank + c] as f64 * lat[(b * positions + t) * rank + c] as f64).sum();
                 let r: f64 = (0..rope).map(|c| qr[q * rope + c] as f64 * rop[(b * positions + t) * rope + c] as f64).sum();
                 0.125 * (l + r)
             };
-            let scores: Vec<f64> = (lo..end).map(dot).collect();
+            let scores: Vec<f64> = seen.iter().map(|&t| dot(t)).collect();
             let top = scores.iter().cloned().fold(f64::MIN, f64::max);
             let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
             let total: f64 = weights.iter().sum();
             for c in 0..rank {
                 let want: f64 =
-                    (lo..end).zip(&weights).map(|(t, w)| w * lat[(b * positions + t) * rank + c] as f64).sum::<f64>() / total;
+                    seen.iter().zip(&weights).map(|(&t, w)| w * lat[(b * positions + t) * rank + c] as f64).sum::<f64>() / total;
                 worst = worst.max((want - got[q * rank + c] as f64).abs());
                 largest = largest.max(want.abs());
             }
@@ -101,12 +118,21 @@ fn probe((dtype, rank, rope, heads, queries, causal): ProbeKey, run: Attend) -> 
 mod tests {
     use super::*;
 
-    /// Attention computed on the host in float32 from the inputs' values, with `skew` added to
-    /// the first position each row's queries see (0: right).
-    fn host(inputs: [&Array; 4], ranges: &[(usize, usize)], scale: f32, causal: bool, skew: usize) -> Result<Array> {
+    /// Attention computed on the host in float32 from the inputs' values, over each row's
+    /// selected positions where `selection` is given (else its range), with the first `skew`
+    /// of them left out (0: right).
+    fn host(
+        inputs: [&Array; 4],
+        selection: Option<&Array>,
+        ranges: &[(usize, usize)],
+        scale: f32,
+        causal: bool,
+        skew: usize,
+    ) -> Result<Array> {
         let [q_l, q_r, lat, rope] = inputs;
         let read = |a: &Array| ops::to_host(&ops::astype(a, Dtype::Float32)?);
         let (ql, qr, l, r) = (read(q_l)?, read(q_r)?, read(lat)?, read(rope)?);
+        let chosen = selection.map(read).transpose()?;
         let (s, t) = (q_l.shape(), lat.shape()[1] as usize);
         let (heads, queries, rank, width) = (s[1] as usize, s[2] as usize, s[3] as usize, q_r.shape()[3] as usize);
         let mut out = Vec::new();
@@ -114,41 +140,55 @@ mod tests {
             for row in 0..heads * queries {
                 let q = b * heads * queries + row;
                 let end = if causal { hi - queries + 1 + row % queries } else { hi };
+                let seen: Vec<usize> = match &chosen {
+                    Some(c) => c[b * hi..][lo + skew..end].iter().map(|&p| p as usize).collect(),
+                    None => (lo + skew..end).collect(),
+                };
                 let dot = |p: usize| -> f32 {
                     let a: f32 = (0..rank).map(|c| ql[q * rank + c] * l[(b * t + p) * rank + c]).sum();
                     a + (0..width).map(|c| qr[q * width + c] * r[(b * t + p) * width + c]).sum::<f32>()
                 };
-                let w: Vec<f32> = (lo + skew..end).map(|p| (scale * dot(p)).exp()).collect();
+                let w: Vec<f32> = seen.iter().map(|&p| (scale * dot(p)).exp()).collect();
                 let total: f32 = w.iter().sum();
                 for c in 0..rank {
-                    out.push((lo + skew..end).zip(&w).map(|(p, w)| w * l[(b * t + p) * rank + c]).sum::<f32>() / total);
+                    out.push(seen.iter().zip(&w).map(|(&p, w)| w * l[(b * t + p) * rank + c]).sum::<f32>() / total);
                 }
             }
         }
         ops::from_host(&out, &[ranges.len(), heads, queries, rank], "host attention")
     }
 
-    fn right(inputs: [&Array; 4], r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
-        host(inputs, r, s, causal, 0)
+    fn right(inputs: [&Array; 4], sel: Option<&Array>, r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
+        host(inputs, sel, r, s, causal, 0)
     }
 
-    fn misses_first(inputs: [&Array; 4], r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
-        host(inputs, r, s, causal, 1)
+    fn misses_first(inputs: [&Array; 4], sel: Option<&Array>, r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
+        host(inputs, sel, r, s, causal, 1)
     }
 
-    fn noncausal(inputs: [&Array; 4], r: &[(usize, usize)], s: f32, _: bool) -> Result<Array> {
-        host(inputs, r, s, false, 0)
+    fn noncausal(inputs: [&Array; 4], sel: Option<&Array>, r: &[(usize, usize)], s: f32, _: bool) -> Result<Array> {
+        host(inputs, sel, r, s, false, 0)
+    }
+
+    /// Reads the window's first positions in place of the selected ones.
+    fn unselected(inputs: [&Array; 4], _: Option<&Array>, r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
+        host(inputs, None, r, s, causal, 0)
     }
 
     /// The probe passes an attention computed right and fails ones that miss a row's first
-    /// position or ignore the causal mask, so a defective kernel is turned off, a sound one kept.
+    /// position, ignore the causal mask or ignore the selection, so a defective kernel is turned
+    /// off, a sound one kept.
     #[test]
     fn probe_tells_right_attention_from_wrong() {
         for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
-            let key = (dtype, 64, 32, 3, 2, true);
+            let key = (dtype, 64, 32, 3, 2, true, false);
             assert!(probe(key, right).unwrap() <= PROBE_TOLERANCE, "{dtype:?}: right attention passes");
             assert!(probe(key, misses_first).unwrap() > 10.0 * PROBE_TOLERANCE, "{dtype:?}: a missed position fails");
             assert!(probe(key, noncausal).unwrap() > 10.0 * PROBE_TOLERANCE, "{dtype:?}: an ignored mask fails");
+            let gathered = (dtype, 64, 32, 3, 1, false, true);
+            assert!(probe(gathered, right).unwrap() <= PROBE_TOLERANCE, "{dtype:?}: right selected attention passes");
+            assert!(probe(gathered, misses_first).unwrap() > 10.0 * PROBE_TOLERANCE, "{dtype:?}: a missed selection fails");
+            assert!(probe(gathered, unselected).unwrap() > 10.0 * PROBE_TOLERANCE, "{dtype:?}: an ignored selection fails");
         }
     }
 }

@@ -9,7 +9,11 @@
   const int b = static_cast<int>(threadgroup_position_in_grid.y);
   const int r0 = static_cast<int>(threadgroup_position_in_grid.z) * M + sg * HB;
   // Split s takes positions [s * chunk, (s + 1) * chunk): whole tiles, S of them covering T.
-  const int T = latent_shape[1], chunk = ((T + S - 1) / S + NB - 1) / NB * NB;
+  // GATHER: the window is a row's selected positions, `sel [B, 1, k]` naming stored positions
+  // (DSA's top-k), read through it as each tile is copied in (a position outside the stored
+  // buffers is read clamped into them); otherwise the stored positions themselves.
+  const int T = GATHER ? sel_shape[2] : latent_shape[1], chunk = ((T + S - 1) / S + NB - 1) / NB * NB;
+  const int stored = min(latent_shape[1], rope_shape[1]);
   const int lo = ranges[2 * b], hi = ranges[2 * b + 1];
   const int begin = max(lo, split * chunk), end = min(min(hi, T), (split + 1) * chunk);
   const float sc = scale[0] * 1.4426950408889634f;
@@ -48,8 +52,9 @@
       const int j = i / D, c = i % D, pos = t0 + j;
       float v = 0.f;
       if (pos < end) {
-        v = c < R ? static_cast<float>(latent[b * l0 + pos * l1 + c * l2])
-                  : static_cast<float>(rope[b * e0 + pos * e1 + (c - R) * e2]);
+        const int64_t at = GATHER ? clamp(sel[b * sel_strides[0] + pos * sel_strides[2]], 0, stored - 1) : pos;
+        v = c < R ? static_cast<float>(latent[b * l0 + at * l1 + c * l2])
+                  : static_cast<float>(rope[b * e0 + at * e1 + (c - R) * e2]);
       }
       kt[i] = v;
     }
