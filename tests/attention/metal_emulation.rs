@@ -1,7 +1,9 @@
-//! The Metal decode kernels' sources (`src/core/kernels/metal/src/*.metal`, the very files the
-//! library ships, included by path), as MLX would assemble them, run in a C++ emulation of
-//! Metal's threadgroups and SIMD groups (`tests/metal_emulation/`) against a float64 computation: padded, ragged and causal rows, strided views, empty splits, every float
-//! storage dtype, GLM-5.2's widths. These machines have no Apple GPU; this is the kernels' logic
+//! The Metal kernels' sources (`src/core/kernels/metal/src/*.metal`, the very files the library
+//! ships, included by path), as MLX would assemble them, run in a C++ emulation of Metal's
+//! threadgroups and SIMD groups (`tests/metal_emulation/`): the split-K decode against a float64
+//! computation (padded, ragged and causal rows, strided views, empty splits, every float storage
+//! dtype, GLM-5.2's widths, selected positions read through their indices), and DSA's top-k
+//! against the host's selection (ties, unseen positions, strided scores). These machines have no Apple GPU; this is the kernels' logic
 //! checked, not Metal's compiler (`tests/decode_kernel.rs` runs them on an Apple GPU).
 use std::path::Path;
 use std::process::Command;
@@ -10,12 +12,12 @@ use std::process::Command;
 /// input's pointer with its shape and strides, the outputs, and the body. (MLX passes shapes
 /// and strides only where the body names them; the emulation passes them always.) The body is
 /// the kernel's `.metal` file, included where MLX puts it.
-fn function(name: &str, template: &str, inputs: &[(&str, &str)], outputs: &[&str], body: &Path) -> String {
+fn function(name: &str, template: &str, inputs: &[(&str, &str)], outputs: &[(&str, &str)], body: &Path) -> String {
     let mut params: Vec<String> = inputs
         .iter()
         .flat_map(|(n, t)| [format!("const {t}* {n}"), format!("const int* {n}_shape"), format!("const int64_t* {n}_strides")])
         .collect();
-    params.extend(outputs.iter().map(|n| format!("float* {n}")));
+    params.extend(outputs.iter().map(|(n, t)| format!("{t}* {n}")));
     params.push("const Attributes& lc_attributes".into());
     let body = body.display();
     format!(
@@ -44,16 +46,20 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
                 ("scale", "float"),
                 ("sel", "int"),
             ],
-            &["o_part", "ml"],
+            &[("o_part", "float"), ("ml", "float")],
             &sources.join("mla_decode_partial.metal")
         ),
         function(
             "lc_combine",
             "int R, int H, int MAX_SPLITS",
             &[("o_part", "float"), ("ml", "float")],
-            &["out"],
+            &[("out", "float")],
             &sources.join("mla_decode_combine.metal")
         ),
+    ) + &format!(
+        "#include \"{}\"\n{}",
+        sources.join("dsa_topk.h.metal").display(),
+        function("lc_topk", "int K", &[("scores", "float")], &[("top", "int")], &sources.join("dsa_topk.metal"))
     );
     std::fs::write(dir.join("kernels.inc"), source).unwrap();
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/metal_emulation");
@@ -73,6 +79,6 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
     let report = String::from_utf8_lossy(&ran.stdout);
     println!("{report}");
     assert!(ran.status.success(), "every case agrees with float64:\n{report}{}", String::from_utf8_lossy(&ran.stderr));
-    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 6, "six cases ran:\n{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 10, "ten cases ran:\n{report}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -6,6 +6,7 @@
 // softmax), not Metal's compiler or its speed.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -59,6 +60,7 @@ enum class mem_flags { mem_none, mem_device, mem_threadgroup };
 struct SimdGroup {
   std::barrier<> bar{32};
   float slot[32];
+  uint uslot[32];
 };
 
 struct Lane {
@@ -81,6 +83,35 @@ inline float simd_shuffle(float v, ushort from) {
 }
 
 inline float simd_shuffle_xor(float v, ushort mask) { return simd_shuffle(v, lc_lane.lane ^ mask); }
+
+// The sum of `v` over the SIMD group's lanes below this one (`below`) or over all of them.
+inline uint lc_simd_total(uint v, bool below) {
+  SimdGroup& g = *lc_lane.simd;
+  g.uslot[lc_lane.lane] = v;
+  g.bar.arrive_and_wait();
+  uint total = 0;
+  for (uint l = 0; l < (below ? lc_lane.lane : 32u); l++) total += g.uslot[l];
+  g.bar.arrive_and_wait();
+  return total;
+}
+inline uint simd_sum(uint v) { return lc_simd_total(v, false); }
+inline uint simd_prefix_exclusive_sum(uint v) { return lc_simd_total(v, true); }
+
+// Threadgroup atomics (the emulation's threadgroup memory is shared by its threads).
+typedef std::atomic<uint> atomic_uint;
+constexpr std::memory_order memory_order_relaxed = std::memory_order_relaxed;
+inline void atomic_store_explicit(atomic_uint* a, uint v, std::memory_order o) { a->store(v, o); }
+inline uint atomic_load_explicit(atomic_uint* a, std::memory_order o) { return a->load(o); }
+inline uint atomic_fetch_add_explicit(atomic_uint* a, uint v, std::memory_order o) { return a->fetch_add(v, o); }
+
+// Metal's bit reinterpretation.
+template <typename T, typename F>
+T as_type(F f) {
+  static_assert(sizeof(T) == sizeof(F));
+  T t;
+  std::memcpy(&t, &f, sizeof(T));
+  return t;
+}
 
 // The kernel attributes the sources use, as Metal passes them.
 struct Attributes {

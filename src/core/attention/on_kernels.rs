@@ -1,8 +1,8 @@
 //! Choosing and feeding our kernels (`kernels::cuda`, `kernels::metal`): which storage and
 //! queries the split-K decode kernels take, the stored parts handed to them as stored (packed
 //! latents included), composed storage's two passes, the selected positions of a DSA decode
-//! step, and the CUDA index-score kernel. Every path returns `None` where it does not apply, and
-//! the caller falls back to MLX's operations (`dense`, `sparse`).
+//! step, the CUDA index-score kernel and the top-k kernels. Every path returns `None` where it
+//! does not apply, and the caller falls back to MLX's operations (`dense`, `sparse`).
 use mlx_rs::{Array, Dtype};
 
 use super::{Donor, MaskMode, Query};
@@ -268,6 +268,21 @@ impl Donor {
         }
         let Some(latent) = kernel.latent(latent, k, self) else { return Ok(None) };
         cuda::mla_decode::attend(q_latent, q_rope, latent, rope, &whole, scale, false).map(Some)
+    }
+
+    /// `select` by the library's radix-select kernel (`kernels::cuda::dsa_topk` on CUDA,
+    /// `kernels::metal::dsa_topk` on Apple GPUs), in one operation where MLX's `argpartition`
+    /// sorts each row. `None` where neither applies.
+    pub(super) fn kernel_select(&self, scores: &Array, k: usize) -> Result<Option<Array>> {
+        let s = scores.shape();
+        let (batch, queries, positions) = (s[0] as usize, s[1] as usize, s[2] as usize);
+        if cuda::dsa_topk::applies(scores.dtype(), batch, queries, positions, k) {
+            return cuda::dsa_topk::top_k(scores, k).map(Some);
+        }
+        if metal::dsa_topk::applies(scores.dtype(), batch, queries, positions, k) {
+            return metal::dsa_topk::top_k(scores, k).map(Some);
+        }
+        Ok(None)
     }
 
     /// `index_scores` of a shared prefix's piece (one row, `keys [1, len, w]`) for every row's

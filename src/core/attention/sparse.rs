@@ -5,7 +5,6 @@ use mlx_rs::{Array, Dtype};
 
 use super::{Donor, MaskMode};
 use crate::core::error::{fail, Result};
-use crate::core::kernels::cuda;
 use crate::core::mlx::{math, ops};
 use crate::core::model::geometry::Family;
 use crate::core::storage::hot::same_dtype;
@@ -116,8 +115,8 @@ impl Donor {
     /// The `k` positions with the highest scores per query (`scores` `[B, Lq, T]` from
     /// `index_scores`), `[B, Lq, k]` int32 window positions in no particular order; `None` when
     /// the window holds no more than `k` positions (attend densely, as DeepSeek's indexer does).
-    /// On CUDA the radix-select kernel of `kernels::cuda::dsa_topk` (ties at the k-th score go
-    /// to the first positions), elsewhere MLX's `argpartition` (ties as it breaks them).
+    /// On CUDA and Apple GPUs our radix-select kernel (`kernel_select`: ties at the k-th score
+    /// go to the first positions), elsewhere MLX's `argpartition` (ties as it breaks them).
     pub fn select(&self, scores: &Array, k: usize) -> Result<Option<Array>> {
         if k == 0 {
             return fail!(InvalidArgument, "top-k needs k of at least 1");
@@ -130,8 +129,8 @@ impl Donor {
         if t <= k {
             return Ok(None);
         }
-        if cuda::dsa_topk::applies(scores.dtype(), shape[0] as usize, shape[1] as usize, t, k) {
-            return cuda::dsa_topk::top_k(scores, k).map(Some);
+        if let Some(top) = self.kernel_select(scores, k)? {
+            return Ok(Some(top));
         }
         // The last k of a partition at T - k are the k largest (no negated copy of the scores).
         let order = math::argpartition(scores, (t - k) as i32, -1)?;
