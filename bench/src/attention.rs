@@ -184,16 +184,21 @@ fn measure(out: &mut Vec<String>, set: &ModeSet, batch: usize, context: usize, s
             runs.1,
             batch * context * per_position(Family::IndexKeys),
         ));
-        let t = time(runs.0, runs.1, || eval([&donor.select(&scores(), TOPK).unwrap().unwrap()]).unwrap());
-        out.push(record(
-            set.name,
-            "attention_dsa_select",
-            batch,
-            context,
-            t,
-            runs.1,
-            batch * context * per_position(Family::IndexKeys),
-        ));
+        let selected = || time(runs.0, runs.1, || eval([&donor.select(&scores(), TOPK).unwrap().unwrap()]).unwrap());
+        let select_bytes = batch * context * per_position(Family::IndexKeys);
+        let topk_kernels = || cuda::dsa_topk::KERNEL.launches() + metal::dsa_topk::KERNEL.launches();
+        let launched = topk_kernels();
+        out.push(record(set.name, "attention_dsa_select", batch, context, selected(), runs.1, select_bytes));
+        if topk_kernels() > launched {
+            // Labelled variant: the selection by MLX's argpartition (the top-k kernels off).
+            let name = format!("{} (MLX argpartition top-k)", set.name);
+            cuda::dsa_topk::KERNEL.set_enabled(false);
+            metal::dsa_topk::KERNEL.set_enabled(false);
+            out.push(record(&name, "attention_dsa_select", batch, context, selected(), runs.1, select_bytes));
+            out.push(record(&name, "attention_dsa", batch, context, time(runs.0, runs.1, step), runs.1, bytes));
+            cuda::dsa_topk::KERNEL.set_enabled(true);
+            metal::dsa_topk::KERNEL.set_enabled(true);
+        }
         let launched = cuda::dsa_scores::KERNEL.launches();
         step();
         if cuda::dsa_scores::KERNEL.launches() > launched {

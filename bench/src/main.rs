@@ -26,8 +26,9 @@
 //!   `--only NAME` runs one of its parts.
 //! - `--model-step`: the whole decode step as GLM-5.2 runs it, its 78 layers' appends and
 //!   attention in one graph, DSA-sparse (the indexer on 21 layers, the others reusing its
-//!   selection) beside dense, in bfloat16 and float32 (see `model_step.rs`); batch 1 at 4K and
-//!   16K (4K with `--quick`; 16K to 128K and batch 8 at 16K with `--gpu`), or `--points`; each
+//!   selection) beside dense, in bfloat16 and float32 (with `--gpu` also Q8, FP8 and composed
+//!   storage; see `model_step.rs`); batch 1 at 4K and 16K (4K with `--quick`; 16K to 128K and
+//!   batch 8 at 16K with `--gpu`), or `--points`; each
 //!   timed as single steps, pipelined (the next step built while the device runs this one) and
 //!   its graph build alone, beside the MLX operations of its graph (`--only ops`: those alone).
 //!   mlx-lm's peer is bench/mlx_lm_model_step.py.
@@ -400,8 +401,14 @@ fn main() {
         });
         // `--only ops`: the operation counts alone, no timing.
         let ops_only = std::env::args().collect::<Vec<_>>().windows(2).any(|w| w[0] == "--only" && w[1] == "ops");
-        for storage in [latent_cache::StorageMode::Bf16, latent_cache::StorageMode::F32] {
-            out.extend(model_step::run(storage, &points, cfg.quick, ops_only));
+        // bf16 and f32 everywhere; the 8-bit modes and composed storage where our kernels read
+        // them (on a GPU; on the CPU they run MLX's ops over decoded copies, minutes a step).
+        let sets: Vec<&modes::ModeSet> = match gpu {
+            true => modes::MODE_SETS.iter().filter(|s| s.storage[0] != latent_cache::StorageMode::Q4).collect(),
+            false => modes::MODE_SETS[..2].iter().collect(),
+        };
+        for set in sets {
+            out.extend(model_step::run(set, &points, cfg.quick, ops_only));
         }
         if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
             std::fs::create_dir_all(dir).unwrap();

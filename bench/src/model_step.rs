@@ -1,6 +1,7 @@
 //! The whole decode step as GLM-5.2 runs it (`latent-cache-bench --model-step`): its 78 target
 //! layers each append one position per row and attend, built as one graph and evaluated once per
-//! step (the MTP layer is not part of the step). Two systems side by side in one run:
+//! step (the MTP layer is not part of the step). Two systems side by side in one run (and on a
+//! GPU a labelled variant of the sparse one, `EARLIER_SPARSE`):
 //! - sparse: DSA as the model runs it: index scores and top-2048 on the 21 layers that run the
 //!   indexer (`glm52_selects`), every layer attending over the selection of its source layer
 //!   (`glm52_selection_source`);
@@ -23,14 +24,16 @@
 //! Records: median, p10, p90 (us) of the step after warmup, and the bytes of stored state the
 //! step reads, for the bandwidth floor. mlx-lm's peer of this step: bench/mlx_lm_model_step.py.
 use latent_cache::core::attention::{Donor, MaskMode};
+use latent_cache::core::kernels::{cuda, decode, metal};
 use latent_cache::core::mlx::eval::{eval, evaluation_thread, set_evaluation_thread};
 use latent_cache::core::mlx::ops;
 use latent_cache::core::model::presets::{glm52_selection_source, glm52_selects, GLM52_TARGET_LAYERS};
-use latent_cache::{Geometry, LatentCache, StorageMode};
+use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
 use std::time::Instant;
 
 use crate::attention::{time, uniform};
+use crate::modes::ModeSet;
 
 pub(crate) const HEADS: usize = 64;
 pub(crate) const INDEX_HEADS: usize = 32;
@@ -40,8 +43,8 @@ pub(crate) const ROPE: usize = 64;
 pub(crate) const INDEX: usize = 128;
 pub(crate) const CHUNK: usize = 4096;
 
-/// GLM-5.2's 78 target layers in `storage`, filled to `context` positions per row.
-fn model(storage: StorageMode, batch: usize, context: usize) -> Vec<LatentCache> {
+/// GLM-5.2's 78 target layers stored as `set` says, filled to `context` positions per row.
+fn model(set: &ModeSet, batch: usize, context: usize) -> Vec<LatentCache> {
     let n = CHUNK.min(context);
     let chunk = [RANK, ROPE, INDEX].map(|w| uniform(&[batch, n, w], w as u64));
     eval(chunk.iter()).unwrap();
@@ -52,9 +55,11 @@ fn model(storage: StorageMode, batch: usize, context: usize) -> Vec<LatentCache>
                 kv_lora_rank: RANK,
                 rope_head_dim: ROPE,
                 index_head_dim,
-                latent_storage: storage,
-                rope_storage: storage,
-                index_storage: storage,
+                latent_storage: set.storage[0],
+                rope_storage: set.storage[1],
+                index_storage: set.storage[2],
+                hot_window: set.hot_window,
+                hot_storage: StorageMode::Bf16,
                 ..Geometry::default()
             };
             let mut cache = LatentCache::new(g).unwrap();
@@ -110,6 +115,12 @@ fn build_layers(layers: &mut [LatentCache], q: &Queries, sparse: bool, take: imp
     for (l, cache) in layers.iter_mut().enumerate().filter(|(l, _)| take(*l)) {
         let keys = glm52_selects(l).then_some(&q.new[2]);
         cache.append(&q.new[0], &q.new[1], keys).unwrap();
+        if keys.is_some() && !sparse {
+            // Dense attention does not read the index keys it appends: the step evaluates them
+            // (views of the stored keys among its outputs, as mlx-lm's dense step makes its
+            // attention depend on the indexer cache), or their appends would pile up unevaluated.
+            outs.extend(cache.stored_parts(Family::IndexKeys).unwrap());
+        }
         let donor: Donor = cache.capture_donor_rows().unwrap();
         let out = if sparse {
             if glm52_selects(l) {
@@ -231,22 +242,36 @@ fn pipelined(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usiz
     [at(0.5), at(0.1), at(0.9)]
 }
 
-/// Records of both systems at each (batch, context) of `points`, in `storage`.
-pub fn run(storage: StorageMode, points: &[(usize, usize)], quick: bool, ops_only: bool) -> Vec<String> {
+/// Records of both systems at each (batch, context) of `points`, stored as `set` says (its
+/// name less "latent-cache " is the records' `mode`: "bf16", "f32", "q8 (rope bf16)", ...).
+pub fn run(set: &ModeSet, points: &[(usize, usize)], quick: bool, ops_only: bool) -> Vec<String> {
     let (warmup, samples) = if quick { (1, 3) } else { (3, 10) };
-    let mode = format!("{storage:?}").to_lowercase();
-    let dtype = if storage == StorageMode::F32 { Dtype::Float32 } else { Dtype::Bfloat16 };
-    let width = if storage == StorageMode::F32 { 4 } else { 2 };
+    let mode = set.name.trim_start_matches("latent-cache ");
+    let dtype = if set.storage[0] == StorageMode::F32 { Dtype::Float32 } else { Dtype::Bfloat16 };
+    // Bytes a position holds per family, as stored (the hot side of composed storage is
+    // written, not read: its step reads the packed parts, as `modes` says).
+    let per_position = |f: usize, w: usize| set.storage[f].bytes_per_position(w);
     let mut out = Vec::new();
     for &(batch, context) in points {
-        let mut layers = model(storage, batch, context);
+        let mut layers = model(set, batch, context);
         let q = queries(batch, dtype);
         let dsa_layers = (0..GLM52_TARGET_LAYERS).filter(|&l| glm52_selects(l)).count();
-        let dense_bytes = batch * context * GLM52_TARGET_LAYERS * (RANK + ROPE) * width;
+        let attended = per_position(0, RANK) + per_position(1, ROPE);
+        let dense_bytes = batch * context * GLM52_TARGET_LAYERS * attended;
         let selected = TOPK.min(context);
-        let sparse_bytes = batch * (dsa_layers * context * INDEX + GLM52_TARGET_LAYERS * selected * (RANK + ROPE)) * width;
-        for (system, sparse, bytes) in [("dense", false, dense_bytes), ("sparse (DSA)", true, sparse_bytes)] {
-            out.push(ops_record(&mut layers, &q, sparse, system, &mode, (batch, context)));
+        let sparse_bytes = batch * (dsa_layers * context * per_position(2, INDEX) + GLM52_TARGET_LAYERS * selected * attended);
+        let mut systems = vec![("dense", false, dense_bytes), ("sparse (DSA)", true, sparse_bytes)];
+        if cuda::launch::on_cuda() || metal::on_metal() {
+            systems.push((EARLIER_SPARSE, true, sparse_bytes));
+        }
+        for (system, sparse, bytes) in systems {
+            // The labelled variant: the selection's positions gathered first and selected by
+            // MLX's argpartition (the kernels' switches off for this system alone).
+            let earlier = system == EARLIER_SPARSE;
+            for switch in [&decode::THROUGH_INDICES, &cuda::dsa_topk::KERNEL, &metal::dsa_topk::KERNEL] {
+                switch.set_enabled(!earlier);
+            }
+            out.push(ops_record(&mut layers, &q, sparse, system, mode, (batch, context)));
             if ops_only {
                 continue;
             }
@@ -264,6 +289,14 @@ pub fn run(storage: StorageMode, points: &[(usize, usize)], quick: bool, ops_onl
                 out.push(line);
             }
         }
+        for switch in [&decode::THROUGH_INDICES, &cuda::dsa_topk::KERNEL, &metal::dsa_topk::KERNEL] {
+            switch.set_enabled(true);
+        }
     }
     out
 }
+
+/// The labelled variant of the sparse step on a GPU: each selection's positions gathered before
+/// the decode kernel, and the top-k by MLX's argpartition, as the library ran DSA before reading
+/// selections through their indices and selecting by radix select.
+const EARLIER_SPARSE: &str = "sparse (DSA), gathered, argpartition top-k (earlier path)";

@@ -7,7 +7,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::{Donor, MaskMode, Query};
 use crate::core::error::Result;
-use crate::core::kernels::{cuda, metal};
+use crate::core::kernels::{cuda, decode, metal};
 use crate::core::mlx::{math, ops};
 use crate::core::model::geometry::Family;
 use crate::core::model::storage_mode::{Packing, StorageMode};
@@ -210,6 +210,14 @@ impl Donor {
         let query = Query { q_latent, q_rope, scale, mode: MaskMode::None, extra: None, queries };
         if self.row_ranges().iter().any(|&range| range != (0, self.offset)) {
             return Ok(None);
+        }
+        if !decode::THROUGH_INDICES.enabled() {
+            // Gathered first (benchmarks compare the paths): each part's selected positions.
+            let flat = self.within_window(&ops::reshape(indices, &[batch, k, 1])?)?;
+            let gather = |family: Family| -> Result<Vec<Array>> {
+                self.parts(family).iter().map(|part| math::take_along_axis(part, &flat, 1)).collect()
+            };
+            return self.kernel_gathered(&query, &gather(Family::Latent)?, &gather(Family::Rope)?[0], k);
         }
         let Some((kernel, on_metal)) = self.gathered_kernel(&query, k, true) else { return Ok(None) };
         let rope = &self.parts(Family::Rope)[0];
