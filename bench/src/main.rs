@@ -30,7 +30,8 @@
 //!   storage; see `model_step.rs`); batch 1 at 4K and 16K (4K with `--quick`; 16K to 128K and
 //!   batch 8 at 16K with `--gpu`), or `--points`; each
 //!   timed as single steps, pipelined (the next step built while the device runs this one) and
-//!   its graph build alone, beside the MLX operations of its graph (`--only ops`: those alone).
+//!   its graph build alone, beside the MLX operations of its graph (`--only ops`: those alone;
+//!   `--only NAME`: the storage modes whose name contains NAME).
 //!   mlx-lm's peer is bench/mlx_lm_model_step.py.
 //! - `--shared-prefix`: one prompt forked into 8 continuations beside copies of it (the fork,
 //!   memory held, dense and DSA decode attention), and today's join and leave of a running batch
@@ -399,15 +400,18 @@ fn main() {
             (false, true) => vec![(1, 16384), (1, 65536), (1, 131072), (8, 16384)],
             (false, false) => vec![(1, 4096), (1, 16384)],
         });
-        // `--only ops`: the operation counts alone, no timing.
-        let ops_only = std::env::args().collect::<Vec<_>>().windows(2).any(|w| w[0] == "--only" && w[1] == "ops");
+        // `--only ops`: the operation counts alone, no timing; `--only NAME`: the mode sets whose
+        // name contains it.
+        let only = std::env::args().collect::<Vec<_>>().windows(2).find(|w| w[0] == "--only").map(|w| w[1].clone());
+        let ops_only = only.as_deref() == Some("ops");
+        let chosen = |s: &&modes::ModeSet| ops_only || only.as_deref().is_none_or(|o| s.name.contains(o));
         // bf16 and f32 everywhere; the 8-bit modes and composed storage where our kernels read
         // them (on a GPU; on the CPU they run MLX's ops over decoded copies, minutes a step).
         let sets: Vec<&modes::ModeSet> = match gpu {
             true => modes::MODE_SETS.iter().filter(|s| s.storage[0] != latent_cache::StorageMode::Q4).collect(),
             false => modes::MODE_SETS[..2].iter().collect(),
         };
-        for set in sets {
+        for set in sets.into_iter().filter(chosen) {
             out.extend(model_step::run(set, &points, cfg.quick, ops_only));
         }
         if let Some(dir) = std::path::Path::new(&cfg.out).parent() {

@@ -1,9 +1,8 @@
 //! DSA's top-k selection in one operation on MLX's CUDA backend: the `k` window positions with
 //! the highest index scores per query, by radix select, where MLX's `argpartition` sorts every
-//! row (it is a sort on MLX's CUDA backend) and the selection then takes a slice and a cast: three
-//! graph operations, and at 128K positions the largest share of a sparse layer's time (0.13 ms
-//! on an H200, against 0.12 ms for the index scores and 0.2 ms for the attention over the
-//! selection). MLX's operations remain the fallback and the reference (`Donor::select`).
+//! row (it is a sort on MLX's CUDA backend) and the selection then takes a slice and a cast:
+//! three graph operations. MLX's operations remain the fallback and the reference
+//! (`Donor::select`), and take rows longer than `MAX_POSITIONS`.
 //!
 //! One block per (row, query) reads the scores five times: three passes count the keys by 11,
 //! 11 and 10 bits of their order-preserving unsigned form and find the k-th largest exactly;
@@ -23,16 +22,24 @@ pub static KERNEL: Switch = Switch::new();
 /// Threads per block (as in the source): 1024 asks more registers than a multiprocessor has.
 const THREADS: i32 = 512;
 
+/// The most positions the kernel selects from: one block reads a row, on one multiprocessor,
+/// which at long rows loses to MLX's sort over the whole GPU. H200, bf16, one GLM-5.2 layer's
+/// DSA decode step (index scores, top-2048, attention; `--attention`): at 16K positions 0.205
+/// ms with the kernel against 0.242 with argpartition (8 rows: 0.257 against 0.284), at 128K
+/// 0.507 against 0.359. Above this, `Donor::select` takes argpartition (the crossing, from
+/// those two points, is near 38K).
+pub const MAX_POSITIONS: usize = 32 * 1024;
+
 /// Whether the kernel selects `k` of `positions` float32 scores for `batch` rows of `queries`
-/// queries: on CUDA, `k` below the positions (the caller attends densely otherwise), sizes
-/// within a launch.
+/// queries: on CUDA, `k` below the positions (the caller attends densely otherwise), at most
+/// `MAX_POSITIONS` positions, sizes within a launch.
 pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k: usize) -> bool {
     KERNEL.enabled()
         && launch::on_cuda()
         && scores == Dtype::Float32
         && (1..positions).contains(&k)
         && k <= i32::MAX as usize
-        && positions <= i32::MAX as usize
+        && positions <= MAX_POSITIONS
         && (1..=65535).contains(&batch)
         && (1..=65535).contains(&queries)
 }

@@ -35,14 +35,15 @@ static TOPK_KERNEL: Source = Source {
 };
 
 /// Whether the kernel selects `k` of `positions` float32 scores for `batch` rows of `queries`
-/// queries: an Apple GPU, `k` below the positions, sizes within a launch, and the kernel having
-/// passed its probe for `k`.
+/// queries: an Apple GPU, `k` below the positions, at most the CUDA kernel's `MAX_POSITIONS`
+/// (one threadgroup reads a row, as one block does there), sizes within a launch, and the
+/// kernel having passed its probe for `k`.
 pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k: usize) -> bool {
     KERNEL.enabled()
         && on_metal()
         && scores == Dtype::Float32
         && (1..positions).contains(&k)
-        && positions <= i32::MAX as usize
+        && positions <= crate::core::kernels::cuda::dsa_topk::MAX_POSITIONS
         && k <= i32::MAX as usize / 4
         && (1..=65535).contains(&batch)
         && (1..=65535).contains(&queries)

@@ -1,6 +1,9 @@
 //! Body of the DSA top-k kernel: one block of 512 threads per (row, query).
 
   constexpr int THREADS = 512, WARPS = THREADS / 32, BINS = 2048;
+  // Scores each thread (a lane, in the collecting passes) loads before it uses any, so that U
+  // independent reads are in flight rather than one at a time.
+  constexpr int U = 16;
   __shared__ unsigned int hist[BINS];
   __shared__ unsigned int s_bin, s_need;
   __shared__ unsigned int s_counts[2 * WARPS];
@@ -10,7 +13,9 @@
   const float* row = scores + b * scores_strides[0] + qi * scores_strides[1];
   // Scores as unsigned keys in the same order (negative floats' bits reversed, positive ones'
   // sign set), so that -inf (a position the query does not see) is below every finite score.
+  // Positions past the row read as key 0, which no pass counts or takes.
   auto key = [&](int t) -> unsigned int {
+    if (t >= T) return 0u;
     const unsigned int u = __float_as_uint(row[t * s2]);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   };
@@ -24,9 +29,20 @@
     const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0, bits = pass == 2 ? 10 : 11;
     for (int i = tid; i < BINS; i += THREADS) hist[i] = 0;
     __syncthreads();
-    for (int t = tid; t < T; t += THREADS) {
-      const unsigned int k = key(t);
-      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & ((1u << bits) - 1)], 1u);
+    // (The loop's bound is the same for every thread: a warp's lanes match bins together.)
+    for (int base = 0; base < T; base += THREADS * U) {
+      unsigned int k[U];
+      #pragma unroll
+      for (int u = 0; u < U; u++) k[u] = key(base + u * THREADS + tid);
+      #pragma unroll
+      for (int u = 0; u < U; u++) {
+        // Scores cluster in few bins (one exponent holds most of a row): the lanes of a warp
+        // that share a bin add to it once, with their count (key 0 counts nowhere).
+        const bool counted = k[u] != 0u && (k[u] & mask) == prefix;
+        const unsigned int bin = counted ? (k[u] >> shift) & ((1u << bits) - 1) : 0xffffffffu;
+        const unsigned int peers = __match_any_sync(0xffffffffu, bin);
+        if (counted && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+      }
     }
     __syncthreads();
     if (warp == 0) {
@@ -61,14 +77,18 @@
   // are taken, the first by position. Each warp walks its own stretch of positions (coalesced
   // reads, counted by ballots), once to count, once to write: positions above the K-th largest
   // first, in order, then the ties, in order, so the result does not depend on scheduling.
-  const int stretch = (T + WARPS * 32 - 1) / (WARPS * 32) * 32;
+  const int stretch = (T + WARPS * 32 * U - 1) / (WARPS * 32 * U) * 32 * U;
   const int lo = min(T, warp * stretch), hi = min(T, lo + stretch);
   unsigned int n_gt = 0, n_eq = 0;
-  for (int base = lo; base < hi; base += 32) {
-    const int t = base + lane;
-    const unsigned int k = t < hi ? key(t) : 0u;
-    n_gt += __popc(__ballot_sync(0xffffffffu, t < hi && k > prefix));
-    n_eq += __popc(__ballot_sync(0xffffffffu, t < hi && k == prefix));
+  for (int base = lo; base < hi; base += 32 * U) {
+    unsigned int k[U];
+    #pragma unroll
+    for (int u = 0; u < U; u++) k[u] = base + u * 32 + lane < hi ? key(base + u * 32 + lane) : 0u;
+    #pragma unroll
+    for (int u = 0; u < U; u++) {
+      n_gt += __popc(__ballot_sync(0xffffffffu, k[u] > prefix));
+      n_eq += __popc(__ballot_sync(0xffffffffu, k[u] == prefix));
+    }
   }
   if (lane == 0) {
     s_counts[warp] = n_gt;
@@ -82,16 +102,21 @@
   }
   int* out = top + (static_cast<long long>(b) * gridDim.y + qi) * K;
   const unsigned int below = (1u << lane) - 1;  // the lanes before this one
-  for (int base = lo; base < hi; base += 32) {
-    const int t = base + lane;
-    const unsigned int k = t < hi ? key(t) : 0u;
-    const unsigned int gt = __ballot_sync(0xffffffffu, t < hi && k > prefix);
-    const unsigned int eq = __ballot_sync(0xffffffffu, t < hi && k == prefix);
-    if (t < hi && k > prefix) out[gt_at + __popc(gt & below)] = t;
-    if (t < hi && k == prefix) {
-      const unsigned int e = eq_at + __popc(eq & below);
-      if (e < need) out[K - need + e] = t;
+  for (int base = lo; base < hi; base += 32 * U) {
+    unsigned int k[U];
+    #pragma unroll
+    for (int u = 0; u < U; u++) k[u] = base + u * 32 + lane < hi ? key(base + u * 32 + lane) : 0u;
+    #pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int t = base + u * 32 + lane;
+      const unsigned int gt = __ballot_sync(0xffffffffu, k[u] > prefix);
+      const unsigned int eq = __ballot_sync(0xffffffffu, k[u] == prefix);
+      if (k[u] > prefix) out[gt_at + __popc(gt & below)] = t;
+      if (k[u] == prefix) {
+        const unsigned int e = eq_at + __popc(eq & below);
+        if (e < need) out[K - need + e] = t;
+      }
+      gt_at += __popc(gt);
+      eq_at += __popc(eq);
     }
-    gt_at += __popc(gt);
-    eq_at += __popc(eq);
   }

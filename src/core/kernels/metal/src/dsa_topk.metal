@@ -2,6 +2,8 @@
 //! 512 threads per (row, query), SIMD groups of 32 in place of warps.
 
   constexpr int THREADS = 512, SIMDS = THREADS / 32, BINS = 2048, PER_LANE = BINS / 32;
+  // Scores each thread loads before it uses any (independent loads in flight, as on CUDA).
+  constexpr int U = 16;
   threadgroup atomic_uint hist[BINS];
   threadgroup uint found[2];
   threadgroup uint counts[2 * SIMDS];
@@ -19,9 +21,17 @@
     const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0, bits = pass == 2 ? 10 : 11;
     for (int i = tid; i < BINS; i += THREADS) atomic_store_explicit(&hist[i], 0u, memory_order_relaxed);
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    for (int t = tid; t < T; t += THREADS) {
-      const uint k = lc_order_key(row[t * s2]);
-      if ((k & mask) == prefix) atomic_fetch_add_explicit(&hist[(k >> shift) & ((1u << bits) - 1)], 1u, memory_order_relaxed);
+    for (int base = 0; base < T; base += THREADS * U) {
+      uint k[U];
+      for (int u = 0; u < U; u++) {
+        const int t = base + u * THREADS + tid;
+        k[u] = t < T ? lc_order_key(row[t * s2]) : 0u;
+      }
+      for (int u = 0; u < U; u++) {
+        if (k[u] != 0u && (k[u] & mask) == prefix) {
+          atomic_fetch_add_explicit(&hist[(k[u] >> shift) & ((1u << bits) - 1)], 1u, memory_order_relaxed);
+        }
+      }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     if (sg == 0) {
@@ -50,14 +60,20 @@
   }
   // `prefix` is the K-th largest key: positions above it first, in order, then the first `need`
   // ties, in order; each SIMD group counts, then writes, its own stretch of positions.
-  const int stretch = (T + SIMDS * 32 - 1) / (SIMDS * 32) * 32;
+  // Positions past the stretch read as key 0, which nothing takes.
+  const int stretch = (T + SIMDS * 32 * U - 1) / (SIMDS * 32 * U) * 32 * U;
   const int lo = min(T, sg * stretch), hi = min(T, lo + stretch);
   uint n_gt = 0, n_eq = 0;
-  for (int base = lo; base < hi; base += 32) {
-    const int t = base + lane;
-    const uint k = t < hi ? lc_order_key(row[t * s2]) : 0u;
-    n_gt += simd_sum(static_cast<uint>(t < hi && k > prefix));
-    n_eq += simd_sum(static_cast<uint>(t < hi && k == prefix));
+  for (int base = lo; base < hi; base += 32 * U) {
+    uint k[U];
+    for (int u = 0; u < U; u++) {
+      const int t = base + u * 32 + lane;
+      k[u] = t < hi ? lc_order_key(row[t * s2]) : 0u;
+    }
+    for (int u = 0; u < U; u++) {
+      n_gt += simd_sum(static_cast<uint>(k[u] > prefix));
+      n_eq += simd_sum(static_cast<uint>(k[u] == prefix));
+    }
   }
   if (lane == 0) {
     counts[sg] = n_gt;
@@ -70,13 +86,19 @@
     eq_at += counts[SIMDS + w];
   }
   device int* out = top + (static_cast<int64_t>(b) * LQ + qi) * K;
-  for (int base = lo; base < hi; base += 32) {
-    const int t = base + lane;
-    const uint k = t < hi ? lc_order_key(row[t * s2]) : 0u;
-    const uint gt = static_cast<uint>(t < hi && k > prefix), eq = static_cast<uint>(t < hi && k == prefix);
-    const uint gt_off = simd_prefix_exclusive_sum(gt), eq_off = simd_prefix_exclusive_sum(eq);
-    if (gt) out[gt_at + gt_off] = t;
-    if (eq && eq_at + eq_off < need) out[K - need + eq_at + eq_off] = t;
-    gt_at += simd_sum(gt);
-    eq_at += simd_sum(eq);
+  for (int base = lo; base < hi; base += 32 * U) {
+    uint k[U];
+    for (int u = 0; u < U; u++) {
+      const int t = base + u * 32 + lane;
+      k[u] = t < hi ? lc_order_key(row[t * s2]) : 0u;
+    }
+    for (int u = 0; u < U; u++) {
+      const int t = base + u * 32 + lane;
+      const uint gt = static_cast<uint>(k[u] > prefix), eq = static_cast<uint>(k[u] == prefix);
+      const uint gt_off = simd_prefix_exclusive_sum(gt), eq_off = simd_prefix_exclusive_sum(eq);
+      if (gt) out[gt_at + gt_off] = t;
+      if (eq && eq_at + eq_off < need) out[K - need + eq_at + eq_off] = t;
+      gt_at += simd_sum(gt);
+      eq_at += simd_sum(eq);
+    }
   }
