@@ -253,9 +253,9 @@ bench bench-quick: bench-deps
 	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_attention_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_attention.json
 	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_model_step.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_model_step.json
 	PYTHONPATH=$(BENCH_PY) $(PYTHON) bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/rounds.json $(BENCH_OUT)/persist.json $(BENCH_OUT)/mlx_lm.json \
-	  $(BENCH_OUT)/attention.json $(BENCH_OUT)/mlx_lm_attention.json \
+	  $(BENCH_OUT)/attention.json $(BENCH_OUT)/mlx_lm_attention.json $(BENCH_OUT)/model_step.json $(BENCH_OUT)/mlx_lm_model_step.json \
 	  --title "decode step time, GLM-5.2 shape, $(BENCH_DEVICE)$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"
-	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png"
+	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png, $(BENCH_OUT)/model_step.png"
 
 # This tree's benchmark driver against another revision's, side by side in one run (the two
 # builds alternate, so a noisy moment lands on both): `make bench-ab BASE=<git revision>`.

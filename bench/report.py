@@ -1,10 +1,13 @@
 """Joins the benchmark results of one run into target/bench/report.json, report.md (tables of
-ratios, the goals checked) and steps.png (time per decode step against context).
+ratios, the goals checked), steps.png (time per decode step against context) and, with the whole
+step's records, model_step.png (see report_model_step.py).
 
 Usage: python3 report.py OUT_DIR RESULT.json... [--title TEXT]
 """
 import json
 import sys
+
+import report_model_step
 
 OURS = "latent-cache (Rust API)"
 C_ABI = "latent-cache (C ABI)"
@@ -530,7 +533,9 @@ def main():
         title = args[i + 1]
         del args[i:i + 2]
     out_dir, paths = args[0], args[1:]
-    records = load(paths)
+    steps, records = report_model_step.split(load(paths))
+    step_ops = [r for r in records if r["system"].startswith("model step")]
+    records = [r for r in records if not r["system"].startswith("model step")]
     accuracy = [r for r in records if r["scenario"] == "accuracy"]
     ops = [r for r in records if r["scenario"] == "ops_per_step"]
     persisted = [r for r in records if r["scenario"] == "persist"]
@@ -540,8 +545,10 @@ def main():
     checked = attention_goals(by, records)
     if not attention_only:
         checked = goals(by, records) + mode_goals(by, records) + rounds_goals(by, records) + persist_goals(persisted) + checked
+    if steps:
+        checked += report_model_step.goals(steps)
     with open(f"{out_dir}/report.json", "w") as f:
-        json.dump({"title": title, "records": records + accuracy + ops, "goals": checked}, f, indent=1)
+        json.dump({"title": title, "records": records + accuracy + ops + steps + step_ops, "goals": checked}, f, indent=1)
 
     md = [f"# Benchmark: {title}", "",
           "GLM-5.2 shape: 78 layers, kv_lora_rank 512, rope 64, index keys 128 on 21 layers, float32. "
@@ -552,7 +559,10 @@ def main():
     if attention_only:
         goals_md = ["## Goals", ""] + [f"- {verdict(g)}: {g['goal']}: {g['detail']}" for g in checked] + [""]
         with open(f"{out_dir}/report.md", "w") as f:
-            f.write("\n".join([f"# Benchmark: {title}", ""] + goals_md + attention_section(by, records)))
+            f.write("\n".join([f"# Benchmark: {title}", ""] + goals_md + attention_section(by, records)
+                              + report_model_step.section(steps, step_ops)))
+        if steps:
+            report_model_step.plot(steps, f"{out_dir}/model_step.png", title)
         print("\n".join(f"{verdict(g)}: {g['goal']}: {g['detail']}" for g in checked))
         return
     peers = [r for r in records if r["system"] in SYSTEMS]
@@ -597,10 +607,13 @@ def main():
     md += rounds_section(by, records)
     md += persist_section(by, persisted)
     md += attention_section(by, records)
+    md += report_model_step.section(steps, step_ops)
     md += ["", "![decode step time](steps.png)", ""]
     with open(f"{out_dir}/report.md", "w") as f:
         f.write("\n".join(md))
     plot(records, f"{out_dir}/steps.png", title)
+    if steps:
+        report_model_step.plot(steps, f"{out_dir}/model_step.png", title)
     print("\n".join(f"{verdict(g)}: {g['goal']}: {g['detail']}" for g in checked))
 
 

@@ -115,6 +115,14 @@ typedef struct mlx_array_ {
 #endif
 
 
+// The most positions the kernel selects from: one block reads a row, on one multiprocessor,
+// which at long rows loses to MLX's sort over the whole GPU. H200, bf16, one GLM-5.2 layer's
+// DSA decode step (index scores, top-2048, attention; `--attention`): at 16K positions 0.205
+// ms with the kernel against 0.242 with argpartition (8 rows: 0.257 against 0.284), at 128K
+// 0.507 against 0.359. Above this, `Donor::select` takes argpartition (the crossing, from
+// those two points, is near 38K).
+#define MAX_POSITIONS (32 * 1024)
+
 // Positions a boundary moves by at once.
 #define CONVERSION_BLOCK 64
 
@@ -1495,7 +1503,10 @@ latent_cache_status latent_cache_donor_index_scores(const latent_cache_donor *do
 // `latent_cache_donor_index_scores`) per query: `*out` `[B, Lq, k]` int32, in no particular
 // order (GLM-5.2 uses k = 2048). When the window holds no more than `k` positions `*out`
 // receives `ctx == NULL`: attend densely (`latent_cache_donor_attend`), as DeepSeek's indexer
-// does. Lazy; `*out` is the caller's.
+// does. Lazy; `*out` is the caller's. Where several positions tie at the k-th highest score,
+// which of them are taken depends on the device: on CUDA and Apple GPUs up to 32K positions
+// (the library's top-k kernel) the first ones, in window order; elsewhere as MLX's
+// `argpartition` breaks ties.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`k` is 0), `BACKEND`.
 latent_cache_status latent_cache_donor_select(const latent_cache_donor *donor,
                                               mlx_array scores,
@@ -1513,11 +1524,15 @@ latent_cache_status latent_cache_donor_select(const latent_cache_donor *donor,
 // family is stored in it, else in float32; so it equals `latent_cache_donor_attend` with a mask
 // array hiding the other positions, to float32 rounding (TF32 products on MLX's CUDA
 // backend). For a decode step (`Lq` 1) whose rows each span the window (no padding), the
-// selected positions are gathered as stored and attended by the split-K kernel where
+// selected positions are read as stored, through the indices, by the split-K kernel where
 // `latent_cache_donor_attend` would take it (MLX's CUDA backend; Apple GPUs, as that function
 // says), computing as that kernel does (on CUDA: 16-bit queries only, a packed latent decoded
 // in bfloat16), so there it agrees with the masked `latent_cache_donor_attend` (MLX's ops) to
 // bfloat16 precision.
+// Indices are not checked against the window (that would need their values on the host): one
+// outside `[0, T)` is clamped, never read outside the cache's buffers. It reads the nearest
+// window position through MLX's ops; on the kernels, the nearest position of the stored buffer,
+// which past `T` holds no valid value.
 // Returns what `latent_cache_donor_attend` returns (`mode` `NONE` or `CAUSAL`), and `SHAPE`
 // for indices of another shape or dtype.
 latent_cache_status latent_cache_donor_attend_selected(const latent_cache_donor *donor,
