@@ -514,15 +514,7 @@ def plot(records, path, title):
                          if r["system"] == s and r["scenario"] == "decode" and r["batch"] == batch)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=f"{s}, batch {batch}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("stored positions per row (context)")
-    ax.set_ylabel("ms per decode step (78 layers, one evaluation)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    report_model_step.finish(fig, ax, "ms per decode step (78 layers, one evaluation)", title, path)
 
 
 def main():

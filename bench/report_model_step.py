@@ -117,10 +117,15 @@ def plot(steps, path, title):
                      if r["system"] == s and r["mode"] == "bf16" and r["timing"] == "single" and r["batch"] == 1)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
+    finish(fig, ax, "ms per decode step (78 layers, appends and attention, one graph)", title, path)
+
+
+def finish(fig, ax, ylabel, title, path):
+    """A step-time plot's axes (log context against log ms), labels and file, as report.py's."""
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("stored positions per row (context)")
-    ax.set_ylabel("ms per decode step (78 layers, appends and attention, one graph)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
