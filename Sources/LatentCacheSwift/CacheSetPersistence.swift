@@ -58,7 +58,22 @@ extension CacheSet {
 
   /// Saves every layer in the seed's format (float32 layers, rows of one length, no padding).
   public func saveMlxbun(to path: String, info: MlxbunInfo? = nil) throws {
-    guard let info else { return try check(latent_cache_set_save_mlxbun(handle, path, nil)) }
+    try withMlxbunInfo(info) { latent_cache_set_save_mlxbun(handle, path, $0) }
+  }
+
+  /// Saves every layer in the seed's block layout (format version 5): a manifest at `path`, and
+  /// each tensor's bytes in blocks of `blockBytes` (0: 1 MiB) named by their SHA-256 in a
+  /// `blocks` folder beside it, blocks already there reused; so saving a conversation again after
+  /// it grew writes its new positions. Load it with `CacheSet(mlxbunFile:)`.
+  public func saveMlxbunBlocks(to path: String, info: MlxbunInfo? = nil, blockBytes: Int = 0) throws {
+    try withMlxbunInfo(info) { latent_cache_set_save_mlxbun_blocks(handle, path, $0, blockBytes) }
+  }
+
+  /// Calls `save` with `info` as the C struct (NULL without it), its strings alive for the call.
+  private func withMlxbunInfo(
+    _ info: MlxbunInfo?, _ save: (UnsafePointer<latent_cache_mlxbun_info>?) -> latent_cache_status
+  ) throws {
+    guard let info else { return try check(save(nil)) }
     try info.tokens.withUnsafeBufferPointer { tokens in
       try withOptionalCString(info.modelID) { model in
         try withOptionalCString(info.configFingerprint) { fingerprint in
@@ -67,7 +82,7 @@ extension CacheSet {
               var c = latent_cache_mlxbun_info(
                 tokens: tokens.baseAddress, tokens_len: tokens.count, model_id: model, config_fingerprint: fingerprint,
                 tokenizer_hash: tokenizer, ns: ns)
-              try check(latent_cache_set_save_mlxbun(handle, path, &c))
+              try check(save(&c))
             }
           }
         }

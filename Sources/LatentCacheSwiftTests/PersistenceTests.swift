@@ -1,6 +1,7 @@
 // PersistenceTests.swift: save/load round trips (file and bytes, one cache and a set, the
 // library's format and the seed's mlx-bun format with its tokens and header), compared with the
 // plain model of what was appended.
+import Foundation
 import LatentCacheSwift
 import XCTest
 #if canImport(Darwin)
@@ -102,6 +103,18 @@ final class PersistenceTests: XCTestCase {
     XCTAssertTrue(header.contains("glm-5.2-test") && header.contains("\"fp\""), header)
     let loaded = try CacheSet(mlxbunFile: path)
     for (l, layer) in try loaded.layers().enumerated() { try assertMatches(layer, models[l], "mlxbun layer \(l)") }
+    // The seed's block layout: a manifest, its blocks in a folder beside it; loaded alike.
+    let folder = temporaryPath("mlxbun-blocks")
+    try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(atPath: folder) }
+    try set.saveMlxbunBlocks(to: folder + "/m.mlxkv", info: info, blockBytes: 64)
+    XCTAssertEqual(try CacheSet.mlxbunTokens(path: folder + "/m.mlxkv"), info.tokens)
+    let blocks = try FileManager.default.contentsOfDirectory(atPath: folder + "/blocks")
+    XCTAssertGreaterThan(blocks.count, 2, "tensors cut into 64-byte blocks")
+    let fromBlocks = try CacheSet(mlxbunFile: folder + "/m.mlxkv")
+    for (l, layer) in try fromBlocks.layers().enumerated() {
+      try assertMatches(layer, models[l], "mlxbun blocks layer \(l)")
+    }
     // Without info: no tokens.
     let bare = temporaryPath("mlxbun-bare")
     defer { unlink(bare) }

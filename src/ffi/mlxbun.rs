@@ -66,17 +66,47 @@ pub unsafe extern "C" fn latent_cache_set_save_mlxbun(
     }
 }
 
+/// `latent_cache_set_save_mlxbun` in the seed's block layout (mlx-bun's format version 5, its
+/// SSD tier's `layout: "blocks"`): `path` is written as a manifest (the same header, listing each
+/// tensor's blocks), and each tensor's float32 bytes are cut per batch row into blocks of
+/// `block_bytes` (0: mlx-bun's default, 1 MiB; rounded down to whole values), each written to
+/// `blocks/<sha256 of its bytes>` in the folder of `path` (made if missing, mode 0700) unless a
+/// block of that name is there. Saving a conversation again after it grew writes its new
+/// positions' blocks and each row's last, partial block, and reuses every other block, so a chain
+/// of manifests in one folder holds each position about once. Blocks no manifest names (after
+/// a failed save, or manifests removed) are left for mlx-bun's collector. Load with
+/// `latent_cache_set_load_mlxbun`.
+/// Returns what `latent_cache_set_save_mlxbun` returns, and `INVALID_ARGUMENT` for `block_bytes`
+/// above 1 GiB. On failure no manifest is left under `path`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_save_mlxbun_blocks(
+    set: *const latent_cache_set,
+    path: *const c_char,
+    info: *const latent_cache_mlxbun_info,
+    block_bytes: usize,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let path = unsafe { self::path(path) }?;
+        let info = unsafe { self::info(info) }?;
+        with_set_layers(set, |layers| {
+            Ok(mlxbun::save_blocks(&layers.iter().map(|l| &**l).collect::<Vec<_>>(), &info, &path, block_bytes)?)
+        })
+    }
+}
+
 /// Loads a prompt cache the seed's implementation wrote (format versions 3 and 4; its v4
-/// attachments, such as the MTP draft state, are not read) or `latent_cache_set_save_mlxbun`
+/// attachments, such as the MTP draft state, are not read; version 5, a manifest whose tensors
+/// lie in `blocks/` beside it, each block checked against its SHA-256 name) or
+/// `latent_cache_set_save_mlxbun` / `latent_cache_set_save_mlxbun_blocks`
 /// wrote. The magic, the header's hash, every field (kinds, geometry, `maxTokens`, shapes, dtype,
 /// offsets inside the file) and every tensor's hash are checked; on any failure nothing is
 /// created. `*out` receives a set of float32 layers in the file's order, rows right-justified and
 /// all holding the layer's offset, owned by the caller. The tokens and identity strings: read
 /// them with `latent_cache_mlxbun_header` / `latent_cache_mlxbun_tokens`.
 /// The path is opened once and must name a regular file (a FIFO, a device or a folder is
-/// `INVALID_ARGUMENT`); the file must end with its last tensor.
-/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, format
-/// version 5, bytes after the last tensor), `CAPACITY` (its tensors would take MLX past its memory
+/// `INVALID_ARGUMENT`); the file must end with its last tensor (a manifest, with its header).
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (unreadable, damaged or foreign files, bytes
+/// after the last tensor, a block missing, of another length or not matching its name), `CAPACITY` (its tensors would take MLX past its memory
 /// limit; checked before any is read), `BACKEND`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_load_mlxbun(

@@ -1,12 +1,20 @@
 """An independent writer and reader of the seed's prompt-cache files (mlx-bun's `MLXBUNKV2`
-layout, format version 3, MLA kinds), in plain Python: the other side of tests/mlxbun.rs.
+layout, format versions 3 and 5, MLA kinds), in plain Python: the other side of
+tests/persist/mlxbun.rs and mlxbun_blocks.rs.
 
   python3 mlxbun_kv.py write-example PATH   writes the seed's own test data (three layers: mla,
                                             mla-dsa, mtp-mla; createdAt 0) as mlx-bun writes it
+  python3 mlxbun_kv.py write-example-blocks PATH BLOCK_BYTES
+                                            the same in format version 5: a manifest at PATH,
+                                            blocks of BLOCK_BYTES cut per batch row in
+                                            blocks/<sha256> beside it (mlx-bun's writeBlocks)
   python3 mlxbun_kv.py read PATH            verifies a file (magic, header hash, fields, every
-                                            tensor's hash) and prints its caches, one line per
-                                            tensor: "layer kind offset family B T W v0 v1 ..."
+                                            tensor's hash, or every block's SHA-256 and its
+                                            place inside one batch row) and prints its caches,
+                                            one line per tensor:
+                                            "layer kind offset family B T W v0 v1 ..."
 """
+import hashlib
 import json
 import os
 import struct
@@ -64,23 +72,60 @@ def align(n):
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def write(path, caches, tokens, meta, created_at):
+def atomically(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+def write_blocks(folder, raw, row_bytes, block_bytes):
+    """mlx-bun's segments(): each batch row apart, blocks of whole float32 values."""
+    limit = max(1, block_bytes // 4) * 4
+    listed = []
+    for row in range(0, len(raw), row_bytes):
+        data = raw[row:row + row_bytes]
+        for at in range(0, len(data), limit):
+            chunk = data[at:at + limit]
+            name = hashlib.sha256(chunk).hexdigest()
+            if not os.path.exists(os.path.join(folder, name)):
+                atomically(os.path.join(folder, name), chunk)
+            listed.append({"hash": name, "bytes": len(chunk)})
+    return listed
+
+
+def write(path, caches, tokens, meta, created_at, block_bytes=None):
     """caches: dicts with kind, offset, kvLoraRank, ropeHeadDim, [dsaHeadDim], maxTokens and
-    tensors: (float list, [B, T, W]) in the order latent, rope, [index keys]."""
+    tensors: (float list, [B, T, W]) in the order latent, rope, [index keys]. With block_bytes,
+    format version 5: a manifest at path and the blocks in blocks/ beside it."""
+    folder = os.path.join(os.path.dirname(path), "blocks")
+    if block_bytes is not None:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
     entries, blobs, cursor = [], [], 0
     for c in caches:
         slots = []
         for values, shape in c["tensors"]:
             raw = struct.pack("<%df" % len(values), *values)
             off = align(cursor)
-            slots.append({"off": off, "bytes": len(raw), "shape": shape, "dtype": 10, "hash": "%016x" % wyhash(raw)})
+            slot = {"off": off, "bytes": len(raw), "shape": shape, "dtype": 10, "hash": "%016x" % wyhash(raw)}
+            if block_bytes is not None:
+                slot["hash"] = ""
+                slot["blocks"] = write_blocks(folder, raw, shape[1] * shape[2] * 4, block_bytes)
+            slots.append(slot)
             blobs.append((off, raw))
             cursor = off + len(raw)
         entry = {k: c[k] for k in ("kind", "offset", "kvLoraRank", "ropeHeadDim", "dsaHeadDim", "maxTokens") if k in c}
         entry["tensors"] = slots
         entries.append(entry)
-    header = {"formatVersion": 3, "createdAt": created_at, **meta, "codecProvider": "mlx-cache-v3", "tokens": tokens, "caches": entries}
+    version = 3 if block_bytes is None else 5
+    header = {"formatVersion": version, "createdAt": created_at, **meta, "codecProvider": "mlx-cache-v3", "tokens": tokens, "caches": entries}
     text = json.dumps(header, separators=(",", ":")).encode()
+    if block_bytes is not None:
+        # mlx-bun's writeHeader: the data start is the header's end; nothing follows it.
+        atomically(path, MAGIC + struct.pack("<IIQ", len(text), 26 + len(text), wyhash(text)) + text)
+        return
     start = align(26 + len(text))
     out = bytearray(start + max(off + len(raw) for off, raw in blobs))
     out[0:10] = MAGIC
@@ -88,15 +133,10 @@ def write(path, caches, tokens, meta, created_at):
     out[26:26 + len(text)] = text
     for off, raw in blobs:
         out[start + off:start + off + len(raw)] = raw
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(out)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
+    atomically(path, bytes(out))
 
 
-def write_example(path):
+def write_example(path, block_bytes=None):
     # The seed's test "MLA, MLA+DSA, and MTP rows clone and round-trip byte-identically".
     def t(values, width):
         return (values, [1, len(values) // width, width])
@@ -108,7 +148,19 @@ def write_example(path):
         {"kind": "mtp-mla", "offset": 2, "kvLoraRank": 2, "ropeHeadDim": 1, "maxTokens": 16,
          "tensors": [t([17, 18, 19, 20], 2), t([21, 22], 1)]},
     ]
-    write(path, caches, [101, 102], {"modelId": "glm-test", "configFingerprint": "glm-layout-v1"}, 0)
+    write(path, caches, [101, 102], {"modelId": "glm-test", "configFingerprint": "glm-layout-v1"}, 0, block_bytes)
+
+
+def read_blocks(folder, slot, row_bytes):
+    """A version 5 tensor's bytes: its blocks in order, each checked against its SHA-256 name,
+    none crossing a batch row."""
+    raw, rows = b"", set()
+    for block in slot["blocks"]:
+        data = open(os.path.join(folder, block["hash"]), "rb").read()
+        assert len(data) == block["bytes"] > 0 and hashlib.sha256(data).hexdigest() == block["hash"], "block hash"
+        assert len(raw) // row_bytes == (len(raw) + len(data) - 1) // row_bytes, "a block crosses a batch row"
+        raw += data
+    return raw
 
 
 def read(path):
@@ -117,10 +169,14 @@ def read(path):
     length, start, digest = struct.unpack_from("<IIQ", data, 10)
     text = data[26:26 + length]
     assert len(text) == length and wyhash(text) == digest, "header hash"
-    assert start % ALIGN == 0 and start >= 26 + length, "data start"
-    assert all(b == 0 for b in data[26 + length:start]), "zero padding"
     header = json.loads(text)
-    assert header["formatVersion"] == 3 and header["codecProvider"] == "mlx-cache-v3", header
+    blocked = header["formatVersion"] == 5
+    if blocked:
+        assert start == 26 + length == len(data), "a manifest ends with its header"
+    else:
+        assert start % ALIGN == 0 and start >= 26 + length, "data start"
+        assert all(b == 0 for b in data[26 + length:start]), "zero padding"
+    assert header["formatVersion"] in (3, 5) and header["codecProvider"] == "mlx-cache-v3", header
     assert isinstance(header["createdAt"], int)
     print("tokens", " ".join(str(t) for t in header["tokens"]))
     for key in ("modelId", "configFingerprint", "tokenizerHash", "ns"):
@@ -138,11 +194,19 @@ def read(path):
             batch, tokens, w = slot["shape"]
             assert tokens == entry["offset"] and w == width and slot["dtype"] == 10, slot
             assert slot["off"] % ALIGN == 0 and slot["bytes"] == batch * tokens * w * 4, slot
-            raw = data[start + slot["off"]:start + slot["off"] + slot["bytes"]]
-            assert len(raw) == slot["bytes"] and "%016x" % wyhash(raw) == slot["hash"], "tensor hash"
+            if blocked:
+                assert slot["hash"] == "", slot
+                raw = read_blocks(os.path.join(os.path.dirname(path), "blocks"), slot, tokens * w * 4)
+                assert len(raw) == slot["bytes"], "tensor length"
+            else:
+                raw = data[start + slot["off"]:start + slot["off"] + slot["bytes"]]
+                assert len(raw) == slot["bytes"] and "%016x" % wyhash(raw) == slot["hash"], "tensor hash"
             values = struct.unpack("<%df" % (len(raw) // 4), raw)
             print(layer, kind, entry["offset"], entry["maxTokens"], family, batch, tokens, w, " ".join(repr(v) for v in values))
 
 
 if __name__ == "__main__":
-    {"write-example": write_example, "read": read}[sys.argv[1]](sys.argv[2])
+    if sys.argv[1] == "write-example-blocks":
+        write_example(sys.argv[2], int(sys.argv[3]))
+    else:
+        {"write-example": write_example, "read": read}[sys.argv[1]](sys.argv[2])

@@ -16,13 +16,13 @@ use latent_cache::{ErrorKind, Family, Geometry, LatentCache, Role, StorageMode};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/mlxbun_kv.py");
 
-fn scratch(name: &str) -> PathBuf {
+pub(super) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("latent-cache-mlxbun-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
 
-fn python(args: &[&str]) -> String {
+pub(super) fn python(args: &[&str]) -> String {
     let out = Command::new("python3").arg(SCRIPT).args(args).output().expect("python3");
     assert!(out.status.success(), "the independent side failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
@@ -63,7 +63,7 @@ fn the_seeds_test_data_loads() {
 }
 
 /// A GLM-5.2-shaped model in small: two target layers (one with index keys) and the MTP layer.
-fn model(rng: &mut Rng, batch: usize, tokens: usize) -> Vec<LatentCache> {
+pub(super) fn model(rng: &mut Rng, batch: usize, tokens: usize) -> Vec<LatentCache> {
     [(64, 0, Role::Target), (64, 16, Role::Target), (0, 0, Role::Mtp)]
         .into_iter()
         .map(|(max, index, role)| {
@@ -91,7 +91,23 @@ fn files_written_here_pass_the_independent_reader() {
     let path = scratch("ours.mlxkv");
     let info = MlxbunInfo { tokens: vec![7, 8, 9, 10, 4_000_000_000], ns: Some(String::new()), ..MlxbunInfo::default() };
     mlxbun::save(&layers.iter().collect::<Vec<_>>(), &info, &path).unwrap();
-    let text = python(&["read", path.to_str().unwrap()]);
+    check_independent_read(&python(&["read", path.to_str().unwrap()]), &layers);
+    // And back here: the same caches, the same info.
+    let (loaded, back) = mlxbun::load(&path).unwrap();
+    assert_eq!(back, info);
+    for (a, b) in layers.iter().zip(&loaded) {
+        assert_eq!(a.geometry(), b.geometry());
+        for family in Family::ALL.into_iter().take(if a.geometry().index_head_dim > 0 { 3 } else { 2 }) {
+            for row in 0..2 {
+                assert_eq!(a.read_row(family, row).unwrap(), b.read_row(family, row).unwrap());
+            }
+        }
+    }
+}
+
+/// The independent reader's printout of a file of `model`'s layers (two rows of five positions)
+/// saved with tokens 7 8 9 10 4000000000 and an empty `ns`: every tensor's values as stored.
+pub(super) fn check_independent_read(text: &str, layers: &[LatentCache]) {
     let mut tensors = 0;
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
@@ -113,17 +129,6 @@ fn files_written_here_pass_the_independent_reader() {
         }
     }
     assert_eq!(tensors, 2 + 3 + 2);
-    // And back here: the same caches, the same info.
-    let (loaded, back) = mlxbun::load(&path).unwrap();
-    assert_eq!(back, info);
-    for (a, b) in layers.iter().zip(&loaded) {
-        assert_eq!(a.geometry(), b.geometry());
-        for family in Family::ALL.into_iter().take(if a.geometry().index_head_dim > 0 { 3 } else { 2 }) {
-            for row in 0..2 {
-                assert_eq!(a.read_row(family, row).unwrap(), b.read_row(family, row).unwrap());
-            }
-        }
-    }
 }
 
 fn refused(bytes: &[u8], why: &str) {

@@ -13,7 +13,7 @@
 //! | `safetensors.rs`, `tensor_bytes.rs` | writing safetensors, streaming tensors' bytes where they lie |
 //! | `mlx_read.rs` | reading safetensors through MLX, path and frame checked first |
 //! | `segment/` | segments: a row's positions `[from, to)` saved apart, restored and extended as a chain |
-//! | `mlxbun/` | the seed's `.mlxbun` files (mlx-bun's `MLXBUNKV2`), with `wyhash.rs`, Bun's hash |
+//! | `mlxbun/` | the seed's `.mlxbun` files (mlx-bun's `MLXBUNKV2`), with `wyhash.rs`, Bun's hash, and `sha256.rs`, its block names |
 //! | `file.rs` | the one atomic file writer both formats save through |
 //! | `json.rs` | the one JSON string escaper both formats' headers use |
 //!
@@ -51,6 +51,7 @@ pub mod safetensors;
 pub mod segment;
 pub mod tensor_bytes;
 pub mod wyhash;
+pub(crate) mod sha256;
 
 pub use load::{load, load_from_bytes};
 pub use save::{save, save_to_bytes};

@@ -13,7 +13,7 @@ use crate::core::persist::wyhash::wyhash;
 /// A verified header: the JSON and where the data starts.
 pub(super) struct Header {
     pub(super) json: Value,
-    text: String,
+    pub(super) text: String,
     pub(super) data_start: u64,
 }
 

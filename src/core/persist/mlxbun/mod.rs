@@ -10,18 +10,24 @@
 //! per layer and no padding, so only caches whose rows all hold the same positions are written;
 //! its float32-only caches mean only float32 storage is written.
 //!
+//! Format version 5 (`blocks.rs`): the file is a manifest, the same frame and header with no
+//! tensor bytes after it, each tensor listing blocks of its bytes held in files named by their
+//! SHA-256 in a `blocks` folder beside it; saved by `save_blocks`, read by `load`.
+//!
 //! Files: `write.rs` (saving, the header written in mlx-bun's key order), `header.rs` (the
 //! prefix and JSON header read and verified, the info), `read.rs` (every cache entry checked,
-//! tensors read and verified, caches built).
+//! tensors read and verified, caches built), `blocks.rs` (version 5's block files).
+mod blocks;
 mod header;
 mod read;
 mod write;
 
 use crate::core::model::geometry::{Family, Geometry, Role};
 
+pub use blocks::{DEFAULT_BLOCK_BYTES, MAX_BLOCK_BYTES};
 pub use header::read_info;
 pub use read::{load, load_from_bytes};
-pub use write::{save, save_to_bytes};
+pub use write::{save, save_blocks, save_to_bytes};
 
 const MAGIC: &[u8; 10] = b"MLXBUNKV2\n";
 const PREFIX_LEN: u64 = 26;

@@ -1,13 +1,15 @@
 //! Loading the seed's format: every cache entry of the verified header checked (kinds,
-//! geometry, shapes, dtype, offsets inside the file, no overlaps), then every tensor read and
-//! checked against its hash, and the caches built only when all pass.
+//! geometry, shapes, dtype, offsets inside the file, no overlaps; for version 5, each tensor's
+//! block list), then every tensor read and checked against its hash (its blocks against their
+//! names), and the caches built only when all pass.
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 use serde_json::Value;
 
+use super::blocks::{self, is_block_name, MAX_BLOCKS};
 use super::header::{field, info, read_header, uint, Header};
-use super::{families, MlxbunInfo, CODEC_PROVIDER, FLOAT32, MAX_LAYERS, NO_LIMIT};
+use super::{families, MlxbunInfo, CODEC_PROVIDER, FLOAT32, MAX_LAYERS, NO_LIMIT, PREFIX_LEN};
 use crate::core::error::{error, fail, Result};
 use crate::core::mlx::memory::check_alloc;
 use crate::core::model::geometry::{Geometry, Role};
@@ -15,12 +17,39 @@ use crate::core::persist::file::open_regular;
 use crate::core::persist::wyhash::tensor_hash;
 use crate::core::LatentCache;
 
-/// One tensor to read: where, how long, its batch and its hash.
+/// One tensor to read: where, how long, its batch and its hash; in version 5 its blocks
+/// (names and lengths) instead of a place in the file.
 struct Slot {
     at: u64,
     bytes: u64,
     batch: usize,
     hash: String,
+    blocks: Vec<(String, u64)>,
+}
+
+/// A version 5 tensor's block list: names that are SHA-256 digests, lengths of at least one
+/// byte adding up to the tensor's.
+fn block_list(t: &Value, bytes: u64, what: &str) -> Result<Vec<(String, u64)>> {
+    let list = field(t, "blocks", what)?.as_array().ok_or_else(|| error!(InvalidArgument, "{what}: blocks is not an array"))?;
+    if list.len() as u64 > MAX_BLOCKS {
+        return fail!(InvalidArgument, "{what}: {} blocks (at most {MAX_BLOCKS})", list.len());
+    }
+    let mut out = Vec::with_capacity(list.len());
+    let mut sum = 0u64;
+    for b in list {
+        let name = field(b, "hash", what)?.as_str().unwrap_or("");
+        if !is_block_name(name) {
+            return fail!(InvalidArgument, "{what}: block name {name:?} is not 64 lowercase hex digits");
+        }
+        let len = uint(field(b, "bytes", what)?, &format!("{what} block bytes"))?;
+        sum =
+            sum.checked_add(len).filter(|_| len > 0).ok_or_else(|| error!(InvalidArgument, "{what}: a block of {len} bytes"))?;
+        out.push((name.to_string(), len));
+    }
+    if sum != bytes {
+        return fail!(InvalidArgument, "{what}: its blocks hold {sum} bytes, the tensor {bytes}");
+    }
+    Ok(out)
 }
 
 /// A layer as the header describes it, every field checked.
@@ -30,7 +59,7 @@ struct LayerPlan {
     slots: Vec<Slot>,
 }
 
-fn plan_layer(i: usize, e: &Value, data_start: u64, file_len: u64) -> Result<LayerPlan> {
+fn plan_layer(i: usize, e: &Value, data_start: u64, file_len: u64, blocked: bool) -> Result<LayerPlan> {
     let what = format!("cache {i}");
     let kind = field(e, "kind", &what)?.as_str().unwrap_or("");
     let role = match kind {
@@ -111,27 +140,52 @@ fn plan_layer(i: usize, e: &Value, data_start: u64, file_len: u64) -> Result<Lay
             return fail!(InvalidArgument, "{what}: {bytes} bytes for shape {shape:?}");
         }
         let off = uint(field(t, "off", &what)?, &format!("{what} off"))?;
+        let hash = field(t, "hash", &what)?.as_str().unwrap_or("").to_string();
+        let batch = usize::try_from(batch).map_err(|_| error!(InvalidArgument, "{what}: batch {batch}"))?;
+        if blocked {
+            // Version 5: the bytes are in block files; the header authenticates their order.
+            if !hash.is_empty() {
+                return fail!(InvalidArgument, "{what}: hash {hash:?} where a version 5 tensor has none");
+            }
+            let blocks = block_list(t, bytes, &what)?;
+            slots.push(Slot { at: 0, bytes, batch, hash, blocks });
+            continue;
+        }
         let at = data_start.checked_add(off).filter(|at| at.checked_add(bytes).is_some_and(|end| end <= file_len));
         let Some(at) = at else {
             return fail!(InvalidArgument, "{what}: bytes {off}..+{bytes} lie outside the file");
         };
-        let hash = field(t, "hash", &what)?.as_str().unwrap_or("").to_string();
         if hash.len() != 16 || !hash.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) {
             return fail!(InvalidArgument, "{what}: hash {hash:?} is not 16 lowercase hex digits");
         }
-        let batch = usize::try_from(batch).map_err(|_| error!(InvalidArgument, "{what}: batch {batch}"))?;
-        slots.push(Slot { at, bytes, batch, hash });
+        slots.push(Slot { at, bytes, batch, hash, blocks: Vec::new() });
     }
     Ok(LayerPlan { geometry, offset, slots })
 }
 
-/// Checks the whole header: version, codec provider, tokens, every cache entry.
-fn plan(h: &Header, file_len: u64) -> Result<(Vec<LayerPlan>, MlxbunInfo)> {
+/// Checks the whole header: version, codec provider, tokens, every cache entry. `by_path`: the
+/// file was opened by its path, so version 5's blocks can be found beside it.
+fn plan(h: &Header, file_len: u64, by_path: bool) -> Result<(Vec<LayerPlan>, MlxbunInfo)> {
     let json = &h.json;
-    match uint(field(json, "formatVersion", "header")?, "formatVersion")? {
-        3 | 4 => {}
-        5 => return fail!(InvalidArgument, "format version 5 (the seed's block layout, tensors in a blocks folder) is not read"),
-        v => return fail!(InvalidArgument, "format version {v}: this library reads the seed's versions 3 and 4"),
+    let blocked = match uint(field(json, "formatVersion", "header")?, "formatVersion")? {
+        3 | 4 => false,
+        5 if !by_path => {
+            return fail!(
+                InvalidArgument,
+                "format version 5: its tensors lie in block files beside the manifest; load it by its path"
+            )
+        }
+        5 => true,
+        v => return fail!(InvalidArgument, "format version {v}: this library reads the seed's versions 3, 4 and 5"),
+    };
+    // A manifest is its frame and header alone (mlx-bun's data start is the header's end).
+    let header_end = PREFIX_LEN + h.text.len() as u64;
+    if blocked && (h.data_start != header_end || file_len != header_end) {
+        return fail!(
+            InvalidArgument,
+            "{} bytes after the manifest's header (the file is damaged)",
+            file_len.saturating_sub(header_end)
+        );
     }
     match json.get("codecProvider") {
         None => {}
@@ -144,7 +198,7 @@ fn plan(h: &Header, file_len: u64) -> Result<(Vec<LayerPlan>, MlxbunInfo)> {
         return fail!(InvalidArgument, "{} caches: a file holds 1 to {MAX_LAYERS}", caches.len());
     }
     let layers: Vec<LayerPlan> =
-        caches.iter().enumerate().map(|(i, e)| plan_layer(i, e, h.data_start, file_len)).collect::<Result<_>>()?;
+        caches.iter().enumerate().map(|(i, e)| plan_layer(i, e, h.data_start, file_len, blocked)).collect::<Result<_>>()?;
     // One request's state: every cache holds the same rows (as a set's layers must).
     let (batch, offset) = (layers[0].slots[0].batch, layers[0].offset);
     if let Some(i) = layers.iter().position(|l| l.slots[0].batch != batch || l.offset != offset) {
@@ -154,6 +208,15 @@ fn plan(h: &Header, file_len: u64) -> Result<(Vec<LayerPlan>, MlxbunInfo)> {
             layers[i].slots[0].batch,
             layers[i].offset
         );
+    }
+    if blocked {
+        let count: usize = layers.iter().flat_map(|l| &l.slots).map(|s| s.blocks.len()).sum();
+        if count as u64 > MAX_BLOCKS {
+            return fail!(InvalidArgument, "{count} blocks in all (at most {MAX_BLOCKS})");
+        }
+        let total = layers.iter().flat_map(|l| &l.slots).try_fold(0u64, |sum, s| sum.checked_add(s.bytes));
+        check_alloc(total.and_then(|t| usize::try_from(t).ok()), "loading the file's caches")?;
+        return Ok((layers, info));
     }
     // Tensors may not share bytes: a file cannot make the load hold more than it holds.
     let mut ranges: Vec<(u64, u64)> = layers.iter().flat_map(|l| l.slots.iter().map(|s| (s.at, s.at + s.bytes))).collect();
@@ -173,8 +236,9 @@ fn plan(h: &Header, file_len: u64) -> Result<(Vec<LayerPlan>, MlxbunInfo)> {
     Ok((layers, info))
 }
 
-/// Reads, verifies and builds every layer; any failure drops what was built.
-fn build(r: &mut (impl Read + Seek), layers: Vec<LayerPlan>) -> Result<Vec<LatentCache>> {
+/// Reads, verifies and builds every layer (version 5's tensors from their blocks in `folder`);
+/// any failure drops what was built.
+fn build(r: &mut (impl Read + Seek), layers: Vec<LayerPlan>, folder: Option<&Path>) -> Result<Vec<LatentCache>> {
     let mut out = Vec::with_capacity(layers.len());
     for (i, layer) in layers.into_iter().enumerate() {
         let mut values = Vec::new();
@@ -185,11 +249,19 @@ fn build(r: &mut (impl Read + Seek), layers: Vec<LayerPlan>) -> Result<Vec<Laten
             let mut bytes = Vec::new();
             bytes.try_reserve_exact(len).map_err(|_| no_memory())?;
             bytes.resize(len, 0u8);
-            r.seek(SeekFrom::Start(slot.at))
-                .and_then(|_| r.read_exact(&mut bytes))
-                .map_err(|e| error!(InvalidArgument, "cache {i}: reading a tensor: {e}"))?;
-            if tensor_hash(&bytes) != slot.hash {
-                return fail!(InvalidArgument, "cache {i}: a tensor does not match its hash (the file is damaged)");
+            match (slot.blocks.is_empty(), folder) {
+                (false, Some(folder)) => blocks::read_tensor(folder, &slot.blocks, &mut bytes).map_err(|mut e| {
+                    e.message = format!("cache {i}: {}", e.message);
+                    e
+                })?,
+                _ => {
+                    r.seek(SeekFrom::Start(slot.at))
+                        .and_then(|_| r.read_exact(&mut bytes))
+                        .map_err(|e| error!(InvalidArgument, "cache {i}: reading a tensor: {e}"))?;
+                    if tensor_hash(&bytes) != slot.hash {
+                        return fail!(InvalidArgument, "cache {i}: a tensor does not match its hash (the file is damaged)");
+                    }
+                }
             }
             let mut floats = Vec::new();
             floats.try_reserve_exact(len / 4).map_err(|_| no_memory())?;
@@ -205,10 +277,10 @@ fn build(r: &mut (impl Read + Seek), layers: Vec<LayerPlan>) -> Result<Vec<Laten
     Ok(out)
 }
 
-fn load_from(r: &mut (impl Read + Seek), file_len: u64) -> Result<(Vec<LatentCache>, MlxbunInfo)> {
+fn load_from(r: &mut (impl Read + Seek), file_len: u64, folder: Option<&Path>) -> Result<(Vec<LatentCache>, MlxbunInfo)> {
     let header = read_header(r, file_len)?;
-    let (layers, info) = plan(&header, file_len)?;
-    Ok((build(r, layers)?, info))
+    let (layers, info) = plan(&header, file_len, folder.is_some())?;
+    Ok((build(r, layers, folder)?, info))
 }
 
 /// Loads a file the seed's implementation (or `save`) wrote: the header's hash, every field, and
@@ -216,12 +288,16 @@ fn load_from(r: &mut (impl Read + Seek), file_len: u64) -> Result<(Vec<LatentCac
 /// right-justified, every row holding the layer's offset; the v4 attachments (the seed's MTP
 /// draft state) are not read. The file is opened once, must be a regular file
 /// (`file::open_regular`), and is read through that descriptor; the last tensor must end it,
-/// and its tensors must fit MLX's memory limit (`CAPACITY`) before any is read.
+/// and its tensors must fit MLX's memory limit (`CAPACITY`) before any is read. A version 5
+/// manifest's tensors are read from `blocks/` beside it: each block a regular file of exactly
+/// its listed length whose SHA-256 is its name (every block is hashed: the load reads each
+/// byte twice).
 pub fn load(path: &Path) -> Result<(Vec<LatentCache>, MlxbunInfo)> {
     let (mut file, len) = open_regular(path)?;
-    load_from(&mut file, len)
+    load_from(&mut file, len, Some(&blocks::folder(path)))
 }
 
+/// `load` from bytes; a version 5 manifest is refused (its blocks are files beside it).
 pub fn load_from_bytes(bytes: &[u8]) -> Result<(Vec<LatentCache>, MlxbunInfo)> {
-    load_from(&mut std::io::Cursor::new(bytes), bytes.len() as u64)
+    load_from(&mut std::io::Cursor::new(bytes), bytes.len() as u64, None)
 }
