@@ -552,6 +552,15 @@ class Set {
     info.tokens_len = tokens.size();
     check(latent_cache_set_save_mlxbun(get(), path.c_str(), &info));
   }
+  // The same in the seed's block layout (format version 5): a manifest at `path`, the tensors'
+  // blocks of `block_bytes` (0: 1 MiB) in blocks/ beside it, blocks already there reused.
+  void save_mlxbun_blocks(const std::string &path, const std::vector<uint32_t> &tokens, size_t block_bytes = 0,
+                          const latent_cache_mlxbun_info &identity = latent_cache_mlxbun_info{}) const {
+    latent_cache_mlxbun_info info = identity;
+    info.tokens = tokens.data();
+    info.tokens_len = tokens.size();
+    check(latent_cache_set_save_mlxbun_blocks(get(), path.c_str(), &info, block_bytes));
+  }
   static Set load_mlxbun(const std::string &path) {
     latent_cache_set *raw = nullptr;
     check(latent_cache_set_load_mlxbun(path.c_str(), &raw));

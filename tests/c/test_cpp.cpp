@@ -1,9 +1,11 @@
 // C++ client test: the RAII header over the whole C ABI, under ASan/UBSan (and LeakSanitizer: every
 // array, packed state and cache the wrapper owns is freed). Errors arrive as exceptions with the
 // right status, and a rejected call leaves the cache as it was.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "latent_cache.h"
@@ -191,6 +193,14 @@ int main() {
     latent_cache_cpp::Set reloaded = latent_cache_cpp::Set::load_mlxbun(seed_file);
     CHECK(reloaded.layer_count() == 3);
     CHECK(latent_cache_cpp::Set::mlxbun_tokens(seed_file) == (std::vector<uint32_t>{11, 12, 13}));
+    // Its block layout: a manifest in a folder of its own, the blocks beside it.
+    const std::string folder = "/tmp/latent-cache-test-cpp-blocks-" + std::to_string(getpid());
+    CHECK(mkdir(folder.c_str(), 0700) == 0);
+    one.save_mlxbun_blocks(folder + "/m.mlxkv", {11, 12, 13}, 64);
+    latent_cache_cpp::Set from_blocks = latent_cache_cpp::Set::load_mlxbun(folder + "/m.mlxkv");
+    CHECK(from_blocks.layer_count() == 3);
+    CHECK(latent_cache_cpp::Set::mlxbun_tokens(folder + "/m.mlxkv") == (std::vector<uint32_t>{11, 12, 13}));
+    CHECK(std::system(("rm -rf '" + folder + "'").c_str()) == 0);
     std::remove(seed_file.c_str());
     try {
       (void)latent_cache_cpp::Set::mlxbun_tokens(seed_file);  // removed
