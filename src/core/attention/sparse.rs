@@ -1,6 +1,7 @@
 //! DSA's sparse attention: index scores against the stored index keys, the top-k positions
-//! per query, and attention over the selected positions alone (each gathered as stored, then
-//! decoded: `k` positions a query, never the whole window).
+//! per query, and attention over the selected positions alone (read through the indices by our
+//! kernels, or gathered as stored and then decoded by MLX's ops: `k` positions a query, never
+//! the whole window).
 use mlx_rs::{Array, Dtype};
 
 use super::{Donor, MaskMode};
@@ -115,8 +116,9 @@ impl Donor {
     /// The `k` positions with the highest scores per query (`scores` `[B, Lq, T]` from
     /// `index_scores`), `[B, Lq, k]` int32 window positions in no particular order; `None` when
     /// the window holds no more than `k` positions (attend densely, as DeepSeek's indexer does).
-    /// On CUDA and Apple GPUs our radix-select kernel (`kernel_select`: ties at the k-th score
-    /// go to the first positions), elsewhere MLX's `argpartition` (ties as it breaks them).
+    /// On CUDA and Apple GPUs up to 32K positions our radix-select kernel (`kernel_select`: ties
+    /// at the k-th score go to the first positions), elsewhere MLX's `argpartition` (ties as it
+    /// breaks them).
     pub fn select(&self, scores: &Array, k: usize) -> Result<Option<Array>> {
         if k == 0 {
             return fail!(InvalidArgument, "top-k needs k of at least 1");
