@@ -2,8 +2,9 @@
 //! ships, included by path), as MLX would assemble them, run in a C++ emulation of Metal's
 //! threadgroups and SIMD groups (`tests/metal_emulation/`): the split-K decode against a float64
 //! computation (padded, ragged and causal rows, strided views, empty splits, every float storage
-//! dtype, GLM-5.2's widths, selected positions read through their indices), and DSA's top-k
-//! against the host's selection (ties, unseen positions, strided scores). These machines have no Apple GPU; this is the kernels' logic
+//! dtype, GLM-5.2's widths, selected positions read through their indices), DSA's top-k against
+//! the host's selection (ties, unseen positions, strided scores) and its index scores against a
+//! float64 computation (padded rows, causal queries, strided keys). These machines have no Apple GPU; this is the kernels' logic
 //! checked, not Metal's compiler (`tests/decode_kernel.rs` runs them on an Apple GPU).
 use std::path::Path;
 use std::process::Command;
@@ -60,6 +61,12 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
         "#include \"{}\"\n{}",
         sources.join("dsa_topk.h.metal").display(),
         function("lc_topk", "int K", &[("scores", "float")], &[("top", "int")], &sources.join("dsa_topk.metal"))
+    ) + &function(
+        "lc_scores",
+        "int HI, int W, int LQ, bool RANGES, bool CAUSAL, typename TQ, typename TW, typename TK",
+        &[("q_index", "TQ"), ("weights", "TW"), ("keys", "TK"), ("ranges", "int")],
+        &[("scores", "float")],
+        &sources.join("dsa_scores.metal"),
     );
     std::fs::write(dir.join("kernels.inc"), source).unwrap();
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/metal_emulation");
@@ -79,6 +86,6 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
     let report = String::from_utf8_lossy(&ran.stdout);
     println!("{report}");
     assert!(ran.status.success(), "every case agrees with float64:\n{report}{}", String::from_utf8_lossy(&ran.stderr));
-    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 10, "ten cases ran:\n{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 12, "twelve cases ran:\n{report}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -130,6 +130,51 @@ double top_k(int B, int LQ, int T, int levels, uint32_t seed) {
   return wrong;
 }
 
+// DSA index scores of `B` rows x LQ queries of HEADS heads over a [B, cap, W] key buffer viewed
+// as its first T positions, rows visible over `ranges` (RANGES) and causal queries (CAUSAL):
+// against float64, every unseen position -inf. Returns the largest difference relative to the
+// largest score (infinite where a seen position is not finite or an unseen one not -inf).
+template <typename TQ, typename TK, int HEADS, int W, int LQ, bool RANGES, bool CAUSAL>
+double scores(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const auto q = values(size_t(B) * HEADS * LQ * W, rng), w = values(size_t(B) * LQ * HEADS, rng);
+  const auto k = values(size_t(B) * cap * W, rng);
+  const auto qt = as<TQ>(q), kt = as<TK>(k);
+  const int qs[4] = {B, HEADS, LQ, W}, ws[3] = {B, LQ, HEADS}, ks[3] = {B, T, W}, rs[1] = {2 * B};
+  const int64_t qst[4] = {int64_t(HEADS) * LQ * W, int64_t(LQ) * W, W, 1}, wst[3] = {int64_t(LQ) * HEADS, HEADS, 1};
+  const int64_t kst[3] = {int64_t(cap) * W, W, 1}, one[1] = {1};
+  std::vector<int> bounds;
+  for (auto [lo, hi] : ranges) bounds.insert(bounds.end(), {lo, hi});
+  std::vector<float> out(size_t(B) * LQ * T, NAN);
+  dispatch({uint((T + 127) / 128), uint(LQ), uint(B)}, 128, [&](const Attributes& a) {
+    lc_scores<HEADS, W, LQ, RANGES, CAUSAL, TQ, float, TK>(qt.data(), qs, qst, w.data(), ws, wst, kt.data(), ks, kst,
+                                                           bounds.data(), rs, one, out.data(), a);
+  });
+  double worst = 0, largest = 1e-30;
+  for (int b = 0; b < B; b++) {
+    for (int i = 0; i < LQ; i++) {
+      const int lo = RANGES ? ranges[b].first : 0, hi = (RANGES ? ranges[b].second : T) - (CAUSAL ? LQ - 1 - i : 0);
+      for (int t = 0; t < T; t++) {
+        const float got = out[(size_t(b) * LQ + i) * T + t];
+        if (t < lo || t >= hi) {
+          if (!(std::isinf(got) && got < 0)) return INFINITY;
+          continue;
+        }
+        double want = 0;
+        for (int h = 0; h < HEADS; h++) {
+          double dot = 0;
+          for (int c = 0; c < W; c++) dot += double(q[((size_t(b) * HEADS + h) * LQ + i) * W + c]) * k[(size_t(b) * cap + t) * W + c];
+          want += double(w[(size_t(b) * LQ + i) * HEADS + h]) * std::max(dot, 0.0);
+        }
+        if (!std::isfinite(got)) return INFINITY;
+        worst = std::max(worst, std::abs(got - want));
+        largest = std::max(largest, std::abs(want));
+      }
+    }
+  }
+  return worst / largest;
+}
+
 }  // namespace
 
 int main() {
@@ -146,6 +191,10 @@ int main() {
        run<bfloat16_t, 512, 64, 64, 1, false>(1, 100, 128, {{0, 100}}, 2, 3)},
       {"float16, 5 heads x 2 queries unmasked, 8 splits (three of them empty)",
        run<float16_t, 64, 32, 5, 2, false>(1, 40, 40, {{0, 40}}, 8, 4)},
+      {"index scores: bfloat16 keys of a wider buffer, 4 heads x 2 causal queries, padded and ragged rows",
+       scores<bfloat16_t, bfloat16_t, 4, 32, 2, true, true>(2, 300, 320, {{0, 300}, {7, 290}}, 11)},
+      {"index scores: float16, GLM-5.2's 32 heads of 128, one query, whole rows",
+       scores<float16_t, float16_t, 32, 128, 1, false, false>(1, 130, 130, {{0, 130}}, 12)},
       {"bfloat16, GLM-5.2's widths, 64 heads, 2 rows each reading 50 selected positions out of order, 3 splits",
        run<bfloat16_t, 512, 64, 64, 1, false, true>(2, 90, 96, {{0, 50}, {0, 50}}, 3, 5, selection(2, 50, 90))},
       {"float32, 20 heads, selected positions outside the window read clamped into it",

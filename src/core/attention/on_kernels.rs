@@ -310,8 +310,9 @@ impl Donor {
         Ok(Some(ops::reshape(&scores, &[batch, queries, piece.offset])?))
     }
 
-    /// `index_scores` by the library's kernel on CUDA (`kernels::cuda::dsa_scores`), from the stored keys as
-    /// they are: 16-bit float storage without composed hot values. `None` where it does not apply.
+    /// `index_scores` by the library's kernel on CUDA (`kernels::cuda::dsa_scores`) or on Apple
+    /// GPUs (`kernels::metal::dsa_scores`), from the stored keys as they are: 16-bit float
+    /// storage without composed hot values. `None` where neither applies.
     pub(super) fn kernel_index_scores(
         &self,
         q_index: &Array,
@@ -322,14 +323,19 @@ impl Donor {
         let keys = &self.parts(Family::IndexKeys)[0];
         let float = matches!(self.geometry.storage(Family::IndexKeys).float_dtype(), Some(Dtype::Bfloat16 | Dtype::Float16));
         let (batch, positions) = (self.batch_size(), self.offset);
-        if !float
-            || self.hot_values(Family::IndexKeys).is_some()
-            || self.padding_queries(mode, queries)
-            || !cuda::dsa_scores::applies(keys.dtype(), batch, heads, queries, width, positions)
-        {
+        if !float || self.hot_values(Family::IndexKeys).is_some() || self.padding_queries(mode, queries) {
             return Ok(None);
         }
-        Ok(Some(cuda::dsa_scores::index_scores(q_index, weights, keys, &self.row_ranges(), mode == MaskMode::Causal)?))
+        let (ranges, causal) = (self.row_ranges(), mode == MaskMode::Causal);
+        if cuda::dsa_scores::applies(keys.dtype(), batch, heads, queries, width, positions) {
+            return cuda::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal).map(Some);
+        }
+        let ranged = ranges.iter().any(|&r| r != (0, positions));
+        let dtypes = (q_index.dtype(), weights.dtype());
+        if metal::dsa_scores::applies(keys.dtype(), dtypes, batch, heads, queries, width, positions, (ranged, causal)) {
+            return metal::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal).map(Some);
+        }
+        Ok(None)
     }
 }
 

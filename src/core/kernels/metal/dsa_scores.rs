@@ -1,0 +1,189 @@
+//! DSA index scores in one operation on MLX's Metal backend (Apple GPUs): `kernels::cuda::
+//! dsa_scores`' formula (for each query and stored position, the sum over index heads of weight
+//! x ReLU(query . key), positions the query does not see at -inf), read straight from 16-bit
+//! stored keys, where MLX's operations take eight graph operations and a float32 copy of every
+//! stored key. One thread scores one position for every head, the threadgroup's queries and
+//! weights in threadgroup memory.
+//!
+//! **Untested on Apple hardware** (these machines have none): its source runs in the C++
+//! emulation of Metal (`tests/attention/metal_emulation.rs`) against a float64 computation, and
+//! before a process first uses it for a given compiled form it runs on a small problem (two rows,
+//! one padded, causal queries where the form is causal) and is compared with the host's
+//! computation (`probed`); one that fails to compile, to run or to agree stays off for that form
+//! and MLX's operations score.
+use std::sync::Mutex;
+
+use mlx_rs::{Array, Dtype};
+use once_cell::sync::Lazy;
+
+use crate::core::error::Result;
+use crate::core::kernels::launch::{Launch, Source, Switch};
+use crate::core::kernels::metal::launch::{apply, kernel, on_metal};
+use crate::core::mlx::ops;
+
+/// This kernel's switch and launch count (see `kernels::launch::Switch`).
+pub static KERNEL: Switch = Switch::new();
+
+/// Positions scored per threadgroup (one a thread, as in the source).
+const THREADS: usize = 128;
+/// The most index heads x width the threadgroup's queries hold (24 KiB of float32 of Apple's 32).
+const MAX_QUERY_VALUES: usize = 6144;
+
+static SCORES_KERNEL: Source = Source {
+    name: "latent_cache_dsa_index_scores_metal",
+    inputs: &["q_index", "weights", "keys", "ranges"],
+    outputs: &["scores"],
+    header: "",
+    body: include_str!("src/dsa_scores.metal"),
+    contiguous: false,
+};
+
+/// What a compiled form is: the keys', queries' and weights' dtypes, heads, width, queries, and
+/// whether it reads ranges and masks causally.
+type Form = (Dtype, Dtype, Dtype, usize, usize, usize, bool, bool);
+
+/// Whether the kernel scores `queries` queries (`q`, `weights` dtypes) of `heads` heads and
+/// width `width` over `positions` keys stored in `storage`, for `batch` rows: an Apple GPU,
+/// 16-bit float keys (as the CUDA kernel), the queries fitting threadgroup memory, sizes within a
+/// launch, and the kernel having passed its probe for this form.
+#[allow(clippy::too_many_arguments)]
+pub fn applies(
+    storage: Dtype,
+    (q, w): (Dtype, Dtype),
+    batch: usize,
+    heads: usize,
+    queries: usize,
+    width: usize,
+    positions: usize,
+    (ranges, causal): (bool, bool),
+) -> bool {
+    let fits = KERNEL.enabled()
+        && on_metal()
+        && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
+        && heads >= 1
+        && width >= 1
+        && heads * width <= MAX_QUERY_VALUES
+        && (1..=65535).contains(&batch)
+        && (1..=65535).contains(&queries)
+        && positions >= 1
+        && positions.div_ceil(THREADS) * THREADS <= i32::MAX as usize;
+    fits && probed((storage, q, w, heads, width, queries, ranges, causal && queries > 1))
+}
+
+/// The index scores `[B, Lq, T]` float32, lazily (the CUDA kernel's arguments). Callers check
+/// `applies` first.
+pub(crate) fn index_scores(
+    q_index: &Array,
+    weights: &Array,
+    keys: &Array,
+    ranges: &[(usize, usize)],
+    causal: bool,
+) -> Result<Array> {
+    let out = launch(q_index, weights, keys, ranges, causal)?;
+    KERNEL.launched();
+    Ok(out)
+}
+
+fn launch(q_index: &Array, weights: &Array, keys: &Array, ranges: &[(usize, usize)], causal: bool) -> Result<Array> {
+    let qs = q_index.shape();
+    let (batch, heads, queries, width) = (qs[0], qs[1], qs[2], qs[3]);
+    let positions = keys.shape()[1];
+    let whole = ranges.iter().all(|&(lo, hi)| lo == 0 && hi == positions as usize);
+    // Padded to 8 values: MLX passes smaller inputs in another address space (a kernel compiled
+    // apart from the probed one), as the decode kernel's ranges.
+    let mut bounds: Vec<i32> = ranges.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
+    bounds.resize(bounds.len().max(8), 0);
+    let bounds = ops::indices(&bounds, &[bounds.len()]);
+    let out = apply(
+        kernel(&SCORES_KERNEL)?,
+        &[q_index, weights, keys, &bounds],
+        Launch {
+            outputs: &[(&[batch, queries, positions], Dtype::Float32)],
+            grid: [(positions as usize).div_ceil(THREADS) as i32 * THREADS as i32, queries, batch],
+            block: [THREADS as i32, 1, 1],
+            ints: &[("HI", heads), ("W", width), ("LQ", queries)],
+            bools: &[("RANGES", !whole), ("CAUSAL", causal && queries > 1)],
+        },
+    )?;
+    Ok(out.into_iter().next().expect("one output"))
+}
+
+/// The forms probed so far and whether each passed.
+static PROBES: Lazy<Mutex<Vec<(Form, bool)>>> = Lazy::new(|| Mutex::new(Vec::new()));
+
+/// The probe's bound on the largest difference from the float64 scores, relative to the largest:
+/// 16-bit keys and queries multiplied in float32 are off by rounding only.
+const PROBE_TOLERANCE: f64 = 1e-3;
+
+/// Whether the kernel compiled for `form` passed its probe, probing it the first time: two rows
+/// of 300 positions (the second visible over [7, 290) where the form reads ranges), values exact
+/// in 16 bits, against the host's float64 scores, every masked position -inf.
+fn probed(form: Form) -> bool {
+    let mut probes = PROBES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(&(_, passed)) = probes.iter().find(|(f, _)| *f == form) {
+        return passed;
+    }
+    let passed = matches!(probe(form), Ok(true));
+    if !passed {
+        eprintln!("latent-cache: the Metal index-score kernel is off for {form:?} (its check against the host failed); MLX's operations score instead");
+    }
+    probes.push((form, passed));
+    passed
+}
+
+fn probe((storage, q_dtype, w_dtype, heads, width, queries, ranged, causal): Form) -> Result<bool> {
+    let (batch, positions) = (2usize, 300usize);
+    let ranges = match ranged {
+        true => vec![(0, positions), (7, 290)],
+        false => vec![(0, positions); batch],
+    };
+    let mut seed = 0x5851_f42d_4c95_7f2du64;
+    let mut values = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ((seed % 65) as f32 - 32.0) / 64.0
+            })
+            .collect()
+    };
+    let (q, w, k) = (values(batch * heads * queries * width), values(batch * queries * heads), values(batch * positions * width));
+    let array = |data: &[f32], shape: &[usize], dtype| ops::astype(&ops::from_host(data, shape, "probe")?, dtype);
+    let got = launch(
+        &array(&q, &[batch, heads, queries, width], q_dtype)?,
+        &array(&w, &[batch, queries, heads], w_dtype)?,
+        &array(&k, &[batch, positions, width], storage)?,
+        &ranges,
+        causal,
+    )?;
+    let got = ops::to_host(&got)?;
+    let (mut worst, mut largest) = (0f64, 1e-30f64);
+    for (b, &(lo, hi)) in ranges.iter().enumerate() {
+        for qi in 0..queries {
+            let end = if causal { hi - (queries - 1 - qi) } else { hi };
+            for t in 0..positions {
+                let at = (b * queries + qi) * positions + t;
+                if t < lo || t >= end {
+                    if got[at] != f32::NEG_INFINITY {
+                        return Ok(false);
+                    }
+                    continue;
+                }
+                let want: f64 = (0..heads)
+                    .map(|h| {
+                        let dot: f64 = (0..width)
+                            .map(|c| {
+                                q[((b * heads + h) * queries + qi) * width + c] as f64 * k[(b * positions + t) * width + c] as f64
+                            })
+                            .sum();
+                        w[(b * queries + qi) * heads + h] as f64 * dot.max(0.0)
+                    })
+                    .sum();
+                worst = worst.max((want - got[at] as f64).abs());
+                largest = largest.max(want.abs());
+            }
+        }
+    }
+    Ok(worst / largest <= PROBE_TOLERANCE)
+}
