@@ -123,7 +123,7 @@ fn probed(form: Form) -> bool {
     if let Some(&(_, passed)) = probes.iter().find(|(f, _)| *f == form) {
         return passed;
     }
-    let passed = matches!(probe(form), Ok(true));
+    let passed = matches!(probe(form, launch), Ok(true));
     if !passed {
         eprintln!("latent-cache: the Metal index-score kernel is off for {form:?} (its check against the host failed); MLX's operations score instead");
     }
@@ -131,7 +131,10 @@ fn probed(form: Form) -> bool {
     passed
 }
 
-fn probe((storage, q_dtype, w_dtype, heads, width, queries, ranged, causal): Form) -> Result<bool> {
+/// `launch`'s signature: the kernel, or a stand-in in tests.
+type Score = fn(&Array, &Array, &Array, &[(usize, usize)], bool) -> Result<Array>;
+
+fn probe((storage, q_dtype, w_dtype, heads, width, queries, ranged, causal): Form, run: Score) -> Result<bool> {
     let (batch, positions) = (2usize, 300usize);
     let ranges = match ranged {
         true => vec![(0, positions), (7, 290)],
@@ -150,7 +153,7 @@ fn probe((storage, q_dtype, w_dtype, heads, width, queries, ranged, causal): For
     };
     let (q, w, k) = (values(batch * heads * queries * width), values(batch * queries * heads), values(batch * positions * width));
     let array = |data: &[f32], shape: &[usize], dtype| ops::astype(&ops::from_host(data, shape, "probe")?, dtype);
-    let got = launch(
+    let got = run(
         &array(&q, &[batch, heads, queries, width], q_dtype)?,
         &array(&w, &[batch, queries, heads], w_dtype)?,
         &array(&k, &[batch, positions, width], storage)?,
@@ -186,4 +189,71 @@ fn probe((storage, q_dtype, w_dtype, heads, width, queries, ranged, causal): For
         }
     }
     Ok(worst / largest <= PROBE_TOLERANCE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Index scores computed on the host in float32 from the inputs' values: `relu` false
+    /// leaves out the ReLU, `masked` false writes every position.
+    fn host(inputs: [&Array; 3], ranges: &[(usize, usize)], causal: bool, relu: bool, masked: bool) -> Result<Array> {
+        let [q, w, k] = inputs;
+        let read = |a: &Array| ops::to_host(&ops::astype(a, Dtype::Float32)?);
+        let (qv, wv, kv) = (read(q)?, read(w)?, read(k)?);
+        let s = q.shape();
+        let (batch, heads, queries, width, positions) =
+            (s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize, k.shape()[1] as usize);
+        let mut out = Vec::new();
+        for (b, &(lo, hi)) in ranges.iter().enumerate().take(batch) {
+            for qi in 0..queries {
+                let end = if causal { hi - (queries - 1 - qi) } else { hi };
+                for t in 0..positions {
+                    if masked && (t < lo || t >= end) {
+                        out.push(f32::NEG_INFINITY);
+                        continue;
+                    }
+                    let score: f32 = (0..heads)
+                        .map(|h| {
+                            let dot: f32 = (0..width)
+                                .map(|c| qv[((b * heads + h) * queries + qi) * width + c] * kv[(b * positions + t) * width + c])
+                                .sum();
+                            wv[(b * queries + qi) * heads + h] * if relu { dot.max(0.0) } else { dot }
+                        })
+                        .sum();
+                    out.push(score);
+                }
+            }
+        }
+        ops::from_host(&out, &[batch, queries, positions], "host scores")
+    }
+
+    fn right(q: &Array, w: &Array, k: &Array, r: &[(usize, usize)], causal: bool) -> Result<Array> {
+        host([q, w, k], r, causal, true, true)
+    }
+
+    fn no_relu(q: &Array, w: &Array, k: &Array, r: &[(usize, usize)], causal: bool) -> Result<Array> {
+        host([q, w, k], r, causal, false, true)
+    }
+
+    fn unmasked(q: &Array, w: &Array, k: &Array, r: &[(usize, usize)], causal: bool) -> Result<Array> {
+        host([q, w, k], r, causal, true, false)
+    }
+
+    fn noncausal(q: &Array, w: &Array, k: &Array, r: &[(usize, usize)], _: bool) -> Result<Array> {
+        host([q, w, k], r, false, true, true)
+    }
+
+    /// The probe passes scores computed right and fails ones without the ReLU, without the
+    /// rows' masks or without the causal band, so a defective kernel is turned off.
+    #[test]
+    fn probe_tells_right_scores_from_wrong() {
+        for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+            let form = (dtype, dtype, Dtype::Float32, 3, 16, 2, true, true);
+            assert!(probe(form, right).unwrap(), "{dtype:?}: right scores pass");
+            assert!(!probe(form, no_relu).unwrap(), "{dtype:?}: scores without the ReLU fail");
+            assert!(!probe(form, unmasked).unwrap(), "{dtype:?}: unmasked positions fail");
+            assert!(!probe(form, noncausal).unwrap(), "{dtype:?}: an ignored causal band fails");
+        }
+    }
 }
