@@ -14,29 +14,16 @@ use latent_cache::core::persist::mlxbun::{self, MlxbunInfo};
 use latent_cache::core::persist::segment::{load_segments, save_segment, SegmentRange, SegmentSource};
 use latent_cache::LatentCache;
 
+use crate::attention::uniform;
 use crate::persist::{median, seconds};
 use crate::systems::{model_layers, WIDTHS};
-use mlx_rs::Array;
-
-/// Values that differ from layer to layer and position to position, `[1, n, w]`: the seed's
-/// block layout names blocks by their content, so repeated values would share blocks no real
-/// state shares.
-fn distinct(n: usize, w: usize, seed: u64) -> Array {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let data: Vec<f32> = (0..n * w)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect();
-    Array::from_slice(&data, &[1, n as i32, w as i32])
-}
 
 fn append(layers: &mut [LatentCache], at: usize, n: usize) {
     for (l, cache) in layers.iter_mut().enumerate() {
-        let [latent, rope, keys] = WIDTHS.map(|w| distinct(n, w, ((l as u64) << 40) ^ ((at as u64) << 12) ^ w as u64));
+        // Values that differ from layer to layer and position to position: the seed's block
+        // layout names blocks by their content, so repeated values would share blocks no real
+        // state shares.
+        let [latent, rope, keys] = WIDTHS.map(|w| uniform(&[1, n, w], ((l as u64) << 40) ^ ((at as u64) << 12) ^ w as u64));
         cache.append(&latent, &rope, crate::systems::is_dsa(l).then_some(&keys)).unwrap();
     }
     layers.iter().for_each(|c| c.eval().unwrap());
