@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
 
+use super::probe_values::Draws;
 use crate::core::error::Result;
 use crate::core::kernels::launch::{Launch, Source, Switch};
 use crate::core::kernels::metal::launch::{apply, kernel, on_metal};
@@ -140,17 +141,8 @@ fn probe((storage, q_dtype, w_dtype, heads, width, queries, ranged, causal): For
         true => vec![(0, positions), (7, 290)],
         false => vec![(0, positions); batch],
     };
-    let mut seed = 0x5851_f42d_4c95_7f2du64;
-    let mut values = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                ((seed % 65) as f32 - 32.0) / 64.0
-            })
-            .collect()
-    };
+    let mut draws = Draws::new(0x5851_f42d_4c95_7f2d);
+    let mut values = |n: usize| draws.exact(n);
     let (q, w, k) = (values(batch * heads * queries * width), values(batch * queries * heads), values(batch * positions * width));
     let array = |data: &[f32], shape: &[usize], dtype| ops::astype(&ops::from_host(data, shape, "probe")?, dtype);
     let got = run(

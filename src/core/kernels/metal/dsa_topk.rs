@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
 
+use super::probe_values::Draws;
 use crate::core::error::Result;
 use crate::core::kernels::launch::{Launch, Source, Switch};
 use crate::core::kernels::metal::launch::{apply, kernel, on_metal};
@@ -86,16 +87,11 @@ fn probed(k: usize) -> bool {
         return passed;
     }
     let positions = k + 1000;
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut draws = Draws::new(0x2545_f491_4f6c_dd1d);
     let scores: Vec<f32> = (0..2 * positions)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            match seed % 17 {
-                0 => f32::NEG_INFINITY,
-                r => r as f32 - 8.0,
-            }
+        .map(|_| match draws.next() % 17 {
+            0 => f32::NEG_INFINITY,
+            r => r as f32 - 8.0,
         })
         .collect();
     let want: Vec<i32> = scores.chunks(positions).flat_map(|row| host_top_k(row, k)).collect();

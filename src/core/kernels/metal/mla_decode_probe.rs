@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
 
+use super::probe_values::Draws;
 use crate::core::error::Result;
 use crate::core::mlx::ops;
 
@@ -61,17 +62,8 @@ fn probe((dtype, rank, rope, heads, queries, causal, gather): ProbeKey, run: Att
         true => [(0usize, 200usize); 2],
         false => [(0, 300), (7, 290)],
     };
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut values = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                ((seed % 65) as f32 - 32.0) / 64.0
-            })
-            .collect()
-    };
+    let mut draws = Draws::new(0x9e37_79b9_7f4a_7c15);
+    let mut values = |n: usize| draws.exact(n);
     let (ql, qr) = (values(batch * heads * queries * rank), values(batch * heads * queries * rope));
     let (lat, rop) = (values(batch * positions * rank), values(batch * positions * rope));
     let array = |data: &[f32], shape: &[usize]| ops::astype(&ops::from_host(data, shape, "probe")?, dtype);
