@@ -288,7 +288,7 @@ fn selection_over_a_long_window_takes_the_k_largest() {
         let before = cuda::dsa_topk::KERNEL.launches();
         let got = host(&donor.select(&scores, k).unwrap().unwrap());
         let kernel = cuda::dsa_topk::KERNEL.launches() - before == 1;
-        let applies = launch::on_cuda() && positions <= cuda::dsa_topk::MAX_POSITIONS;
+        let applies = launch::on_cuda() && positions <= latent_cache::core::kernels::dsa::TOPK_MAX_POSITIONS;
         assert_eq!(kernel, applies, "{positions} positions: the kernel runs on CUDA, up to its most positions");
         if kernel {
             assert_eq!(host(&donor.select(&scores, k).unwrap().unwrap()), got, "{positions} positions: the same again");

@@ -280,7 +280,7 @@ impl Donor {
 
     /// `select` by the library's radix-select kernel (`kernels::cuda::dsa_topk` on CUDA,
     /// `kernels::metal::dsa_topk` on Apple GPUs), in one operation where MLX's `argpartition`
-    /// sorts each row; up to `cuda::dsa_topk::MAX_POSITIONS`. `None` where neither applies.
+    /// sorts each row; up to `kernels::dsa::TOPK_MAX_POSITIONS`. `None` where neither applies.
     pub(super) fn kernel_select(&self, scores: &Array, k: usize) -> Result<Option<Array>> {
         let s = scores.shape();
         let (batch, queries, positions) = (s[0] as usize, s[1] as usize, s[2] as usize);

@@ -1,7 +1,7 @@
 //! Our GPU kernels, one folder per backend (`cuda`, `metal`), their sources real `.cu` and
 //! `.metal` files under each folder's `src/`. `launch` is what every backend shares (a kernel's
 //! source and launch description, made once per process, its on/off switch and launch count);
-//! `decode` the split-K decode's sizes, which both backends judge. Every kernel is optional:
+//! `decode` the split-K decode's sizes, which both backends judge, and `dsa` the DSA kernels'. Every kernel is optional:
 //! each caller asks `applies` first and falls back to MLX's operations, which stay the reference.
 //!
 //! The sources are handed to MLX as they are, so what a file's first `//!` line says (which
@@ -12,5 +12,6 @@
 //! May import: `error`, `mlx`, `model`.
 pub mod cuda;
 pub mod decode;
+pub mod dsa;
 pub mod launch;
 pub mod metal;

@@ -11,17 +11,11 @@ use mlx_rs::{Array, Dtype};
 use crate::core::error::Result;
 use crate::core::kernels::cuda::launch;
 use crate::core::kernels::cuda::launch::{apply, kernel};
+use crate::core::kernels::dsa::{scores_fit, SCORE_THREADS};
 use crate::core::kernels::launch::{Launch, Source, Switch};
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
 pub static KERNEL: Switch = Switch::new();
-
-/// Positions scored per block (one a thread).
-const THREADS: usize = 128;
-
-/// The most index heads x width the block's shared queries hold (24 KiB of float32, beside
-/// 16.5 KiB of staged keys; GLM-5.2's 32 heads of 128 take 16 KiB).
-const MAX_QUERY_VALUES: usize = 6144;
 
 /// Whether the kernel scores `queries` queries of `heads` heads and width `width` over
 /// `positions` keys stored in `storage`, for `batch` rows: on CUDA, 16-bit float storage, the
@@ -31,16 +25,7 @@ const MAX_QUERY_VALUES: usize = 6144;
 /// against 1.47 at batch 8; over bfloat16 keys the kernel's steps were 0.44 against 0.53 and
 /// 1.47 against 1.72 ms).
 pub fn applies(storage: Dtype, batch: usize, heads: usize, queries: usize, width: usize, positions: usize) -> bool {
-    KERNEL.enabled()
-        && launch::on_cuda()
-        && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
-        && heads >= 1
-        && width >= 1
-        && heads * width <= MAX_QUERY_VALUES
-        && (1..=65535).contains(&batch)
-        && (1..=65535).contains(&queries)
-        && positions >= 1
-        && positions.div_ceil(THREADS) * THREADS <= i32::MAX as usize
+    KERNEL.enabled() && launch::on_cuda() && scores_fit(storage, batch, heads, queries, width, positions)
 }
 
 /// Template `HI` heads, `W` width, `LQ` queries; `RANGES`: `ranges` holds each row's visible
@@ -84,8 +69,8 @@ pub(crate) fn index_scores(
         &[q_index, weights, keys, &bounds],
         Launch {
             outputs: &[(&[batch, queries, positions], Dtype::Float32)],
-            grid: [(positions as usize).div_ceil(THREADS) as i32 * THREADS as i32, queries, batch],
-            block: [THREADS as i32, 1, 1],
+            grid: [(positions as usize).div_ceil(SCORE_THREADS) as i32 * SCORE_THREADS as i32, queries, batch],
+            block: [SCORE_THREADS as i32, 1, 1],
             ints: &[
                 ("HI", heads),
                 ("W", width),

@@ -2,7 +2,7 @@
 //! the highest index scores per query, by radix select, where MLX's `argpartition` sorts every
 //! row (it is a sort on MLX's CUDA backend) and the selection then takes a slice and a cast:
 //! three graph operations. MLX's operations remain the fallback and the reference
-//! (`Donor::select`), and take rows longer than `MAX_POSITIONS`.
+//! (`Donor::select`), and take rows longer than `dsa::TOPK_MAX_POSITIONS`.
 //!
 //! One block per (row, query) reads the scores five times: three passes count the keys by 11,
 //! 11 and 10 bits of their order-preserving unsigned form and find the k-th largest exactly;
@@ -14,6 +14,7 @@ use mlx_rs::{Array, Dtype};
 use crate::core::error::Result;
 use crate::core::kernels::cuda::launch;
 use crate::core::kernels::cuda::launch::{apply, kernel};
+use crate::core::kernels::dsa::topk_fits;
 use crate::core::kernels::launch::{Launch, Source, Switch};
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
@@ -22,26 +23,11 @@ pub static KERNEL: Switch = Switch::new();
 /// Threads per block (as in the source): 1024 asks more registers than a multiprocessor has.
 const THREADS: i32 = 512;
 
-/// The most positions the kernel selects from: one block reads a row, on one multiprocessor,
-/// which at long rows loses to MLX's sort over the whole GPU. H200, bf16, one GLM-5.2 layer's
-/// DSA decode step (index scores, top-2048, attention; `--attention`): at 16K positions 0.205
-/// ms with the kernel against 0.242 with argpartition (8 rows: 0.257 against 0.284), at 128K
-/// 0.507 against 0.359. Above this, `Donor::select` takes argpartition (the crossing, from
-/// those two points, is near 38K).
-pub const MAX_POSITIONS: usize = 32 * 1024;
-
 /// Whether the kernel selects `k` of `positions` float32 scores for `batch` rows of `queries`
 /// queries: on CUDA, `k` below the positions (the caller attends densely otherwise), at most
-/// `MAX_POSITIONS` positions, sizes within a launch.
+/// `dsa::TOPK_MAX_POSITIONS` positions, sizes within a launch (`dsa::topk_fits`).
 pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k: usize) -> bool {
-    KERNEL.enabled()
-        && launch::on_cuda()
-        && scores == Dtype::Float32
-        && (1..positions).contains(&k)
-        && k <= i32::MAX as usize
-        && positions <= MAX_POSITIONS
-        && (1..=65535).contains(&batch)
-        && (1..=65535).contains(&queries)
+    KERNEL.enabled() && launch::on_cuda() && topk_fits(scores, batch, queries, positions, k)
 }
 
 /// Template `K`. Input `scores [B, Lq, T]` float32 (a view, any strides); output `top [B, Lq,

@@ -4,7 +4,7 @@
 //! DSA index scores (`dsa_scores`), DSA's top-k selection (`dsa_topk`) and the FP8 encoder (`fp8_encode`). Their sources are the
 //! `.cu` and `.cuh` files under `src/`.
 //!
-//! May import: `error`, `mlx`, `model`, and the kernels' shared `launch` and `decode`.
+//! May import: `error`, `mlx`, `model`, and the kernels' shared `launch`, `decode` and `dsa`.
 pub mod dsa_scores;
 pub mod dsa_topk;
 pub mod fp8_encode;

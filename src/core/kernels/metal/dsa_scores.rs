@@ -18,17 +18,13 @@ use once_cell::sync::Lazy;
 
 use super::probe_values::Draws;
 use crate::core::error::Result;
+use crate::core::kernels::dsa::{scores_fit, SCORE_THREADS};
 use crate::core::kernels::launch::{Launch, Source, Switch};
 use crate::core::kernels::metal::launch::{apply, kernel, on_metal};
 use crate::core::mlx::ops;
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
 pub static KERNEL: Switch = Switch::new();
-
-/// Positions scored per threadgroup (one a thread, as in the source).
-const THREADS: usize = 128;
-/// The most index heads x width the threadgroup's queries hold (24 KiB of float32 of Apple's 32).
-const MAX_QUERY_VALUES: usize = 6144;
 
 static SCORES_KERNEL: Source = Source {
     name: "latent_cache_dsa_index_scores_metal",
@@ -58,16 +54,7 @@ pub fn applies(
     positions: usize,
     (ranges, causal): (bool, bool),
 ) -> bool {
-    let fits = KERNEL.enabled()
-        && on_metal()
-        && matches!(storage, Dtype::Bfloat16 | Dtype::Float16)
-        && heads >= 1
-        && width >= 1
-        && heads * width <= MAX_QUERY_VALUES
-        && (1..=65535).contains(&batch)
-        && (1..=65535).contains(&queries)
-        && positions >= 1
-        && positions.div_ceil(THREADS) * THREADS <= i32::MAX as usize;
+    let fits = KERNEL.enabled() && on_metal() && scores_fit(storage, batch, heads, queries, width, positions);
     fits && probed((storage, q, w, heads, width, queries, ranges, causal && queries > 1))
 }
 
@@ -100,8 +87,8 @@ fn launch(q_index: &Array, weights: &Array, keys: &Array, ranges: &[(usize, usiz
         &[q_index, weights, keys, &bounds],
         Launch {
             outputs: &[(&[batch, queries, positions], Dtype::Float32)],
-            grid: [(positions as usize).div_ceil(THREADS) as i32 * THREADS as i32, queries, batch],
-            block: [THREADS as i32, 1, 1],
+            grid: [(positions as usize).div_ceil(SCORE_THREADS) as i32 * SCORE_THREADS as i32, queries, batch],
+            block: [SCORE_THREADS as i32, 1, 1],
             ints: &[("HI", heads), ("W", width), ("LQ", queries)],
             bools: &[("RANGES", !whole), ("CAUSAL", causal && queries > 1)],
         },

@@ -16,6 +16,7 @@ use once_cell::sync::Lazy;
 
 use super::probe_values::Draws;
 use crate::core::error::Result;
+use crate::core::kernels::dsa::topk_fits;
 use crate::core::kernels::launch::{Launch, Source, Switch};
 use crate::core::kernels::metal::launch::{apply, kernel, on_metal};
 use crate::core::mlx::ops;
@@ -36,19 +37,11 @@ static TOPK_KERNEL: Source = Source {
 };
 
 /// Whether the kernel selects `k` of `positions` float32 scores for `batch` rows of `queries`
-/// queries: an Apple GPU, `k` below the positions, at most the CUDA kernel's `MAX_POSITIONS`
-/// (one threadgroup reads a row, as one block does there), sizes within a launch, and the
-/// kernel having passed its probe for `k`.
+/// queries: an Apple GPU, the sizes both backends' kernels take (`dsa::topk_fits`: at most
+/// `dsa::TOPK_MAX_POSITIONS` positions; one threadgroup reads a row, as one block does there),
+/// and the kernel having passed its probe for `k`.
 pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k: usize) -> bool {
-    KERNEL.enabled()
-        && on_metal()
-        && scores == Dtype::Float32
-        && (1..positions).contains(&k)
-        && positions <= crate::core::kernels::cuda::dsa_topk::MAX_POSITIONS
-        && k <= i32::MAX as usize / 4
-        && (1..=65535).contains(&batch)
-        && (1..=65535).contains(&queries)
-        && probed(k)
+    KERNEL.enabled() && on_metal() && topk_fits(scores, batch, queries, positions, k) && probed(k)
 }
 
 /// The `k` positions of highest score per query, `[B, Lq, k]` int32, lazily. Callers check

@@ -4,7 +4,7 @@
 //! check; `probe_values` the checks' one stream of values); their sources are the `.metal` files
 //! under `src/`, which `tests/attention/metal_emulation.rs` runs in C++.
 //!
-//! May import: `error`, `mlx`, `model`, and the kernels' shared `launch` and `decode`.
+//! May import: `error`, `mlx`, `model`, and the kernels' shared `launch`, `decode` and `dsa`.
 pub mod dsa_scores;
 pub mod dsa_topk;
 pub mod launch;
