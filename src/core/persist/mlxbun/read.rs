@@ -209,29 +209,29 @@ fn plan(h: &Header, file_len: u64, by_path: bool) -> Result<(Vec<LayerPlan>, Mlx
             layers[i].offset
         );
     }
+    let slots = || layers.iter().flat_map(|l| &l.slots);
     if blocked {
-        let count: usize = layers.iter().flat_map(|l| &l.slots).map(|s| s.blocks.len()).sum();
+        let count: usize = slots().map(|s| s.blocks.len()).sum();
         if count as u64 > MAX_BLOCKS {
             return fail!(InvalidArgument, "{count} blocks in all (at most {MAX_BLOCKS})");
         }
-        let total = layers.iter().flat_map(|l| &l.slots).try_fold(0u64, |sum, s| sum.checked_add(s.bytes));
-        check_alloc(total.and_then(|t| usize::try_from(t).ok()), "loading the file's caches")?;
-        return Ok((layers, info));
+    } else {
+        // Tensors may not share bytes: a file cannot make the load hold more than it holds.
+        let mut ranges: Vec<(u64, u64)> = slots().map(|s| (s.at, s.at + s.bytes)).collect();
+        ranges.sort_unstable();
+        if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
+            return fail!(InvalidArgument, "two tensors overlap in the file");
+        }
+        // The last tensor ends the file (as the seed writes it): bytes after it are damage.
+        let end = ranges.last().map_or(0, |r| r.1);
+        if end != file_len {
+            return fail!(InvalidArgument, "{} bytes after the last tensor (the file is damaged)", file_len.saturating_sub(end));
+        }
     }
-    // Tensors may not share bytes: a file cannot make the load hold more than it holds.
-    let mut ranges: Vec<(u64, u64)> = layers.iter().flat_map(|l| l.slots.iter().map(|s| (s.at, s.at + s.bytes))).collect();
-    ranges.sort_unstable();
-    if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
-        return fail!(InvalidArgument, "two tensors overlap in the file");
-    }
-    // The last tensor ends the file (as the seed writes it): bytes after it are damage.
-    let end = ranges.last().map_or(0, |r| r.1);
-    if end != file_len {
-        return fail!(InvalidArgument, "{} bytes after the last tensor (the file is damaged)", file_len.saturating_sub(end));
-    }
-    // Sizes are inside the file; the caches they make must also fit MLX's memory limit, checked
-    // before any tensor is read (a sparse file can announce more than memory holds).
-    let total = ranges.iter().try_fold(0u64, |sum, r| sum.checked_add(r.1 - r.0));
+    // Sizes are checked (inside the file, or listed in blocks); the caches they make must also
+    // fit MLX's memory limit, checked before any tensor is read (a sparse file or a manifest can
+    // announce more than memory holds).
+    let total = slots().try_fold(0u64, |sum, s| sum.checked_add(s.bytes));
     check_alloc(total.and_then(|t| usize::try_from(t).ok()), "loading the file's caches")?;
     Ok((layers, info))
 }

@@ -56,6 +56,17 @@ enum Listing<'a> {
     Blocks { folder: &'a Path, block_bytes: usize },
 }
 
+/// Whether a file can hold `layers`: 1 to `MAX_LAYERS` of them, each `check_savable`.
+fn check_file(layers: &[&LatentCache]) -> Result<()> {
+    if layers.is_empty() || layers.len() > MAX_LAYERS {
+        return fail!(InvalidArgument, "{} layers: a file holds 1 to {MAX_LAYERS}", layers.len());
+    }
+    for (i, layer) in layers.iter().enumerate() {
+        check_savable(i, layer)?;
+    }
+    Ok(())
+}
+
 /// The JSON header, keys in mlx-bun's order, with each tensor's offset and hash, or its blocks
 /// (every tensor is read once here, and for version 3 again when written, so one layer's values
 /// are in memory at a time).
@@ -160,12 +171,7 @@ fn write_copied(out: &mut impl Write, layers: &[&LatentCache], info: &MlxbunInfo
 /// Refused, with nothing written, for storage other than float32, padded or uneven rows, or an
 /// empty layer.
 pub fn save(layers: &[&LatentCache], info: &MlxbunInfo, path: &Path) -> Result<()> {
-    if layers.is_empty() || layers.len() > MAX_LAYERS {
-        return fail!(InvalidArgument, "{} layers: a file holds 1 to {MAX_LAYERS}", layers.len());
-    }
-    for (i, layer) in layers.iter().enumerate() {
-        check_savable(i, layer)?;
-    }
+    check_file(layers)?;
     write_atomically(path, Access::Private, |file| {
         let mut out = BufWriter::new(file);
         write_to(&mut out, layers, info)?;
@@ -182,17 +188,12 @@ pub fn save(layers: &[&LatentCache], info: &MlxbunInfo, path: &Path) -> Result<(
 /// written before a failure stay in the folder, unnamed by any manifest (the seed's collector
 /// removes such blocks).
 pub fn save_blocks(layers: &[&LatentCache], info: &MlxbunInfo, path: &Path, block_bytes: usize) -> Result<()> {
-    if layers.is_empty() || layers.len() > MAX_LAYERS {
-        return fail!(InvalidArgument, "{} layers: a file holds 1 to {MAX_LAYERS}", layers.len());
-    }
     let block_bytes = match block_bytes {
         0 => DEFAULT_BLOCK_BYTES,
         b if b <= MAX_BLOCK_BYTES => b,
         b => return fail!(InvalidArgument, "blocks of {b} bytes: at most {MAX_BLOCK_BYTES}"),
     };
-    for (i, layer) in layers.iter().enumerate() {
-        check_savable(i, layer)?;
-    }
+    check_file(layers)?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if path.file_name().is_none() || !dir.is_dir() {
         return fail!(Backend, "cannot write {}: it names no file in an existing folder", path.display());
