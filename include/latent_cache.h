@@ -115,25 +115,11 @@ typedef struct mlx_array_ {
 #endif
 
 
-// The most positions the kernel selects from: one block reads a row, on one multiprocessor,
-// which at long rows loses to MLX's sort over the whole GPU. H200, bf16, one GLM-5.2 layer's
-// DSA decode step (index scores, top-2048, attention; `--attention`): at 16K positions 0.205
-// ms with the kernel against 0.242 with argpartition (8 rows: 0.257 against 0.284), at 128K
-// 0.507 against 0.359. Above this, `Donor::select` takes argpartition (the crossing, from
-// those two points, is near 38K).
-#define MAX_POSITIONS (32 * 1024)
-
 // Positions a boundary moves by at once.
 #define CONVERSION_BLOCK 64
 
 // GLM-5.2's target layers.
 #define GLM52_TARGET_LAYERS 78
-
-// mlx-bun's default block size (its `blockBytes`).
-#define DEFAULT_BLOCK_BYTES (1 << 20)
-
-// The largest block size a save takes.
-#define MAX_BLOCK_BYTES (1 << 30)
 
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
