@@ -342,15 +342,18 @@ static void test_join_and_leave(void) {
   expect_unchanged(merged, &before, 1, __LINE__);
   for (int f = 0; f < 3; f++) free(before.data[f]);
   OK(latent_cache_merge_rows(merged, sources, 2));
-  FAILS(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_merge_rows(merged, sources, 2)); /* not empty now */
-  size_t lens[3] = {6, 6, 2};
-  expect_layout(merged, 3, lens);
+  /* A merge into rows: the joiner's row joins after them (the rows there stay in place). */
+  const latent_cache *again[1] = {joiner};
+  OK(latent_cache_merge_rows(merged, again, 1));
+  size_t lens[4] = {6, 6, 2, 2};
+  expect_layout(merged, 4, lens);
   expect_row(merged, 2, 0, 0, 2, 1); /* the joiner's row 0 */
+  expect_row(merged, 3, 0, 0, 2, 1);
   expect_row(merged, 1, 1, 0, 6, 1);
   expect_row(running, 1, 1, 0, 6, 1); /* sources unchanged */
 
-  /* Row 0 finishes: keep rows 1 and 2. */
-  size_t keep[2] = {1, 2}, dup[2] = {1, 1}, out_of_range[1] = {3};
+  /* Row 0 finishes, and the second joiner: keep rows 1 and 2. */
+  size_t keep[2] = {1, 2}, dup[2] = {1, 1}, out_of_range[1] = {4};
   FAILS(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_filter_rows(merged, dup, 2));
   FAILS(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_filter_rows(merged, out_of_range, 1));
   OK(latent_cache_filter_rows(merged, keep, 2));

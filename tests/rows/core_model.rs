@@ -95,13 +95,24 @@ fn run_sequence(seed: u64, g: Geometry, steps: usize) {
                 let mut joiner = LatentCache::new(g).unwrap();
                 let mut joiner_model = model_of(&g);
                 random_append(&mut rng, &mut joiner, &mut joiner_model, 1);
-                let mut merged = LatentCache::new(g).unwrap();
-                merged.merge_rows(&[&cache, &joiner]).unwrap();
+                // Into a new cache, or into the running one (a join: into a free slot when a
+                // row left or rows were reserved, else the batch is rebuilt).
+                let how = rng.range(0, 2);
+                if how == 2 {
+                    cache.reserve_rows(model.rows.len() + rng.range(1, 3)).unwrap();
+                    assert_matches(&cache, &model, "reserve_rows changes no value");
+                }
+                if how == 0 {
+                    let mut merged = LatentCache::new(g).unwrap();
+                    merged.merge_rows(&[&cache, &joiner]).unwrap();
+                    cache = merged;
+                } else {
+                    cache.merge_rows(&[&joiner]).unwrap();
+                }
                 assert_matches(&joiner, &joiner_model, "joiner unchanged by merge");
                 model = Model::merge(&[&model, &joiner_model]);
-                cache = merged;
                 batch_now = model.rows.len();
-                "merge".into()
+                ["merge", "join", "join after reserve_rows"][how].into()
             }
             9 if !model.rows.is_empty() => {
                 let row = rng.range(0, model.rows.len() - 1);

@@ -829,8 +829,8 @@ fn rejected_calls_change_nothing() {
         });
         refused(&mut h, "commit without maintenance", ErrorKind::State, |c| c.prefill_commit(&[0]));
         refused(&mut h, "left padding on rows", ErrorKind::State, |c| c.prefill_prepare(None, Some(&[0, 1, 2]), None));
-        let other = LatentCache::new(g).unwrap();
-        refused(&mut h, "merge into rows", ErrorKind::State, |c| c.merge_rows(&[&other]));
+        let other = LatentCache::new(standard(if hw == 1 { 100 } else { 1 }, layout)).unwrap();
+        refused(&mut h, "merge of another geometry into rows", ErrorKind::InvalidArgument, |c| c.merge_rows(&[&other]));
         h.append(BLOCK);
         if h.r.converted.iter().any(|&c| c > 0) {
             let n = h.cache.offset() - h.cache.minimum_reusable_offset();

@@ -123,7 +123,7 @@ impl LatentCache {
             // Room for another window and block of appends before the next rebuild: a rebuild
             // copies about that many positions per row, so its cost per append stays constant.
             let slack = self.geometry.hot_window + boundary::CONVERSION_BLOCK;
-            rebuilt.commit(hot.storage.prepare_assemble(batch, (room + slack).max(MIN_CAPACITY), &pieces)?);
+            rebuilt.commit(hot.storage.prepare_assemble(batch, batch, (room + slack).max(MIN_CAPACITY), &pieces)?);
             (Some(rebuilt), bases)
         } else {
             (None, hot.bases.clone())
@@ -189,7 +189,7 @@ impl LatentCache {
             })
             .collect();
         let room = (0..layout.batch_size()).map(|b| layout.row_ends()[b] - bases[b]).max().unwrap_or(0);
-        let pending = hot.storage.prepare_assemble(layout.batch_size(), room + MIN_CAPACITY, &pieces)?;
+        let pending = hot.storage.prepare_assemble(layout.batch_size(), layout.batch_size(), room + MIN_CAPACITY, &pieces)?;
         Ok(Some(HotChange { replace: Some(hot_storage(&self.geometry)), pending: Some(pending), bases, converted }))
     }
 

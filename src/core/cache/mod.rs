@@ -3,7 +3,8 @@
 //! type, its prepared `Change`, and the questions about its size and rows.
 //!
 //! Files: `append` appends; `read` values, stored parts and host reads; `rows` speculative
-//! rounds and batch row operations (rollback, filter, extract, merge); `prefill` padded batched
+//! rounds and batch row operations (rollback, filter, extract, merge); `join` rows joining a
+//! batch that holds rows, and room for them; `prefill` padded batched
 //! prefills; `maintenance` the seed's prefill maintenance calls; `composed` composed storage's
 //! precision boundaries and hot side; `segment` what segment files need (a row's stored
 //! positions, appends of stored parts, the chain mark); `shared` shared prefixes (store, attach,
@@ -13,6 +14,7 @@
 //! (`super::`) and those rooms, never each other.
 mod append;
 pub mod composed;
+mod join;
 mod maintenance;
 pub mod prefill;
 mod read;
@@ -55,6 +57,8 @@ pub struct Change {
     /// The rows' own buffers are released and the prefix below them becomes this (an attach or
     /// a fork; `None`: leave both as they are).
     pub(crate) rebase: Option<Option<SharedPrefix>>,
+    /// Slots to keep for the batch's rows from now on (`reserve_rows`; `None`: as they are).
+    pub(crate) slots: Option<usize>,
 }
 
 /// One row's valid positions `[lo, hi)` of `source` landing at `[dest_row, dest_lo..)`: what a

@@ -6,12 +6,13 @@ use super::{Change, LatentCache, RowMove};
 use crate::core::error::{fail, Result};
 use crate::core::layout::row_layout::{Relayout, Rollback, RowLayout};
 use crate::core::storage::buffers::{RowPiece, MIN_CAPACITY};
+use crate::core::storage::shared::SharedPrefix;
 
 impl LatentCache {
     /// A change that keeps storage and sets the layout to `layout`.
     pub(crate) fn relabel(&self, layout: RowLayout) -> Change {
         let (reserved, prefill, maintaining) = (self.reserved, self.prefill.clone(), self.maintaining);
-        Change { layout, pending: None, reserved, prefill, hot: None, maintaining, moves_rows: false, rebase: None }
+        Change { layout, pending: None, reserved, prefill, hot: None, maintaining, moves_rows: false, rebase: None, slots: None }
     }
 
     /// Applies a prepared change.
@@ -22,6 +23,9 @@ impl LatentCache {
         }
         if let Some(pending) = change.pending {
             self.storage.commit(pending);
+        }
+        if let Some(slots) = change.slots {
+            self.storage.keep_slots(slots);
         }
         if let (Some(hot), Some(change)) = (&mut self.hot, change.hot) {
             hot.apply(change);
@@ -123,6 +127,9 @@ impl LatentCache {
                 RowPiece { source: &self.storage, row: plan.rows[b], lo: at(lo), hi: at(hi), dest_row: b, dest_lo: lo }
             })
             .collect();
+        if let Some(change) = self.prepare_slots_in_place(plan, &pieces)? {
+            return Ok(change);
+        }
         let same_rows = plan.rows.iter().enumerate().all(|(b, &row)| b == row) && plan.rows.len() == self.batch_size();
         let in_place = same_rows && new.offset() <= self.storage.capacity();
         let moves: Vec<RowMove<'_>> = pieces
@@ -141,14 +148,34 @@ impl LatentCache {
                 layout.finish_rollback();
                 return Ok(Change { hot, ..self.relabel(layout) });
             }
-            self.storage.prepare_move(&moving)?
+            self.storage.prepare_move(&moving, self.batch_size(), self.storage.frame().start)?
         } else {
             let capacity = self.storage.capacity().max(new.offset());
-            self.storage.prepare_assemble(plan.rows.len(), capacity, &pieces)?
+            self.storage.prepare_assemble(plan.rows.len(), self.storage.slots(), capacity, &pieces)?
         };
         let mut layout = plan.layout.clone();
         layout.finish_rollback();
         Ok(Change { pending: Some(pending), hot, ..self.relabel(layout) })
+    }
+
+    /// A relayout in which every kept row shifts by the same count (a filter, whose kept rows
+    /// drop the padding none of them needs), done in place: position 0 moves by that count, and
+    /// only rows that change slots are written, at the same positions of their new slot. The
+    /// other rows' positions are not touched, and a dropped row's slot stays for a row to join.
+    /// `None` where rows shift by different counts, or the cache is composed (its hot side
+    /// follows each row and is rebuilt).
+    fn prepare_slots_in_place(&self, plan: &Relayout, pieces: &[RowPiece<'_>]) -> Result<Option<Change>> {
+        let shift = plan.shift.first().copied().unwrap_or(0);
+        let uniform = shift >= 0 && plan.shift.iter().all(|&s| s == shift);
+        if !uniform || self.hot.is_some() || self.storage.is_empty() {
+            return Ok(None);
+        }
+        let start = self.storage.frame().start + shift as usize;
+        let moving: Vec<RowPiece<'_>> = pieces.iter().filter(|p| p.row != p.dest_row && p.hi > p.lo).copied().collect();
+        let pending = self.storage.prepare_move(&moving, plan.rows.len(), start)?;
+        let mut layout = plan.layout.clone();
+        layout.finish_rollback();
+        Ok(Some(Change { pending: Some(pending), ..self.relabel(layout) }))
     }
 
     /// Keeps rows `rows` in that order and drops the padding no kept row needs.
@@ -180,7 +207,7 @@ impl LatentCache {
                 self.storage.check_row(tokens)?;
                 None
             }
-            _ => self.storage.prepare_reserve(tokens, self.layout.offset())?,
+            _ => self.storage.prepare_reserve(tokens, 0, self.layout.offset())?,
         };
         let reserved = self.reserved.max(tokens);
         Ok(Change { pending, reserved, ..self.relabel(self.layout.clone()) })
@@ -203,7 +230,7 @@ impl LatentCache {
     /// Fills this empty cache from `(source, row, lo, hi)` pieces, one per new row, with the
     /// given row lengths (laid out as this cache's layout rebuilds rows). Room for the
     /// reservation, or for one growth step.
-    fn fill_from(&mut self, rows: &[(&LatentCache, usize, usize, usize)], lengths: &[usize]) -> Result<()> {
+    pub(super) fn fill_from(&mut self, rows: &[(&LatentCache, usize, usize, usize)], lengths: &[usize]) -> Result<()> {
         let layout = RowLayout::rebuilt(self.layout.kind(), lengths);
         let mut capacity = (layout.offset() + MIN_CAPACITY).max(self.reserved);
         let max_tokens = self.own_max_tokens();
@@ -241,7 +268,7 @@ impl LatentCache {
             .map(|(&(source, row, ..), &len)| source.converted_positions().get(row).copied().unwrap_or(0).min(len))
             .collect();
         let hot = self.prepare_hot_rows(&moves, &layout, converted, false)?;
-        let pending = self.storage.prepare_assemble(rows.len(), capacity, &pieces)?;
+        let pending = self.storage.prepare_assemble(rows.len(), self.storage.slots(), capacity, &pieces)?;
         self.storage.commit(pending);
         if let (Some(side), Some(change)) = (&mut self.hot, hot) {
             side.apply(change);
@@ -252,64 +279,44 @@ impl LatentCache {
         Ok(())
     }
 
-    /// Fills this empty cache with every row of every source, in order, right-justified to the
-    /// longest. A source without rows contributes one empty row. Sources are not changed. Rows
-    /// over a shared prefix merge only with rows over the same prefix (the same pieces, not
-    /// equal values), which the merged rows then share: only their own positions are copied.
+    /// Every row of every source after this cache's rows, in order, right-justified to the
+    /// longest (ragged: each from position 0). A source without rows contributes one empty row.
+    /// Sources are not changed. Rows over a shared prefix merge only with rows over the same
+    /// prefix (the same pieces, not equal values), which the merged rows then share: only their
+    /// own positions are copied. An empty destination is filled; one holding rows keeps them
+    /// where they are and the sources' rows join in free slots (see `prepare_join`).
     pub fn merge_rows(&mut self, sources: &[&LatentCache]) -> Result<()> {
         if sources.is_empty() {
             return fail!(InvalidArgument, "merge needs at least one source");
         }
-        if self.batch_size() != 0 || self.in_spec_round() || self.prefill.is_some() {
-            return fail!(State, "the merge destination must be empty, outside a round and outside a prefill");
+        if self.in_spec_round() || self.prefill.is_some() || self.maintaining {
+            return fail!(State, "the merge destination must be outside a round, a prefill and prefill maintenance");
+        }
+        if self.batch_size() != 0 {
+            let change = self.prepare_join(sources)?;
+            self.apply(change);
+            return Ok(());
         }
         let base = sources[0].base.clone();
-        if let Some(i) = sources.iter().position(|s| match (&s.base, &base) {
-            (Some(a), Some(b)) => !a.same_as(b),
-            (a, b) => a.is_some() != b.is_some(),
-        }) {
+        if let Some(i) = sources.iter().position(|s| !same_prefix(&s.base, &base)) {
             return fail!(
                 InvalidArgument,
                 "source {i} and source 0 do not share one prefix: rows merge over the same shared prefix or none"
             );
         }
         self.base = base;
-        let result = self.merge_own_rows(sources);
+        let result = self.source_rows(sources).and_then(|(rows, lengths)| self.fill_from(&rows, &lengths));
         if result.is_err() {
             self.base = None;
         }
         result
     }
+}
 
-    /// `merge_rows` of the sources' own positions, with the shared prefix (if any) set.
-    fn merge_own_rows(&mut self, sources: &[&LatentCache]) -> Result<()> {
-        let mut rows = Vec::new();
-        let mut lengths = Vec::new();
-        for (i, source) in sources.iter().enumerate() {
-            // Geometry, limit, storage, layout and role: not only the signature string.
-            if source.geometry != self.geometry {
-                return fail!(
-                    InvalidArgument,
-                    "source {i} is {} but the destination is {}",
-                    source.geometry.describe(),
-                    self.geometry.describe()
-                );
-            }
-            if source.batch_size() == 0 {
-                rows.push((*source, 0, 0, 0));
-                lengths.push(0);
-            }
-            for (row, &pad) in source.layout.left_pad().iter().enumerate() {
-                // A source mid-prefill gives its rows' prompts, as `extract_row` does.
-                let end = source.prefill_valid_end(row);
-                rows.push((*source, row, pad, end));
-                lengths.push(end - pad);
-            }
-        }
-        let longest = lengths.iter().copied().max().unwrap_or(0) + self.shared_positions();
-        if self.geometry.max_tokens != 0 && longest > self.geometry.max_tokens {
-            return fail!(Capacity, "a merged row of {longest} positions exceeds max_tokens ({})", self.geometry.max_tokens);
-        }
-        self.fill_from(&rows, &lengths)
+/// Whether two caches' rows read the same shared prefix (the same pieces), or both none.
+pub(crate) fn same_prefix(a: &Option<SharedPrefix>, b: &Option<SharedPrefix>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.same_as(b),
+        (a, b) => a.is_some() == b.is_some(),
     }
 }

@@ -87,9 +87,10 @@ pub fn extract_row_all(layers: &[&mut LatentCache], row: usize) -> Result<Vec<La
     make_all(layers.len(), |i| layers[i].extract_row(row))
 }
 
-/// Fills the empty layers `destination` with every row of every source set, in order
-/// (`sources[k][i]` is source `k`'s layer `i`), layer by layer as `LatentCache::merge_rows`
-/// does; merged into new caches first, swapped in only when every layer merged.
+/// Every row of every source set after the rows of `destination`, in order (`sources[k][i]` is
+/// source `k`'s layer `i`), layer by layer as `LatentCache::merge_rows` does: an empty set is
+/// merged into new caches first, swapped in only when every layer merged; a set holding rows
+/// prepares every layer's join before applying any.
 pub fn merge_all(destination: &mut [&mut LatentCache], sources: &[Vec<&LatentCache>]) -> Result<()> {
     check_agree(destination)?;
     for (k, source) in sources.iter().enumerate() {
@@ -101,12 +102,17 @@ pub fn merge_all(destination: &mut [&mut LatentCache], sources: &[Vec<&LatentCac
             err
         })?;
     }
+    let busy = |layer: &LatentCache| layer.in_spec_round() || layer.in_prefill() || layer.in_prefill_maintenance();
+    if destination.iter().any(|layer| busy(layer)) {
+        return fail!(State, "the merge destination must be outside a round, a prefill and prefill maintenance");
+    }
+    if destination.first().is_some_and(|layer| layer.batch_size() != 0) {
+        return change_each(destination, |i, layer| layer.prepare_join(&sources.iter().map(|s| s[i]).collect::<Vec<_>>()));
+    }
     let merged = make_all(destination.len(), |i| {
         let mut layer = LatentCache::new(destination[i].geometry)?;
-        if destination[i].batch_size() != 0 || destination[i].in_spec_round() || destination[i].in_prefill() {
-            return fail!(State, "the merge destination must be empty, outside a round and outside a prefill");
-        }
         layer.reserved = destination[i].reserved;
+        layer.storage.keep_slots(destination[i].storage.slots());
         layer.merge_rows(&sources.iter().map(|s| s[i]).collect::<Vec<_>>())?;
         Ok(layer)
     })?;

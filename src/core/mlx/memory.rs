@@ -73,3 +73,13 @@ pub fn clear_cache() -> Result<()> {
     }
     Ok(())
 }
+
+/// Starts MLX's peak count again from the memory active now (what a measurement of one call's
+/// transient allocations needs).
+pub fn reset_peak() -> Result<()> {
+    // SAFETY: no arguments; MLX's allocator locks itself.
+    if unsafe { mlx_sys::mlx_reset_peak_memory() } != 0 {
+        return fail!(Backend, "MLX could not reset its peak memory");
+    }
+    Ok(())
+}

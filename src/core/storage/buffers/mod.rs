@@ -1,9 +1,13 @@
-//! The stored state: per family, one capacity buffer `[rows, capacity, part_width]` per part of
+//! The stored state: per family, one capacity buffer `[slots, capacity, part_width]` per part of
 //! its storage mode (one for the float modes; codes and scales, with biases for the affine
 //! ones, for the packed modes, see `codec`), written by in-place slice updates and read through
-//! views `[:, :offset]`. Rows and capacity are shared by every family and live here once.
-//! Growth is geometric (or to a reservation), so an append costs O(new positions) amortized,
-//! never O(history); only the new positions are encoded.
+//! views `[:rows, start:start + offset]`. The frame (rows, slots, capacity, start) is shared by
+//! every family and lives here once. Growth is geometric (or to a reservation), so an append
+//! costs O(new positions) amortized, never O(history); only the new positions are encoded.
+//!
+//! Slots beyond `rows` are rows a batch had or reserved: a row leaving the batch keeps its slot
+//! for the next row to join, so neither copies the rows that stay. `start` is where position 0
+//! lies in every slot: dropping the padding every row has moves it, copying nothing.
 //!
 //! Every mutation is split in two: `prepare_*` builds the new state and may fail; `commit`
 //! swaps it in and cannot fail. Whatever allocates (growth, reserve, row rebuilds) is checked
@@ -49,9 +53,36 @@ struct Buffer {
     lazy_writes: usize,
 }
 
-/// Positions `[lo, hi)` of rows `[row_lo, row_hi)` of every part: views, no copy.
+/// Physical positions `[lo, hi)` of slots `[row_lo, row_hi)` of every part: views, no copy.
 fn window(data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: usize) -> Result<Parts> {
     data.iter().zip(parts).map(|(d, p)| ops::slice(d, &[rows.0, lo, 0], &[rows.1, hi, p.width])).collect()
+}
+
+/// The shape of the buffers and what of them holds rows: `rows` live rows in the first slots of
+/// `slots`, each `capacity` positions of which the first `start` precede position 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub rows: usize,
+    pub slots: usize,
+    pub capacity: usize,
+    pub start: usize,
+}
+
+impl Frame {
+    /// A frame of `rows` rows filling fresh buffers of `slots` slots, from position 0.
+    fn fresh(rows: usize, slots: usize, capacity: usize) -> Frame {
+        Frame { rows, slots: slots.max(rows), capacity, start: 0 }
+    }
+
+    /// Positions each row may hold from position 0.
+    pub fn room(&self) -> usize {
+        self.capacity - self.start
+    }
+
+    /// Positions `[lo, hi)` (from position 0) of slots `[row_lo, row_hi)` of every part.
+    fn window(&self, data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: usize) -> Result<Parts> {
+        window(data, parts, rows, self.start + lo, self.start + hi)
+    }
 }
 
 impl Buffer {
@@ -84,22 +115,20 @@ impl Buffer {
 /// original is written makes MLX copy instead of writing in place.
 #[derive(Clone, Debug)]
 pub struct Storage {
-    rows: usize,
-    capacity: usize,
+    frame: Frame,
     buffers: Families<Buffer>,
 }
 
 /// A prepared new state of every family: `(parts, lazy writes)` each.
 pub struct Pending {
-    rows: usize,
-    capacity: usize,
+    frame: Frame,
     data: Families<(Parts, usize)>,
 }
 
 impl Pending {
-    /// Positions per row of the prepared buffers.
+    /// Positions per row of the prepared buffers (from position 0).
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.frame.room()
     }
 
     /// Evaluates the prepared state (the caller then commits it, or drops it on failure).
@@ -112,6 +141,7 @@ impl Pending {
 
 /// One row's valid range copied from some storage into a new one: `source[row, lo..hi]` lands
 /// at `[dest_row, dest_lo..dest_lo + (hi - lo)]`, in every family.
+#[derive(Clone, Copy)]
 pub struct RowPiece<'a> {
     pub source: &'a Storage,
     pub row: usize,
@@ -135,11 +165,22 @@ impl Storage {
             let parts = if kept(family) { mode.parts(width) } else { Vec::new() };
             Buffer { mode, width, parts, data: None, lazy_writes: 0 }
         });
-        Storage { rows: 0, capacity: 0, buffers }
+        Storage { frame: Frame::default(), buffers }
     }
 
+    /// Positions each row may hold before the buffers grow.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.frame.room()
+    }
+
+    /// Rows the buffers have room for before a joining row makes them grow.
+    pub fn slots(&self) -> usize {
+        self.frame.slots
+    }
+
+    /// The frame: rows, slots, capacity and where position 0 lies.
+    pub(crate) fn frame(&self) -> Frame {
+        self.frame
     }
 
     /// Storage holding `parts` (`[rows, positions, part_width]` per family, as `codec` lays
@@ -150,8 +191,7 @@ impl Storage {
 
     /// This (empty) storage holding `parts` as its buffers (none for a family it leaves out).
     pub fn adopt(mut self, rows: usize, positions: usize, parts: Families<Vec<Array>>) -> Self {
-        self.rows = rows;
-        self.capacity = positions;
+        self.frame = Frame::fresh(rows, rows, positions);
         self.buffers.as_mut().zip(parts).map(|_, (buffer, parts)| buffer.data = Some(parts));
         self
     }
@@ -161,10 +201,11 @@ impl Storage {
         geometry.storage(family).parts(geometry.width(family).expect("callers ask for present families"))
     }
 
-    /// Bytes the buffers hold (rows x capacity x bytes per position), 0 before the first write.
+    /// Bytes the buffers hold (slots x capacity x bytes per position), 0 before the first write.
     pub fn held_bytes(&self) -> usize {
+        let Frame { slots, capacity, .. } = self.frame;
         match self.buffers.latent.data {
-            Some(_) => self.rows * self.capacity * self.buffers.iter().map(Buffer::bytes_per_position).sum::<usize>(),
+            Some(_) => slots * capacity * self.buffers.iter().map(Buffer::bytes_per_position).sum::<usize>(),
             None => 0,
         }
     }
@@ -173,6 +214,19 @@ impl Storage {
     fn check_alloc(&self, rows: usize, capacity: usize, what: &str) -> Result<()> {
         let per_position: usize = self.buffers.iter().map(Buffer::bytes_per_position).sum();
         check_alloc(rows.checked_mul(capacity).and_then(|n| n.checked_mul(per_position)), what)
+    }
+
+    /// Checks that `rows` rows of `capacity` positions would fit now (a reservation of rows).
+    pub fn check_rows(&self, rows: usize, capacity: usize) -> Result<()> {
+        self.check_alloc(rows, capacity, &format!("reserving {rows} rows of {capacity} positions"))
+    }
+
+    /// Keeps at least `slots` slots from now on: the next allocation takes that many (buffers
+    /// already holding as many are left as they are).
+    pub fn keep_slots(&mut self, slots: usize) {
+        if self.buffers.latent.data.is_none() {
+            self.frame.slots = self.frame.slots.max(slots);
+        }
     }
 
     /// Checks that one row of `capacity` positions would fit now (a reservation before the
@@ -184,7 +238,7 @@ impl Storage {
     /// The capacity to grow to when `needed` positions must fit: at least double the current
     /// capacity and at least the engine's reservation, never beyond `max_tokens` (0 = unbounded).
     fn grown_capacity(&self, needed: usize, max_tokens: usize, reserved: usize) -> usize {
-        let mut capacity = needed.max(self.capacity.saturating_mul(2)).max(MIN_CAPACITY).max(reserved);
+        let mut capacity = needed.max(self.frame.room().saturating_mul(2)).max(MIN_CAPACITY).max(reserved);
         if max_tokens != 0 {
             capacity = capacity.min(max_tokens).max(needed);
         }
@@ -218,8 +272,7 @@ impl Storage {
 
     /// Releases every buffer.
     pub fn clear(&mut self) {
-        self.rows = 0;
-        self.capacity = 0;
+        self.frame = Frame::default();
         self.buffers.as_mut().map(|_, buffer| {
             buffer.data = None;
             buffer.lazy_writes = 0;

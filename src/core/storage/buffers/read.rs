@@ -1,9 +1,9 @@
-//! Reading storage: views of the stored parts `[:, :offset]` as they are, values (a view for
+//! Reading storage: views of the stored parts `[:rows, :offset]` (from position 0) as they are, values (a view for
 //! the float modes, a lazy decode for the packed ones) of the committed state or of a prepared
 //! one, and one row's positions copied to the host.
 use mlx_rs::Array;
 
-use super::{window, Parts, Pending, Storage};
+use super::{Parts, Pending, Storage};
 use crate::core::error::Result;
 use crate::core::mlx::ops;
 use crate::core::model::families::Families;
@@ -15,7 +15,7 @@ impl Storage {
     pub fn stored_parts(&self, family: Family, offset: usize) -> Result<Parts> {
         let buffer = self.buffer(family);
         match &buffer.data {
-            Some(data) => window(data, &buffer.parts, (0, self.rows), 0, offset),
+            Some(data) => self.frame.window(data, &buffer.parts, (0, self.frame.rows), 0, offset),
             None => buffer.parts.iter().map(|p| ops::zeros(&[0, 0, p.width], p.dtype)).collect(),
         }
     }
@@ -25,7 +25,7 @@ impl Storage {
     pub fn stored_row_parts(&self, family: Family, row: usize, lo: usize, hi: usize) -> Result<Parts> {
         let buffer = self.buffer(family);
         let data = buffer.data.as_ref().expect("callers read written storage");
-        window(data, &buffer.parts, (row, row + 1), lo, hi)
+        self.frame.window(data, &buffer.parts, (row, row + 1), lo, hi)
     }
 
     /// One family's stored values `[rows, offset, width]`: a view for the float modes, a lazy
@@ -50,20 +50,19 @@ impl Storage {
         hi: usize,
     ) -> Result<Array> {
         let buffer = self.buffer(family);
-        let data = match pending {
-            Some(p) => &p.data.get(family).expect("pending states hold every family").0,
-            None => buffer.data.as_ref().expect("callers read written storage"),
+        let (data, frame) = match pending {
+            Some(p) => (&p.data.get(family).expect("pending states hold every family").0, p.frame),
+            None => (buffer.data.as_ref().expect("callers read written storage"), self.frame),
         };
-        buffer.decode(&window(data, &buffer.parts, rows, lo, hi)?)
+        buffer.decode(&frame.window(data, &buffer.parts, rows, lo, hi)?)
     }
 
     /// Values `[rows, offset, width]` of a prepared state, before it is committed: views for
     /// the float modes, lazy decodes for the packed ones.
     pub fn pending_views(&self, pending: &Pending, offset: usize) -> Result<Families<Array>> {
-        self.buffers
-            .as_ref()
-            .zip(pending.data.as_ref())
-            .try_map(|_, (buffer, (data, _))| buffer.decode(&window(data, &buffer.parts, (0, pending.rows), 0, offset)?))
+        self.buffers.as_ref().zip(pending.data.as_ref()).try_map(|_, (buffer, (data, _))| {
+            buffer.decode(&pending.frame.window(data, &buffer.parts, (0, pending.frame.rows), 0, offset)?)
+        })
     }
 
     /// Row `row`'s positions `[lo, hi)` of one family, decoded to float32 on the host.
@@ -71,7 +70,7 @@ impl Storage {
         let buffer = self.buffer(family);
         match &buffer.data {
             Some(data) if hi > lo => {
-                let values = buffer.decode(&window(data, &buffer.parts, (row, row + 1), lo, hi)?)?;
+                let values = buffer.decode(&self.frame.window(data, &buffer.parts, (row, row + 1), lo, hi)?)?;
                 ops::to_host(&ops::astype(&values, mlx_rs::Dtype::Float32)?)
             }
             _ => Ok(Vec::new()),

@@ -4,7 +4,7 @@
 //! when rows start together, else one scatter.
 use mlx_rs::Array;
 
-use super::{window, Buffer, Parts, Pending, RowPiece, Storage, MAX_LAZY_WRITES};
+use super::{Buffer, Frame, Parts, Pending, RowPiece, Storage, MAX_LAZY_WRITES};
 use crate::core::error::{CacheError, Result};
 use crate::core::mlx::eval::eval;
 use crate::core::mlx::memory::check_alloc;
@@ -12,24 +12,43 @@ use crate::core::mlx::ops;
 use crate::core::model::families::Families;
 
 /// Where each row's new positions go: `None` when every row starts at the same position (one
-/// slice update per part), else the positions `[rows, tokens, 1]` of a scatter (ragged rows),
-/// made once per append and shared by every family and part (an array made on the host costs
-/// each evaluation that reads it on MLX's CUDA backend).
-fn row_positions(starts: &[usize], tokens: usize) -> Option<Array> {
+/// slice update per part), else the physical positions `[slots, tokens, 1]` of a scatter (ragged
+/// rows; a free slot takes its rows' positions at `[0, tokens)`, unread), made once per append
+/// and shared by every family and part (an array made on the host costs each evaluation that
+/// reads it on MLX's CUDA backend).
+fn row_positions(starts: &[usize], tokens: usize, slots: usize) -> Option<Array> {
     if starts.iter().all(|&s| s == starts[0]) {
         return None;
     }
-    let at: Vec<i32> = starts.iter().flat_map(|&s| (s..s + tokens).map(|p| p as i32)).collect();
-    Some(ops::indices(&at, &[starts.len(), tokens, 1]))
+    let free = slots - starts.len();
+    let at: Vec<i32> =
+        starts.iter().chain(std::iter::repeat(&0).take(free)).flat_map(|&s| (s..s + tokens).map(|p| p as i32)).collect();
+    Some(ops::indices(&at, &[slots, tokens, 1]))
 }
 
 /// `dest` with `update` (parts of the same family, `[rows, tokens, part_width]`) written so
-/// that row `b`'s positions start at `starts[b]`, lazily: one slice update per part when every
-/// row starts at the same position, one scatter per part at `positions` otherwise.
+/// that row `b`'s positions start at physical position `starts[b]`, lazily: one slice update
+/// per part when every row starts at the same position, one scatter per part at `positions`
+/// otherwise (over every slot: free slots take zeros, so the update is first widened to them).
 fn write_rows(dest: &[Array], update: &[Array], starts: &[usize], positions: Option<&Array>) -> Result<Parts> {
     match positions {
         None => write(dest, update, 0, starts[0]),
-        Some(at) => dest.iter().zip(update).map(|(d, u)| ops::put_along_axis(d, at, u, 1)).collect(),
+        Some(at) => dest
+            .iter()
+            .zip(update)
+            .map(|(d, u)| {
+                let (slots, shape) = (d.shape()[0] as usize, u.shape());
+                let u = match shape[0] as usize == slots {
+                    true => u.clone(),
+                    false => {
+                        let (tokens, width) = (shape[1] as usize, shape[2] as usize);
+                        let wide = ops::zeros(&[slots, tokens, width], u.dtype())?;
+                        ops::slice_update(&wide, u, &[0, 0, 0], &[shape[0] as usize, tokens, width])?
+                    }
+                };
+                ops::put_along_axis(d, at, &u, 1)
+            })
+            .collect(),
     }
 }
 
@@ -47,10 +66,11 @@ fn write(dest: &[Array], update: &[Array], row: usize, at: usize) -> Result<Part
 }
 
 impl Buffer {
-    /// `fresh` with this buffer's first `offset` positions of `rows` rows copied in (lazily).
-    fn copy_live(&self, fresh: Parts, rows: usize, offset: usize) -> Result<Parts> {
+    /// `fresh` with the first `offset` positions of `frame`'s rows copied in at position 0
+    /// (lazily).
+    fn copy_live(&self, fresh: Parts, frame: Frame, offset: usize) -> Result<Parts> {
         match &self.data {
-            Some(data) if offset > 0 => write(&fresh, &window(data, &self.parts, (0, rows), 0, offset)?, 0, 0),
+            Some(data) if offset > 0 => write(&fresh, &frame.window(data, &self.parts, (0, frame.rows), 0, offset)?, 0, 0),
             _ => Ok(fresh),
         }
     }
@@ -92,8 +112,10 @@ impl Storage {
     ) -> Result<Pending> {
         let (max_tokens, reserved) = limits;
         let end = offset + tokens;
-        let positions = row_positions(starts, tokens);
-        if self.capacity >= end && self.buffers.latent.data.is_some() {
+        let frame = self.frame;
+        if frame.room() >= end && self.buffers.latent.data.is_some() {
+            let starts: Vec<usize> = starts.iter().map(|&s| frame.start + s).collect();
+            let positions = row_positions(&starts, tokens, frame.slots);
             let data = self.buffers.as_ref().zip(encoded).try_map(|_, (buffer, update)| {
                 let data = buffer.data.as_ref().expect("written buffers have data");
                 let mut lazy = buffer.chained_writes();
@@ -101,69 +123,80 @@ impl Storage {
                     eval(data)?;
                     lazy = 0;
                 }
-                Ok::<_, CacheError>((write_rows(data, &update, starts, positions.as_ref())?, lazy + 1))
+                Ok::<_, CacheError>((write_rows(data, &update, &starts, positions.as_ref())?, lazy + 1))
             })?;
-            return Ok(Pending { rows, capacity: self.capacity, data });
+            return Ok(Pending { frame: Frame { rows, ..frame }, data });
         }
         let capacity = self.grown_capacity(end, max_tokens, reserved);
-        let fresh = self.allocate(rows, capacity, &format!("growing to {capacity} positions x {rows} rows"))?;
+        let grown = Frame::fresh(rows, frame.slots, capacity);
+        let what = format!("growing to {capacity} positions x {} rows", grown.slots);
+        let fresh = self.allocate(grown.slots, capacity, &what)?;
+        let positions = row_positions(starts, tokens, grown.slots);
         let data = self.buffers.as_ref().zip(fresh).zip(encoded).try_map(|_, ((buffer, fresh), update)| {
-            let base = buffer.copy_live(fresh, rows, offset)?;
+            let base = buffer.copy_live(fresh, frame, offset)?;
             Ok::<_, CacheError>((write_rows(&base, &update, starts, positions.as_ref())?, buffer.chained_writes() + 1))
         })?;
-        Ok(Pending { rows, capacity, data })
+        Ok(Pending { frame: grown, data })
     }
 
-    /// Makes room for `capacity` positions per row, keeping the first `offset`: allocated and
-    /// copied during the call. `None` when the buffers are already large enough or hold no rows.
-    pub fn prepare_reserve(&self, capacity: usize, offset: usize) -> Result<Option<Pending>> {
-        if capacity <= self.capacity || self.rows == 0 {
+    /// Makes room for `capacity` positions per row and `slots` rows, keeping the first `offset`
+    /// positions of every row: allocated and copied during the call. `None` when the buffers are
+    /// already large enough or hold no rows.
+    pub fn prepare_reserve(&self, capacity: usize, slots: usize, offset: usize) -> Result<Option<Pending>> {
+        let frame = self.frame;
+        if (capacity <= frame.room() && slots <= frame.slots) || frame.rows == 0 {
             return Ok(None);
         }
-        let rows = self.rows;
-        let fresh = self.allocate(rows, capacity, &format!("reserving {capacity} positions x {rows} rows"))?;
+        let grown = Frame::fresh(frame.rows, slots.max(frame.slots), capacity.max(frame.room()));
+        let what = format!("reserving {} positions x {} rows", grown.capacity, grown.slots);
+        let fresh = self.allocate(grown.slots, grown.capacity, &what)?;
         let data = self
             .buffers
             .as_ref()
             .zip(fresh)
-            .try_map(|_, (buffer, fresh)| Ok::<_, CacheError>((buffer.copy_live(fresh, rows, offset)?, 0)))?;
-        let mut pending = Pending { rows, capacity, data };
+            .try_map(|_, (buffer, fresh)| Ok::<_, CacheError>((buffer.copy_live(fresh, frame, offset)?, 0)))?;
+        let mut pending = Pending { frame: grown, data };
         pending.eval()?;
         Ok(Some(pending))
     }
 
-    /// New storage of `rows` rows and `capacity` positions assembled from row pieces (batch row
-    /// operations and uneven rollbacks), evaluated during the call.
-    pub fn prepare_assemble(&self, rows: usize, capacity: usize, pieces: &[RowPiece<'_>]) -> Result<Pending> {
-        let capacity = capacity.max(1);
-        let fresh = self.allocate(rows, capacity, &format!("rebuilding {rows} rows of {capacity} positions"))?;
+    /// New storage of `rows` rows (in `slots` slots) and `capacity` positions assembled from row
+    /// pieces (batch row operations and uneven rollbacks), evaluated during the call.
+    pub fn prepare_assemble(&self, rows: usize, slots: usize, capacity: usize, pieces: &[RowPiece<'_>]) -> Result<Pending> {
+        let frame = Frame::fresh(rows, slots, capacity.max(1));
+        let what = format!("rebuilding {} rows of {} positions", frame.slots, frame.capacity);
+        let fresh = self.allocate(frame.slots, frame.capacity, &what)?;
         let data = self.buffers.as_ref().zip(fresh).try_map(|family, (buffer, mut data)| {
             for piece in pieces.iter().filter(|p| p.hi > p.lo) {
                 let source = piece.source.buffer(family).data.as_ref().expect("a piece with positions has data");
-                let part = window(source, &buffer.parts, (piece.row, piece.row + 1), piece.lo, piece.hi)?;
+                let part = piece.source.frame.window(source, &buffer.parts, (piece.row, piece.row + 1), piece.lo, piece.hi)?;
                 data = write(&data, &part, piece.dest_row, piece.dest_lo)?;
             }
             Ok::<_, CacheError>((data, 0))
         })?;
-        let mut pending = Pending { rows, capacity, data };
+        let mut pending = Pending { frame, data };
         pending.eval()?;
         Ok(pending)
     }
 
-    /// Moves row pieces within this storage, in place: each piece's positions are first copied
-    /// out (the copies are allocated and evaluated during the call, so a failure changes
-    /// nothing), then written at their new place lazily. Once committed, nothing but the writes
-    /// holds the old buffers, so MLX writes in place: the cost is the pieces' positions, not the
-    /// buffers'. Every piece's source is this storage.
-    pub fn prepare_move(&self, pieces: &[RowPiece<'_>]) -> Result<Pending> {
+    /// Writes row pieces into this storage's buffers, in place, as rows `rows` of a frame whose
+    /// position 0 lies at `start` (pieces' `dest_lo` count from it): rows moving within this
+    /// storage (rollbacks, filters) or joining from other caches. Each piece's positions are
+    /// first copied out (the copies are allocated and evaluated during the call, so a failure
+    /// changes nothing), then written at their new place lazily. Once committed, nothing but the
+    /// writes holds the old buffers, so MLX writes in place: the cost is the pieces' positions,
+    /// not the buffers'. The caller checks that every piece fits the slots and capacity.
+    pub fn prepare_move(&self, pieces: &[RowPiece<'_>], rows: usize, start: usize) -> Result<Pending> {
         let positions: usize = pieces.iter().map(|p| p.hi - p.lo).sum();
         let per_position: usize = self.buffers.iter().map(Buffer::bytes_per_position).sum();
         check_alloc(positions.checked_mul(per_position), &format!("moving {positions} positions"))?;
-        let copies = self.buffers.as_ref().try_map(|_, buffer| {
-            let data = buffer.data.as_ref().expect("rows with positions have data");
+        let copies = self.buffers.as_ref().try_map(|family, buffer| {
             pieces
                 .iter()
-                .map(|p| window(data, &buffer.parts, (p.row, p.row + 1), p.lo, p.hi)?.iter().map(ops::copy).collect())
+                .map(|p| {
+                    let data = p.source.buffer(family).data.as_ref().expect("rows with positions have data");
+                    p.source.frame.window(data, &buffer.parts, (p.row, p.row + 1), p.lo, p.hi)?.iter().map(ops::copy).collect()
+                })
                 .collect::<Result<Vec<Parts>>>()
         })?;
         eval(copies.iter().flatten().flatten())?;
@@ -173,16 +206,15 @@ impl Storage {
                 eval(&data)?;
             }
             for (piece, copy) in pieces.iter().zip(&copies) {
-                data = write(&data, copy, piece.dest_row, piece.dest_lo)?;
+                data = write(&data, copy, piece.dest_row, start + piece.dest_lo)?;
             }
             Ok::<_, CacheError>((data, buffer.chained_writes() + pieces.len()))
         })?;
-        Ok(Pending { rows: self.rows, capacity: self.capacity, data })
+        Ok(Pending { frame: Frame { rows, start, ..self.frame }, data })
     }
 
     pub fn commit(&mut self, pending: Pending) {
-        self.rows = pending.rows;
-        self.capacity = pending.capacity;
+        self.frame = pending.frame;
         self.buffers.as_mut().zip(pending.data).map(|_, (buffer, (data, lazy))| {
             buffer.data = Some(data);
             buffer.lazy_writes = lazy;

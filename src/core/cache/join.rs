@@ -1,0 +1,145 @@
+//! Rows joining a batch that holds rows (`merge_rows` into a non-empty cache) and room for
+//! them (`reserve_rows`). A joining row is written into a free slot of the buffers, which the
+//! rows already there share: the join costs the joining rows' positions, and the rows that stay
+//! are not touched. Where the buffers have no free slot, the rows already there would have to
+//! move, or a composed hot side follows each row, the batch is rebuilt once (every row copied).
+use super::rows::same_prefix;
+use super::{Change, LatentCache, RowMove};
+use crate::core::error::{fail, Result};
+use crate::core::layout::row_layout::RowLayout;
+use crate::core::storage::buffers::{RowPiece, MIN_CAPACITY};
+
+/// One source row: `(source, row, lo, hi)`, its valid positions.
+pub(super) type SourceRow<'a> = (&'a LatentCache, usize, usize, usize);
+
+/// A source row landing at row `dest_row` of `layout`, where that row's positions start.
+fn landing<'a>(layout: &RowLayout, dest_row: usize, (source, row, lo, hi): SourceRow<'a>) -> RowPiece<'a> {
+    RowPiece { source: &source.storage, row, lo, hi, dest_row, dest_lo: layout.left_pad()[dest_row] }
+}
+
+impl LatentCache {
+    /// The rows the sources give, in order, with their lengths: a batch source all its rows (a
+    /// source mid-prefill its rows' prompts, as `extract_row` does), an empty source one empty
+    /// row. Refuses a source of another geometry, and rows longer than `max_tokens`.
+    pub(super) fn source_rows<'a>(&self, sources: &[&'a LatentCache]) -> Result<(Vec<SourceRow<'a>>, Vec<usize>)> {
+        let mut rows = Vec::new();
+        let mut lengths = Vec::new();
+        for (i, &source) in sources.iter().enumerate() {
+            // Geometry, limit, storage, layout and role: not only the signature string.
+            if source.geometry != self.geometry {
+                return fail!(
+                    InvalidArgument,
+                    "source {i} is {} but the destination is {}",
+                    source.geometry.describe(),
+                    self.geometry.describe()
+                );
+            }
+            if source.batch_size() == 0 {
+                rows.push((source, 0, 0, 0));
+                lengths.push(0);
+            }
+            for (row, &pad) in source.layout.left_pad().iter().enumerate() {
+                let end = source.prefill_valid_end(row);
+                rows.push((source, row, pad, end));
+                lengths.push(end - pad);
+            }
+        }
+        let longest = lengths.iter().copied().max().unwrap_or(0) + self.shared_positions();
+        if self.geometry.max_tokens != 0 && longest > self.geometry.max_tokens {
+            return fail!(Capacity, "a merged row of {longest} positions exceeds max_tokens ({})", self.geometry.max_tokens);
+        }
+        Ok((rows, lengths))
+    }
+
+    /// The sources' rows joining this cache's rows (`merge_rows` into a cache holding rows), as
+    /// a change. The layout is the one a merge of this cache and the sources would make. In
+    /// place when the rows already here keep their positions relative to each other (they all
+    /// shift by one count, which moves position 0), the buffers have a free slot for every
+    /// joining row and room for the new window, and the cache is not composed: then only the
+    /// joining rows' positions are written. Otherwise every row is copied into new buffers.
+    pub fn prepare_join<'a>(&'a self, sources: &[&'a LatentCache]) -> Result<Change> {
+        if let Some(i) = sources.iter().position(|s| !same_prefix(&s.base, &self.base)) {
+            return fail!(
+                InvalidArgument,
+                "source {i} does not share the destination's prefix: rows merge over the same shared prefix or none"
+            );
+        }
+        let (joining, lengths) = self.source_rows(sources)?;
+        let batch = self.batch_size();
+        let mut all = self.layout.row_offsets();
+        all.extend(&lengths);
+        let layout = RowLayout::rebuilt(self.layout.kind(), &all);
+        let longest = all.iter().copied().max().unwrap_or(0) + self.shared_positions();
+        if self.geometry.max_tokens != 0 && longest > self.geometry.max_tokens {
+            return fail!(Capacity, "a merged row of {longest} positions exceeds max_tokens ({})", self.geometry.max_tokens);
+        }
+        // Row b's old position j + shift[b] is its new position j.
+        let shift: Vec<isize> = (0..batch).map(|b| self.left_pad()[b] as isize - layout.left_pad()[b] as isize).collect();
+        let piece = |dest_row: usize, r: &SourceRow<'a>| landing(&layout, dest_row, *r);
+        let frame = self.storage.frame();
+        let start = frame.start as isize + shift[0];
+        let in_place = self.hot.is_none()
+            && !self.storage.is_empty()
+            && shift.iter().all(|&s| s == shift[0])
+            && start >= 0
+            && start as usize + layout.offset() <= frame.capacity
+            && all.len() <= frame.slots;
+        if in_place {
+            let pieces: Vec<RowPiece<'_>> = joining.iter().enumerate().map(|(k, r)| piece(batch + k, r)).collect();
+            let pending = self.storage.prepare_move(&pieces, all.len(), start as usize)?;
+            return Ok(Change { pending: Some(pending), moves_rows: true, ..self.relabel(layout) });
+        }
+        // Rebuilt: the rows already here first, then the joining ones.
+        let own = (0..batch).map(|b| (self, b, self.left_pad()[b], self.layout.row_ends()[b]));
+        let rows: Vec<SourceRow<'_>> = own.chain(joining.iter().copied()).collect();
+        let pieces: Vec<RowPiece<'_>> = rows.iter().enumerate().map(|(b, r)| piece(b, r)).collect();
+        let moves: Vec<RowMove<'_>> = rows
+            .iter()
+            .zip(&pieces)
+            .map(|(&(source, ..), p)| RowMove {
+                source,
+                row: p.row,
+                lo: p.lo,
+                hi: p.hi,
+                dest_row: p.dest_row,
+                dest_lo: p.dest_lo,
+            })
+            .collect();
+        let converted = rows
+            .iter()
+            .zip(&all)
+            .map(|(&(source, row, ..), &len)| source.converted_positions().get(row).copied().unwrap_or(0).min(len))
+            .collect();
+        let hot = self.prepare_hot_rows(&moves, &layout, converted, false)?;
+        let mut capacity = (layout.offset() + MIN_CAPACITY).max(self.reserved).max(self.storage.capacity());
+        if self.own_max_tokens() != 0 {
+            capacity = capacity.min(self.own_max_tokens()).max(layout.offset());
+        }
+        let pending = self.storage.prepare_assemble(all.len(), self.storage.slots(), capacity, &pieces)?;
+        Ok(Change { pending: Some(pending), hot, moves_rows: true, ..self.relabel(layout) })
+    }
+
+    /// Makes room for `rows` rows now, so rows joining the batch up to that count are written
+    /// into free slots and copy nothing else (`merge_rows` into a cache holding rows). On a
+    /// cache holding rows the buffers are allocated during the call (the rows copied once); on
+    /// an empty cache the first allocation takes that many. Never shrinks; `reset` forgets it.
+    pub fn reserve_rows(&mut self, rows: usize) -> Result<()> {
+        let change = self.prepare_reserve_rows(rows)?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_reserve_rows(&self, rows: usize) -> Result<Change> {
+        if rows > i32::MAX as usize {
+            return fail!(Capacity, "cannot reserve {rows} rows (at most INT32_MAX)");
+        }
+        let mut change = self.relabel(self.layout.clone());
+        change.slots = Some(rows);
+        if self.batch_size() != 0 && !self.storage.is_empty() {
+            change.pending = self.storage.prepare_reserve(0, rows, self.layout.offset())?;
+        } else {
+            self.storage.check_rows(rows, self.storage.capacity().max(self.reserved))?;
+        }
+        Ok(change)
+    }
+}

@@ -1,0 +1,142 @@
+//! Requests joining and leaving a running batch, as MLX counts memory (its active and peak
+//! memory, not the library's arithmetic): a row joining into a free slot allocates about its own
+//! positions and nothing stays allocated after; a row leaving allocates nothing when no kept row
+//! changes places (the last row leaves; the longest, whose padding the others then drop, when
+//! it is last) or one row's positions (the last row moving into the leaving row's slot). A batch rebuilt whole would allocate every row. Values are checked
+//! against plain vectors. Its own binary: MLX's counters are process-wide.
+use latent_cache::core::mlx::eval::eval;
+use latent_cache::core::mlx::memory;
+use latent_cache::core::mlx::ops;
+use latent_cache::{Family, Geometry, LatentCache, LayoutKind};
+
+const WIDTHS: [usize; 2] = [512, 64];
+const ROW: usize = 4096;
+
+/// `n` positions of one row whose every value is `seed` (latent) and `-seed` (rope).
+fn positions(n: usize, seed: f32) -> [mlx_rs::Array; 2] {
+    let make = |w: usize, v: f32| ops::from_host(&vec![v; n * w], &[1, n, w], "positions").unwrap();
+    let out = [make(WIDTHS[0], seed), make(WIDTHS[1], -seed)];
+    eval(out.iter()).unwrap();
+    out
+}
+
+fn request(g: Geometry, n: usize, seed: f32) -> LatentCache {
+    let mut cache = LatentCache::new(g).unwrap();
+    let [latent, rope] = positions(n, seed);
+    cache.append(&latent, &rope, None).unwrap();
+    cache.eval().unwrap();
+    cache
+}
+
+fn settle() -> usize {
+    memory::clear_cache().unwrap();
+    memory::reset_peak().unwrap();
+    memory::info().active
+}
+
+/// What one call allocated while it ran (peak above the start) and kept (active after).
+fn measure(f: impl FnOnce()) -> (usize, isize) {
+    let before = settle();
+    f();
+    let info = memory::info();
+    memory::clear_cache().unwrap();
+    let after = memory::info().active;
+    (info.peak.saturating_sub(before), after as isize - before as isize)
+}
+
+/// Every row's values equal its request's seed, and the rows' lengths are `lengths`.
+fn check(cache: &LatentCache, seeds: &[f32], lengths: &[usize], what: &str) {
+    assert_eq!(cache.row_offsets(), lengths, "{what}: lengths");
+    for (row, (&seed, &len)) in seeds.iter().zip(lengths).enumerate() {
+        let latent = cache.read_row(Family::Latent, row).unwrap();
+        let rope = cache.read_row(Family::Rope, row).unwrap();
+        assert_eq!(latent.len(), len * WIDTHS[0], "{what}: row {row}");
+        assert!(latent.iter().all(|&v| v == seed) && rope.iter().all(|&v| v == -seed), "{what}: row {row} values");
+    }
+}
+
+fn run(layout: LayoutKind) {
+    let g = Geometry { kv_lora_rank: WIDTHS[0], rope_head_dim: WIDTHS[1], layout, ..Geometry::default() };
+    let row_bytes = ROW * g.bytes_per_token();
+    let slack = row_bytes / 4;
+    let what = format!("{layout:?}");
+    // A running batch of three requests (the last the longest), with room for four rows.
+    let (a, b, c) = (request(g, ROW / 2, 1.0), request(g, ROW / 4, 2.0), request(g, ROW, 3.0));
+    let mut batch = LatentCache::new(g).unwrap();
+    batch.reserve(ROW + 64).unwrap();
+    batch.reserve_rows(4).unwrap();
+    batch.merge_rows(&[&a, &b, &c]).unwrap();
+    batch.eval().unwrap();
+    drop((a, b, c));
+    let held = batch.bytes_in_use();
+    check(&batch, &[1.0, 2.0, 3.0], &[ROW / 2, ROW / 4, ROW], &what);
+
+    // A request joins into the free slot: about its own positions while it runs, none after.
+    let d = request(g, ROW / 2, 4.0);
+    let (peak, kept) = measure(|| {
+        batch.merge_rows(&[&d]).unwrap();
+        batch.eval().unwrap();
+    });
+    assert!(peak <= row_bytes / 2 + slack, "{what}: a join allocated {peak} bytes for a {}-byte row", row_bytes / 2);
+    assert!(kept <= slack as isize, "{what}: a join kept {kept} bytes");
+    assert_eq!(batch.bytes_in_use(), held, "{what}: the join took the free slot");
+    check(&batch, &[1.0, 2.0, 3.0, 4.0], &[ROW / 2, ROW / 4, ROW, ROW / 2], &what);
+
+    // The first request leaves; the last one takes its slot: one row's positions move.
+    let (peak, kept) = measure(|| {
+        batch.filter_rows(&[3, 1, 2]).unwrap();
+        batch.eval().unwrap();
+    });
+    assert!(peak <= row_bytes / 2 + slack, "{what}: a leave allocated {peak} bytes");
+    assert!(kept <= slack as isize, "{what}: a leave kept {kept} bytes");
+    check(&batch, &[4.0, 2.0, 3.0], &[ROW / 2, ROW / 4, ROW], &what);
+
+    // The last row leaves, the longest (the others drop the padding they no longer need), then
+    // the last again: nothing moves.
+    for keep in [&[0usize, 1][..], &[0][..]] {
+        let (peak, kept) = measure(|| {
+            batch.filter_rows(keep).unwrap();
+            batch.eval().unwrap();
+        });
+        assert!(peak <= slack, "{what}: filter {keep:?} allocated {peak} bytes");
+        assert!(kept <= slack as isize, "{what}: filter {keep:?} kept {kept} bytes");
+    }
+    check(&batch, &[4.0], &[ROW / 2], &what);
+    assert_eq!(batch.bytes_in_use(), held, "{what}: leaving rows keep their slots");
+
+    // Two requests join the freed slots and the batch goes on appending.
+    let (e, f) = (request(g, ROW / 2, 5.0), request(g, 8, 6.0));
+    let (peak, _) = measure(|| {
+        batch.merge_rows(&[&e, &f]).unwrap();
+        batch.eval().unwrap();
+    });
+    assert!(peak <= row_bytes / 2 + slack, "{what}: a join of {} positions allocated {peak} bytes", ROW / 2 + 8);
+    check(&batch, &[4.0, 5.0, 6.0], &[ROW / 2, ROW / 2, 8], &what);
+    for _ in 0..3 {
+        let latent = ops::from_host(&vec![7.0; 3 * WIDTHS[0]], &[3, 1, WIDTHS[0]], "latent").unwrap();
+        let rope = ops::from_host(&vec![-7.0; 3 * WIDTHS[1]], &[3, 1, WIDTHS[1]], "rope").unwrap();
+        batch.append(&latent, &rope, None).unwrap();
+    }
+    batch.eval().unwrap();
+    assert_eq!(batch.row_offsets(), vec![ROW / 2 + 3, ROW / 2 + 3, 11], "{what}: appends after joins");
+    let last = batch.read_row(Family::Latent, 2).unwrap();
+    assert!(
+        last[..8 * WIDTHS[0]].iter().all(|&v| v == 6.0) && last[8 * WIDTHS[0]..].iter().all(|&v| v == 7.0),
+        "{what}: the joined row's appends"
+    );
+
+    // Without free slots, a join rebuilds the batch (every row copied): shown, not hidden.
+    let (peak, _) = measure(|| {
+        let g2 = request(g, 8, 8.0);
+        batch.merge_rows(&[&g2, &g2]).unwrap();
+        batch.eval().unwrap();
+    });
+    assert!(peak > 2 * row_bytes, "{what}: a join without a free slot allocated only {peak} bytes");
+    assert_eq!(batch.batch_size(), 5);
+}
+
+#[test]
+fn rows_join_and_leave_at_the_cost_of_their_own_positions() {
+    run(LayoutKind::RightJustified);
+    run(LayoutKind::Ragged);
+}
