@@ -830,15 +830,24 @@ latent_cache_status latent_cache_prefill_commit(latent_cache *cache,
 // On failure nothing changed.
 latent_cache_status latent_cache_prefill_end(latent_cache *cache);
 
-// Fills the empty `destination` with every row of every source, in order: a batch source
+// Appends every row of every source after the rows of `destination`, in order: a batch source
 // gives all its rows, an empty source that never had rows gives one empty row. Rows are
-// right-justified to the longest. Sources are borrowed and not changed; a source may appear
-// more than once but may not be the destination. All must have the destination's geometry.
+// right-justified to the longest (the ragged layout: each starts at position 0), as if every
+// row were rebuilt. Sources are borrowed and not changed; a source may appear more than once
+// but may not be the destination. All must have the destination's geometry.
+//
+// - An empty destination is filled: every row is copied into new buffers.
+// - A destination holding rows (a request joining a running batch) keeps its rows where they
+//   are and writes the joining rows into free slots: the slots of rows that left
+//   (`latent_cache_filter_rows`) or that `latent_cache_reserve_rows` made. The cost is the
+//   joining rows' positions. Without enough free slots, where the rows already there would
+//   have to shift unevenly (the ragged layout after a padded prefill), or with composed
+//   storage, the batch is rebuilt once (every row copied).
 //
 // Returns `OK`; `NULL_ARGUMENT` (a NULL or dead handle, `sources` NULL); `INVALID_ARGUMENT`
-// (zero sources, a geometry mismatch, the destination among the sources); `INVALID_STATE`
-// (the destination is not empty or is in a round); `CAPACITY`; `BACKEND`. On failure nothing
-// changed.
+// (zero sources, a geometry mismatch, the destination among the sources, another shared
+// prefix); `INVALID_STATE` (the destination is in a round, a padded prefill or prefill
+// maintenance); `CAPACITY`; `BACKEND`. On failure nothing changed.
 //
 // Locks every handle involved (in a fixed order, so concurrent merges cannot deadlock).
 latent_cache_status latent_cache_merge_rows(latent_cache *destination,
@@ -857,12 +866,30 @@ latent_cache_status latent_cache_extract_row(const latent_cache *cache,
 // Keeps the rows listed in `keep` (borrowed, `keep_len` entries), in that order, and drops the
 // left padding no kept row needs.
 //
+// A request leaving keeps its slot for the next row to join (`latent_cache_merge_rows`), so
+// `latent_cache_bytes_in_use` does not shrink. Only kept rows that change places are copied:
+// keeping a prefix of the rows, or dropping the longest row's padding, copies nothing; keeping
+// rows `{last, 1, 2, ...}` when row 0 leaves copies the last row only. Rows whose padding
+// differs otherwise (the ragged layout after a padded prefill), or composed storage, are
+// rebuilt (every kept row copied).
+//
 // Returns `OK`; `NULL_ARGUMENT`; `INVALID_ARGUMENT` (empty list, a row listed twice);
-// `OUT_OF_RANGE` (a row >= batch size); `INVALID_STATE` (inside a round); `BACKEND`. On
-// failure nothing changed.
+// `OUT_OF_RANGE` (a row >= batch size); `INVALID_STATE` (inside a round); `CAPACITY`;
+// `BACKEND`. On failure nothing changed.
 latent_cache_status latent_cache_filter_rows(latent_cache *cache,
                                              const size_t *keep,
                                              size_t keep_len);
+
+// Makes room for `rows` rows now, so that requests joining the batch up to that many rows
+// (`latent_cache_merge_rows` into this cache) are written into free slots and copy nothing
+// else. On a cache holding rows the memory is allocated (and the rows copied once) during the
+// call: every slot takes as many positions as a row (`latent_cache_bytes_in_use` counts
+// them). On an empty cache the first allocation takes that many slots. Never shrinks;
+// `latent_cache_reset` forgets it.
+//
+// Returns `OK`, `NULL_ARGUMENT`, `CAPACITY` (beyond INT32_MAX, or more memory than MLX's
+// memory limit leaves), `BACKEND`. On failure nothing changed.
+latent_cache_status latent_cache_reserve_rows(latent_cache *cache, size_t rows);
 
 // `*out` receives row `row`'s first `positions` positions of `cache` as a prefix, owned by the
 // caller (`latent_cache_prefix_free`). Positions of the cache's own shared prefix are shared as
@@ -1096,6 +1123,9 @@ latent_cache_status latent_cache_set_spec_round_rollback_rows(latent_cache_set *
 // Set-wide `latent_cache_reserve`.
 latent_cache_status latent_cache_set_reserve(latent_cache_set *set, size_t tokens);
 
+// Set-wide `latent_cache_reserve_rows`.
+latent_cache_status latent_cache_set_reserve_rows(latent_cache_set *set, size_t rows);
+
 // Set-wide `latent_cache_reset` (also of layers that disagree). Returns `OK` or `NULL_ARGUMENT`.
 latent_cache_status latent_cache_set_reset(latent_cache_set *set);
 
@@ -1125,10 +1155,12 @@ latent_cache_status latent_cache_set_prefill_commit(latent_cache_set *set,
 // Set-wide `latent_cache_prefill_end`: every layer or none.
 latent_cache_status latent_cache_set_prefill_end(latent_cache_set *set);
 
-// Fills the empty set `destination` with every row of every source set, in order, layer by
-// layer (rules of `latent_cache_merge_rows`; sources must have as many layers, each with the
+// Appends every row of every source set after the rows of `destination`, in order, layer by
+// layer (rules of `latent_cache_merge_rows`: an empty set is filled; a set holding rows keeps
+// them and the joining rows take free slots; sources must have as many layers, each with the
 // destination layer's geometry, limit, storage, layout and role). Sources are not changed.
-// Returns what `latent_cache_merge_rows` returns, and `INVALID_STATE` (layers that disagree).
+// Every layer or none. Returns what `latent_cache_merge_rows` returns, and `INVALID_STATE`
+// (layers that disagree).
 latent_cache_status latent_cache_set_merge_rows(latent_cache_set *destination,
                                                 const latent_cache_set *const *sources,
                                                 size_t sources_len);

@@ -352,7 +352,9 @@ class Cache {
     check(latent_cache_prefill_commit(get(), rows.data(), rows.size()));
   }
   void prefill_end() { check(latent_cache_prefill_end(get())); }
-  // Fills this empty cache with every row of `sources`, in order.
+  // Every row of `sources` after this cache's rows, in order (an empty cache is filled; rows
+  // joining a running batch take free slots, see reserve_rows).
+  void reserve_rows(size_t rows) { check(latent_cache_reserve_rows(get(), rows)); }
   void merge_rows(const std::vector<const Cache *> &sources) {
     std::vector<const latent_cache *> raw;
     raw.reserve(sources.size());
@@ -484,6 +486,7 @@ class Set {
   void trim(size_t n, bool bypass = false) { check(latent_cache_set_trim(get(), n, bypass)); }
   void reset() { check(latent_cache_set_reset(get())); }
   void reserve(size_t tokens) { check(latent_cache_set_reserve(get(), tokens)); }
+  void reserve_rows(size_t rows) { check(latent_cache_set_reserve_rows(get(), rows)); }
   void spec_round_begin() { check(latent_cache_set_spec_round_begin(get())); }
   void spec_round_commit() { check(latent_cache_set_spec_round_commit(get())); }
   void spec_round_rollback(size_t keep) { check(latent_cache_set_spec_round_rollback(get(), keep)); }

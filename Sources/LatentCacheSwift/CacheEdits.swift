@@ -58,7 +58,13 @@ extension Cache {
   /// Closes prefill maintenance (the seed's `endPrefill`).
   public func endPrefill() throws { try check(latent_cache_prefill_end(handle)) }
 
-  /// Fills this empty cache with every row of every source, in order (sources unchanged).
+  /// Makes room for `rows` rows now, so requests joining the batch (`mergeRows`) take free
+  /// slots and copy nothing else.
+  public func reserveRows(_ rows: Int) throws { try check(latent_cache_reserve_rows(handle, rows)) }
+
+  /// Every row of every source after this cache's rows, in order (sources unchanged). An empty
+  /// cache is filled; rows joining a running batch take free slots (rows that left, or
+  /// `reserveRows`), so a join costs the joining rows' positions.
   public func mergeRows(from sources: [Cache]) throws {
     let handles: [OpaquePointer?] = sources.map { $0.handle }
     try withExtendedLifetime(sources) {
@@ -71,7 +77,8 @@ extension Cache {
     try Cache.make { latent_cache_extract_row(handle, row, $0) }
   }
 
-  /// Keeps the rows listed in `rows`, in that order.
+  /// Keeps the rows listed in `rows`, in that order. A leaving row keeps its slot for the next
+  /// join; only kept rows that change places are copied.
   public func filterRows(keeping rows: [Int]) throws {
     try rows.withUnsafeBufferPointer { try check(latent_cache_filter_rows(handle, $0.baseAddress, $0.count)) }
   }

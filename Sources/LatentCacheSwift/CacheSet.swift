@@ -58,6 +58,7 @@ public final class CacheSet: @unchecked Sendable {
   public func trim(_ n: Int, bypass: Bool = false) throws { try check(latent_cache_set_trim(handle, n, bypass)) }
   public func reset() throws { try check(latent_cache_set_reset(handle)) }
   public func reserve(_ tokens: Int) throws { try check(latent_cache_set_reserve(handle, tokens)) }
+  public func reserveRows(_ rows: Int) throws { try check(latent_cache_set_reserve_rows(handle, rows)) }
   public func beginSpeculativeRound() throws { try check(latent_cache_set_spec_round_begin(handle)) }
   public func commitSpeculativeRound() throws { try check(latent_cache_set_spec_round_commit(handle)) }
   public func rollBackSpeculativeRound(keeping: Int) throws {
@@ -91,7 +92,8 @@ public final class CacheSet: @unchecked Sendable {
     try rows.withUnsafeBufferPointer { try check(latent_cache_set_filter_rows(handle, $0.baseAddress, $0.count)) }
   }
 
-  /// Fills this empty set with every row of every source set, layer by layer.
+  /// Every row of every source set after this set's rows, layer by layer (an empty set is
+  /// filled; joining rows take free slots).
   public func mergeRows(from sources: [CacheSet]) throws {
     let handles: [OpaquePointer?] = sources.map { $0.handle }
     try withExtendedLifetime(sources) {

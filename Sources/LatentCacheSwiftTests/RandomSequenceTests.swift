@@ -102,7 +102,7 @@ final class RandomSequenceTests: XCTestCase {
           model.filter(keep)
         }
       default:
-        // Extract a row, then merge it back behind the others into a fresh cache.
+        // Extract a row, then merge it back behind the others into a fresh cache, or into this one.
         guard model.batch > 0, !inRound else { continue }
         let row = Int.random(in: 0..<model.batch, using: &rng)
         let single = try cache.extractRow(row)
@@ -111,8 +111,13 @@ final class RandomSequenceTests: XCTestCase {
         try merged.mergeRows(from: [cache, single])
         let mergedModel = CacheModel.merge([model, model.extract(row)])
         try assertMatches(merged, mergedModel, "\(what): merged")
-        if model.batch < 4 {
+        if model.batch < 4 && Bool.random(using: &rng) {
           cache = merged
+          model = mergedModel
+        } else if model.batch < 4 {
+          // The row joins the running cache instead, in a reserved slot.
+          try cache.reserveRows(model.batch + 1)
+          try cache.mergeRows(from: [single])
           model = mergedModel
         }
       }

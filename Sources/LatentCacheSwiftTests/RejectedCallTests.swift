@@ -74,8 +74,8 @@ final class RejectedCallTests: XCTestCase {
       assertThrows(.invalidArgument, "filter keeping nothing") { try cache.filterRows(keeping: []) }
       assertThrows(.outOfRange, "filter a row beyond") { try cache.filterRows(keeping: [0, 2]) }
       assertThrows(.outOfRange, "extract a row beyond") { _ = try cache.extractRow(5) }
-      assertThrows(.invalidState, "merge into a cache holding rows") {
-        try cache.mergeRows(from: [try self.filled().0])
+      assertThrows(.invalidArgument, "a join of another geometry") {
+        try cache.mergeRows(from: [try self.filled(smallConfig(index: false)).0])
       }
       assertThrows(.invalidState, "prefill commit without begin") { try cache.commitPrefill(rows: [0]) }
       assertThrows(.invalidState, "prefill end without begin") { try cache.endPrefill() }

@@ -45,6 +45,11 @@ final class SetTests: XCTestCase {
     let merged = try CacheSet(layers: configs)
     try merged.mergeRows(from: [single, set])
     try assertLayers(merged, models.map { CacheModel.merge([$0.extract(1), $0]) }, "merge")
+    // A request joins the running set in a reserved slot, every layer alike.
+    try set.reserveRows(3)
+    try set.mergeRows(from: [single])
+    models = models.map { CacheModel.merge([$0, $0.extract(1)]) }
+    try assertLayers(set, models, "join")
     try set.reset()
     XCTAssertEqual(try set.layer(0).batchSize, 0)
   }

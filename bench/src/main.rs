@@ -36,6 +36,7 @@
 //! - `--shared-prefix`: one prompt forked into 8 continuations beside copies of it (the fork,
 //!   memory held, dense and DSA decode attention), and today's join and leave of a running batch
 //!   (see `shared_prefix.rs`); 4K and 16K positions (4K with `--quick`; to 64K with `--gpu`).
+//!   `--only fork` or `--only join` runs one of the two.
 //! - `--help`: this usage. An unknown flag is refused with it (exit status 2) before anything runs.
 mod attention;
 mod model_step;
@@ -426,7 +427,8 @@ fn main() {
             (false, false) => (&[4096, 16384], &[2, 8, 16]),
             (false, true) => (&[4096, 16384, 65536], &[2, 8, 16]),
         };
-        out.extend(shared_prefix::run(contexts, 8, batches, if cfg.quick { 5 } else { 10 }));
+        let only = std::env::args().collect::<Vec<_>>().windows(2).find(|w| w[0] == "--only").map(|w| w[1].clone());
+        out.extend(shared_prefix::run(contexts, 8, batches, if cfg.quick { 5 } else { 10 }, only.as_deref()));
         if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
             std::fs::create_dir_all(dir).unwrap();
         }

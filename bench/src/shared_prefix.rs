@@ -181,14 +181,53 @@ fn join_then_leave(running: &LatentCache, joiner: &LatentCache, samples: usize) 
     [summary(join), summary(leave)]
 }
 
-/// Today's join (a one-row request of `context` positions merged into a running batch of
-/// `batch - 1` rows) and leave (the batch filtered to drop its first row); then the same over
-/// one shared prompt: `batch - 1` continuations of 64 positions each and a joining request of 64
-/// over the same prompt, where merge and filter copy the rows' own positions.
+/// Median, p10, p90 of `samples` joins into the running batch itself (`merge_rows` into a
+/// cache holding rows: the joiner takes a free slot), leaves of its first row with the last row
+/// taking that slot (`filter_rows([last, 1, 2, ..])`: one row moves), and leaves of its last row
+/// (nothing moves). The batch holds `batch - 1` rows between samples, in `batch` slots.
+fn join_then_leave_in_slots(running: &mut LatentCache, joiner: &LatentCache, samples: usize) -> [[f64; 3]; 3] {
+    let (mut join, mut first, mut last) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..samples {
+        for leave_first in [true, false] {
+            let start = Instant::now();
+            running.merge_rows(&[joiner]).unwrap();
+            running.eval().unwrap();
+            join.push(us(start));
+            let n = running.batch_size();
+            let keep: Vec<usize> = match leave_first {
+                true => std::iter::once(n - 1).chain(1..n - 1).collect(),
+                false => (0..n - 1).collect(),
+            };
+            let start = Instant::now();
+            running.filter_rows(&keep).unwrap();
+            running.eval().unwrap();
+            (if leave_first { &mut first } else { &mut last }).push(us(start));
+        }
+    }
+    [summary(join), summary(first), summary(last)]
+}
+
+/// A join (a one-row request of `context` positions joining a running batch of `batch - 1`
+/// rows) and a leave, three ways side by side: the batch rebuilt (`merge_rows` into a new
+/// cache, every row copied: the library's join before slots), the first row leaving with the
+/// order kept (`filter_rows(1..n)`: every later row moves), and the same in the batch's slots
+/// (the joiner written into a free slot; the last row moved into the leaver's slot, or the last
+/// row leaving). Then the rebuilt join and ordered leave over one shared prompt: `batch - 1`
+/// continuations of 64 positions each and a joining request of 64 over the same prompt, where
+/// merge and filter copy the rows' own positions.
 fn join_and_leave(out: &mut Vec<String>, batch: usize, context: usize, samples: usize) {
-    let [join, leave] = join_then_leave(&filled(batch - 1, context, 21), &filled(1, context, 23), samples);
-    out.push(record("copies (merge_rows)", "join", batch, context, join, samples, 0));
-    out.push(record("copies (filter_rows)", "leave", batch, context, leave, samples, 0));
+    let joiner = filled(1, context, 23);
+    let [join, leave] = join_then_leave(&filled(batch - 1, context, 21), &joiner, samples);
+    out.push(record("copies (merge_rows into a new cache)", "join", batch, context, join, samples, 0));
+    out.push(record("order kept (filter_rows 1..n)", "leave", batch, context, leave, samples, 0));
+    let mut running = filled(batch - 1, context, 21);
+    running.reserve_rows(batch).unwrap();
+    let [join, first, last] = join_then_leave_in_slots(&mut running, &joiner, samples);
+    let held = running.bytes_in_use();
+    out.push(record("slots (merge_rows into the batch)", "join", batch, context, join, 2 * samples, held));
+    out.push(record("slots (filter_rows, last row into the leaver's slot)", "leave", batch, context, first, samples, held));
+    out.push(record("slots (filter_rows, last row leaves)", "leave", batch, context, last, samples, held));
+    drop(running);
     let mut running = filled(1, context, 21);
     running.fork_row(0, batch - 1).unwrap();
     step_own(&mut running, 64);
@@ -208,11 +247,14 @@ fn step_own(cache: &mut LatentCache, n: usize) {
     cache.eval().unwrap();
 }
 
-pub fn run(contexts: &[usize], n: usize, batches: &[usize], samples: usize) -> Vec<String> {
+/// Every part (`only`: "fork" or "join" for one of them).
+pub fn run(contexts: &[usize], n: usize, batches: &[usize], samples: usize, only: Option<&str>) -> Vec<String> {
     let mut out = Vec::new();
     for &context in contexts {
-        fork_and_step(&mut out, context, n, samples);
-        for &batch in batches {
+        if only.is_none_or(|o| o == "fork") {
+            fork_and_step(&mut out, context, n, samples);
+        }
+        for &batch in batches.iter().filter(|_| only.is_none_or(|o| o == "join")) {
             join_and_leave(&mut out, batch, context, 3);
         }
     }

@@ -1,5 +1,5 @@
-//! Batch row operations for continuous batching: merge sources into an empty cache, extract one
-//! row as its own cache, filter rows.
+//! Batch row operations for continuous batching: merge sources into a cache (filling it, or
+//! joining its rows), extract one row as its own cache, filter rows, reserve rows.
 use super::args::{in_slice, out_ptr, write};
 use super::error::Failure;
 use super::handle::{latent_cache, with_cache, Handle};
@@ -7,15 +7,24 @@ use super::panic::ffi_boundary;
 use super::status::latent_cache_status;
 use crate::core::LatentCache;
 
-/// Fills the empty `destination` with every row of every source, in order: a batch source
+/// Appends every row of every source after the rows of `destination`, in order: a batch source
 /// gives all its rows, an empty source that never had rows gives one empty row. Rows are
-/// right-justified to the longest. Sources are borrowed and not changed; a source may appear
-/// more than once but may not be the destination. All must have the destination's geometry.
+/// right-justified to the longest (the ragged layout: each starts at position 0), as if every
+/// row were rebuilt. Sources are borrowed and not changed; a source may appear more than once
+/// but may not be the destination. All must have the destination's geometry.
+///
+/// - An empty destination is filled: every row is copied into new buffers.
+/// - A destination holding rows (a request joining a running batch) keeps its rows where they
+///   are and writes the joining rows into free slots: the slots of rows that left
+///   (`latent_cache_filter_rows`) or that `latent_cache_reserve_rows` made. The cost is the
+///   joining rows' positions. Without enough free slots, where the rows already there would
+///   have to shift unevenly (the ragged layout after a padded prefill), or with composed
+///   storage, the batch is rebuilt once (every row copied).
 ///
 /// Returns `OK`; `NULL_ARGUMENT` (a NULL or dead handle, `sources` NULL); `INVALID_ARGUMENT`
-/// (zero sources, a geometry mismatch, the destination among the sources); `INVALID_STATE`
-/// (the destination is not empty or is in a round); `CAPACITY`; `BACKEND`. On failure nothing
-/// changed.
+/// (zero sources, a geometry mismatch, the destination among the sources, another shared
+/// prefix); `INVALID_STATE` (the destination is in a round, a padded prefill or prefill
+/// maintenance); `CAPACITY`; `BACKEND`. On failure nothing changed.
 ///
 /// Locks every handle involved (in a fixed order, so concurrent merges cannot deadlock).
 #[no_mangle]
@@ -74,9 +83,16 @@ pub unsafe extern "C" fn latent_cache_extract_row(
 /// Keeps the rows listed in `keep` (borrowed, `keep_len` entries), in that order, and drops the
 /// left padding no kept row needs.
 ///
+/// A request leaving keeps its slot for the next row to join (`latent_cache_merge_rows`), so
+/// `latent_cache_bytes_in_use` does not shrink. Only kept rows that change places are copied:
+/// keeping a prefix of the rows, or dropping the longest row's padding, copies nothing; keeping
+/// rows `{last, 1, 2, ...}` when row 0 leaves copies the last row only. Rows whose padding
+/// differs otherwise (the ragged layout after a padded prefill), or composed storage, are
+/// rebuilt (every kept row copied).
+///
 /// Returns `OK`; `NULL_ARGUMENT`; `INVALID_ARGUMENT` (empty list, a row listed twice);
-/// `OUT_OF_RANGE` (a row >= batch size); `INVALID_STATE` (inside a round); `BACKEND`. On
-/// failure nothing changed.
+/// `OUT_OF_RANGE` (a row >= batch size); `INVALID_STATE` (inside a round); `CAPACITY`;
+/// `BACKEND`. On failure nothing changed.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_filter_rows(
     cache: *mut latent_cache,
@@ -87,4 +103,18 @@ pub unsafe extern "C" fn latent_cache_filter_rows(
         let keep = unsafe { in_slice(keep, keep_len, "keep") }?;
         with_cache(cache, |cache| Ok(cache.filter_rows(keep)?))
     }
+}
+
+/// Makes room for `rows` rows now, so that requests joining the batch up to that many rows
+/// (`latent_cache_merge_rows` into this cache) are written into free slots and copy nothing
+/// else. On a cache holding rows the memory is allocated (and the rows copied once) during the
+/// call: every slot takes as many positions as a row (`latent_cache_bytes_in_use` counts
+/// them). On an empty cache the first allocation takes that many slots. Never shrinks;
+/// `latent_cache_reset` forgets it.
+///
+/// Returns `OK`, `NULL_ARGUMENT`, `CAPACITY` (beyond INT32_MAX, or more memory than MLX's
+/// memory limit leaves), `BACKEND`. On failure nothing changed.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_reserve_rows(cache: *mut latent_cache, rows: usize) -> latent_cache_status {
+    ffi_boundary! { with_cache(cache, |cache| Ok(cache.reserve_rows(rows)?)) }
 }

@@ -220,6 +220,12 @@ pub unsafe extern "C" fn latent_cache_set_reserve(set: *mut latent_cache_set, to
     ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_reserve(tokens))?)) }
 }
 
+/// Set-wide `latent_cache_reserve_rows`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_reserve_rows(set: *mut latent_cache_set, rows: usize) -> latent_cache_status {
+    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_reserve_rows(rows))?)) }
+}
+
 /// Set-wide `latent_cache_reset` (also of layers that disagree). Returns `OK` or `NULL_ARGUMENT`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_reset(set: *mut latent_cache_set) -> latent_cache_status {
@@ -290,10 +296,12 @@ pub unsafe extern "C" fn latent_cache_set_prefill_end(set: *mut latent_cache_set
     ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, LatentCache::prepare_prefill_end)?)) }
 }
 
-/// Fills the empty set `destination` with every row of every source set, in order, layer by
-/// layer (rules of `latent_cache_merge_rows`; sources must have as many layers, each with the
+/// Appends every row of every source set after the rows of `destination`, in order, layer by
+/// layer (rules of `latent_cache_merge_rows`: an empty set is filled; a set holding rows keeps
+/// them and the joining rows take free slots; sources must have as many layers, each with the
 /// destination layer's geometry, limit, storage, layout and role). Sources are not changed.
-/// Returns what `latent_cache_merge_rows` returns, and `INVALID_STATE` (layers that disagree).
+/// Every layer or none. Returns what `latent_cache_merge_rows` returns, and `INVALID_STATE`
+/// (layers that disagree).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_merge_rows(
     destination: *mut latent_cache_set,

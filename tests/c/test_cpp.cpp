@@ -103,6 +103,12 @@ int main() {
   CHECK(merged.row_offsets() == (std::vector<size_t>{4, 6, 6}));
   merged.filter_rows({2, 0});
   CHECK(merged.row_offsets() == (std::vector<size_t>{6, 4}));
+  // A request joins the running batch in the slot the filter freed, then leaves again.
+  merged.reserve_rows(3);
+  merged.merge_rows({&single});
+  CHECK(merged.row_offsets() == (std::vector<size_t>{6, 4, 6}));
+  CHECK(merged.read_row(LATENT_CACHE_FAMILY_LATENT, 2) == single.read_row(LATENT_CACHE_FAMILY_LATENT, 0));
+  merged.filter_rows({0, 1});
   merged.spec_round_begin();
   merged.append(2, 2, std::vector<float>(2 * 2 * 4, 1.0f), std::vector<float>(2 * 2 * 2, 1.0f));
   merged.spec_round_rollback(size_t{1});
@@ -182,6 +188,11 @@ int main() {
     latent_cache_cpp::Set one = set.extract_row(1);
     latent_cache_cpp::Set both(small);
     both.merge_rows({&set, &one});
+    both.reserve_rows(4);
+    both.merge_rows({&one});
+    size_t joined_rows = 0;
+    latent_cache_cpp::check(latent_cache_batch_size(both.layer(2), &joined_rows));
+    CHECK(joined_rows == 4);
     both.filter_rows({2, 0});
     both.trim(1);
     CHECK(both.bytes_in_use() > 0);

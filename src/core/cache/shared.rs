@@ -188,7 +188,9 @@ impl LatentCache {
         let prefix = if own == 0 {
             self.base.clone().expect("a row of no own positions holds the prefix's")
         } else {
-            let kept = self.batch_size() == 1 && lo == 0 && self.storage.capacity() - own <= own / SPARE_KEPT;
+            // The buffers become the piece only where they hold little else (no spare slot, little room).
+            let alone = self.batch_size() == 1 && self.storage.slots() == 1;
+            let kept = alone && lo == 0 && self.storage.capacity() - own <= own / SPARE_KEPT;
             self.over_base(match kept {
                 true => self.viewed_piece(hi)?,
                 false => self.copied_piece(row, lo, hi)?,
