@@ -187,6 +187,7 @@ impl Storage {
     /// writes holds the old buffers, so MLX writes in place: the cost is the pieces' positions,
     /// not the buffers'. The caller checks that every piece fits the slots and capacity.
     pub fn prepare_move(&self, pieces: &[RowPiece<'_>], rows: usize, start: usize) -> Result<Pending> {
+        let pieces: Vec<RowPiece<'_>> = pieces.iter().filter(|p| p.hi > p.lo).copied().collect();
         let positions: usize = pieces.iter().map(|p| p.hi - p.lo).sum();
         let per_position: usize = self.buffers.iter().map(Buffer::bytes_per_position).sum();
         check_alloc(positions.checked_mul(per_position), &format!("moving {positions} positions"))?;
