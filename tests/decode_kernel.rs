@@ -49,12 +49,40 @@ struct Case {
     scale_by: f32,
     /// Composed storage's hot window (bfloat16 hot positions over the compact ones); 0: none.
     hot_window: usize,
+    /// Rows leave and join in the batch's slots before the attention (see `churn`).
+    churn: bool,
 }
 
 /// `v` rounded to the dtype the queries are given in (round to nearest even), as MLX's cast does.
 fn narrowed(v: &[f32], dtype: Dtype) -> Vec<f32> {
     let a = ops::astype(&Array::from_slice(v, &[v.len() as i32]), dtype).unwrap();
     ops::to_host(&ops::astype(&a, Dtype::Float32).unwrap()).unwrap()
+}
+
+/// Rows leave and join in the batch's slots, so attention reads views of buffers with more
+/// slots than rows and, where padding was dropped, from a moved first position: a request of
+/// `first - 1` positions joins a reserved slot; row 0 and (right-justified) every other unpadded
+/// row leave, the joiner taking row 0's slot (the rows left drop their common padding); then
+/// every row appends two positions (ragged rows ending apart: one scatter over every slot).
+fn churn(cache: &mut LatentCache, model: &mut Model, case: &Case, rng: &mut Rng) {
+    let batch = case.pads.len();
+    let mut joiner = LatentCache::new(*cache.geometry()).unwrap();
+    let mut joiner_model = model.empty_like();
+    let n = case.first.max(2) - 1;
+    let data = [rng.uniform(n * case.rank, 1.0), rng.uniform(n * case.rope, 1.0), vec![]];
+    joiner.append_host(1, n, &data[0], &data[1], None).unwrap();
+    joiner_model.append(1, n, &data);
+    cache.reserve_rows(batch + 1).unwrap();
+    cache.merge_rows(&[&joiner]).unwrap();
+    *model = Model::merge(&[model, &joiner_model]);
+    let stays = |b: usize| case.pads[b] > 0 || case.layout == LayoutKind::Ragged;
+    let keep: Vec<usize> = std::iter::once(batch).chain((1..batch).filter(|&b| stays(b))).collect();
+    cache.filter_rows(&keep).unwrap();
+    model.filter(&keep);
+    let rows = keep.len();
+    let data = [rng.uniform(rows * 2 * case.rank, 1.0), rng.uniform(rows * 2 * case.rope, 1.0), vec![]];
+    cache.append_host(rows, 2, &data[0], &data[1], None).unwrap();
+    model.append(rows, 2, &data);
 }
 
 /// Runs `case` and says whether the kernel computed it.
@@ -96,6 +124,9 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         last(&mut data, case.more);
         cache.append_host(batch, case.more, &data[0], &data[1], None).unwrap();
         model.append(batch, case.more, &data);
+    }
+    if case.churn {
+        churn(&mut cache, &mut model, case, rng);
     }
     if case.hot_window > 0 {
         // Composed: each row reads what the cache holds, compact below its boundary and hot from
@@ -244,8 +275,10 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         more,
         scale_by: 1.0,
         hot_window: 0,
+        churn: false,
     };
     let composed = |hot_window, c: Case| Case { hot_window, ..c };
+    let churned = |c: Case| Case { churn: true, ..c };
     let cases = [
         // GLM-5.2's layer: a length past many tiles that does not fill the last one.
         case(Bf16, 512, 64, (64, 1), RightJustified, &[0], 2900, 3),
@@ -285,6 +318,13 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         composed(64, case(Fp8, 512, 64, (64, 1), Ragged, &[5, 0], 300, 9)),
         composed(128, case(Q4, 512, 64, (64, 3), RightJustified, &[3, 0, 40], 600, 3)),
         composed(200, case(Q8, 128, 64, (96, 1), RightJustified, &[0, 30], 100, 1)),
+        // Rows that left and joined in the batch's slots (see `churn`): right-justified rows read
+        // from a moved first position, verify queries, a packed latent, ragged rows ending apart.
+        churned(case(Bf16, 512, 64, (64, 1), RightJustified, &[0, 37, 200], 1100, 2)),
+        churned(case(Bf16, 512, 64, (64, 3), RightJustified, &[0, 21], 600, 3)),
+        churned(case(Q8, 512, 64, (64, 1), RightJustified, &[0, 21], 600, 3)),
+        churned(case(Bf16, 512, 64, (64, 1), Ragged, &[0, 0], 300, 9)),
+        churned(composed(64, case(Fp8, 512, 64, (64, 1), RightJustified, &[0, 9], 300, 9))),
     ];
     // On a compute capability 9.0 GPU, every case with the same values twice: with the wgmma
     // partial pass (where it applies), then with the mma.sync one. (This file's only test: the

@@ -25,7 +25,10 @@ fn positive(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| 0.1 + (rng.next() >> 40) as f32 / (1u64 << 24) as f32).collect()
 }
 
-fn filled(rng: &mut Rng, layout: LayoutKind, index_storage: StorageMode, pads: [usize; 3]) -> (LatentCache, Model) {
+/// Three rows from a padded append; with `churn`, row 0 (the longest) then leaves and a request
+/// of 14 positions takes its slot (reserved), so the kernels read views over a spare slot from a
+/// moved first position (right-justified rows drop the padding they no longer need).
+fn filled(rng: &mut Rng, layout: LayoutKind, index_storage: StorageMode, pads: [usize; 3], churn: bool) -> (LatentCache, Model) {
     let modes = [StorageMode::F32, StorageMode::F32, index_storage];
     let mut cache = LatentCache::new(geometry_in(WIDTHS, modes, layout)).unwrap();
     let mut model = Model::with_modes(WIDTHS, modes);
@@ -33,6 +36,18 @@ fn filled(rng: &mut Rng, layout: LayoutKind, index_storage: StorageMode, pads: [
     let data: [Vec<f32>; 3] = std::array::from_fn(|f| positive(rng, 3 * 16 * WIDTHS[f]));
     cache.append_host_padded(3, 16, &pads, &data[0], &data[1], Some(&data[2])).unwrap();
     model.append_padded(3, 16, &pads, &data);
+    if churn {
+        let mut joiner = LatentCache::new(*cache.geometry()).unwrap();
+        let mut joiner_model = model.empty_like();
+        let data: [Vec<f32>; 3] = std::array::from_fn(|f| positive(rng, 14 * WIDTHS[f]));
+        joiner.append_host(1, 14, &data[0], &data[1], Some(&data[2])).unwrap();
+        joiner_model.append(1, 14, &data);
+        cache.reserve_rows(4).unwrap();
+        cache.merge_rows(&[&joiner]).unwrap();
+        cache.filter_rows(&[3, 1, 2]).unwrap();
+        model = Model::merge(&[&model, &joiner_model]);
+        model.filter(&[3, 1, 2]);
+    }
     (cache, model)
 }
 
@@ -48,12 +63,14 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
     };
     // Padded rows; whole rows (no mask is built where no query misses a position), with two
     // queries (causal still masks) and one.
-    for (pads, queries) in [([0, 7, 3], 2usize), ([0, 0, 0], 2), ([0, 0, 0], 1)] {
+    // Rows that left and joined in the batch's slots (see `filled`).
+    for (pads, queries, churn) in [([0, 7, 3], 2usize, false), ([0, 7, 3], 2, true), ([0, 0, 0], 2, false), ([0, 0, 0], 1, false)]
+    {
         for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
             for index_storage in [StorageMode::F32, StorageMode::Bf16] {
                 for mode in [MaskMode::None, MaskMode::Causal] {
-                    let what = format!("{layout:?} {index_storage:?} {mode:?} pads {pads:?} {queries} queries");
-                    let (cache, model) = filled(&mut rng, layout, index_storage, pads);
+                    let what = format!("{layout:?} {index_storage:?} {mode:?} pads {pads:?} {queries} queries, churn {churn}");
+                    let (cache, model) = filled(&mut rng, layout, index_storage, pads, churn);
                     let donor = cache.capture_donor_rows().unwrap();
                     let batch = 3usize;
                     let q_index = positive(&mut rng, batch * heads * queries * WIDTHS[2]);
@@ -143,7 +160,7 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
 #[test]
 fn selection_falls_back_to_dense_and_refuses_misuse() {
     let mut rng = Rng::new(92);
-    let (cache, _) = filled(&mut rng, LayoutKind::RightJustified, StorageMode::F32, [0, 7, 3]);
+    let (cache, _) = filled(&mut rng, LayoutKind::RightJustified, StorageMode::F32, [0, 7, 3], false);
     let donor = cache.capture_donor_rows().unwrap();
     let scores = Array::from_slice(&[0f32; 3 * 16], &[3, 1, 16]);
     assert!(donor.select(&scores, 16).unwrap().is_none(), "no more positions than k: dense");
