@@ -1,6 +1,6 @@
 //! Allocations beyond what MLX may use are refused, not crashes: with MLX's memory limit set
-//! low, reserve, a growing append, a merge and an extract of big rows return CAPACITY or BACKEND
-//! with a message and change nothing; with the default limit, huge reserves either really
+//! low, reserve, a growing append, a merge, a join, reserve_rows and an extract of big rows
+//! return CAPACITY or BACKEND with a message and change nothing; with the default limit, huge reserves either really
 //! allocate or return CAPACITY, and later appends and reads stay consistent; a layer of width
 //! INT32_MAX cannot crash the process; after the limit is restored the caches work again. Also:
 //! reserve allocates during the call, and the memory calls (limit, counters, clearing MLX's buffer
@@ -176,6 +176,16 @@ fn allocations_beyond_the_memory_limit_are_refused_and_change_nothing() {
         refused(status, "merge_rows of big sources under a low memory limit");
         assert_equal(destination, &Model::new(GLM), "refused merge_rows (destination)");
         unsafe { latent_cache_free(destination) };
+
+        // A big request joining a running batch without a free slot rebuilds it (~210 MB), and
+        // slots for 8 rows of `wide` (~180 MB): refused, both batches as they were.
+        let joining = [long.cast_const()];
+        let status = unsafe { latent_cache_merge_rows(glm, joining.as_ptr(), 1) };
+        refused(status, "merge_rows of a ~70 MB request into a running batch under a low memory limit");
+        assert_equal(glm, &glm_model, "refused join");
+        let status = unsafe { latent_cache_reserve_rows(wide, 8) };
+        refused(status, "reserve_rows(8) of a ~34 MB batch under a low memory limit");
+        assert_equal(wide, &wide_model, "refused reserve_rows");
 
         let mut single: *mut Handle = std::ptr::null_mut();
         let status = unsafe { latent_cache_extract_row(long, 0, &mut single) };
