@@ -7,7 +7,8 @@ use super::rows::same_prefix;
 use super::{Change, LatentCache, RowMove};
 use crate::core::error::{fail, Result};
 use crate::core::layout::row_layout::RowLayout;
-use crate::core::storage::buffers::{RowPiece, MIN_CAPACITY};
+use crate::core::storage::buffers::{Pending, RowPiece, MIN_CAPACITY};
+use crate::core::storage::hot::HotChange;
 
 /// One source row: `(source, row, lo, hi)`, its valid positions.
 pub(super) type SourceRow<'a> = (&'a LatentCache, usize, usize, usize);
@@ -92,7 +93,26 @@ impl LatentCache {
         // Rebuilt: the rows already here first, then the joining ones.
         let own = (0..batch).map(|b| (self, b, self.left_pad()[b], self.layout.row_ends()[b]));
         let rows: Vec<SourceRow<'_>> = own.chain(joining.iter().copied()).collect();
-        let pieces: Vec<RowPiece<'_>> = rows.iter().enumerate().map(|(b, r)| piece(b, r)).collect();
+        let (layout, pending, hot) = self.prepare_rebuild(&rows, &all)?;
+        Ok(Change { pending: Some(pending), hot, moves_rows: true, ..self.relabel(layout) })
+    }
+
+    /// New buffers holding `rows` (each `(source, row, lo, hi)`, with `lengths[b] = hi - lo`) in
+    /// order, laid out as this cache's layout rebuilds rows, with room for the reservation or one
+    /// growth step (and at least the capacity now), in this cache's slots; with composed
+    /// storage, the hot side rebuilt alike (each row keeps its boundary within the positions it
+    /// brings). Allocated and evaluated during the call; nothing is changed.
+    pub(super) fn prepare_rebuild(
+        &self,
+        rows: &[SourceRow<'_>],
+        lengths: &[usize],
+    ) -> Result<(RowLayout, Pending, Option<HotChange>)> {
+        let layout = RowLayout::rebuilt(self.layout.kind(), lengths);
+        let mut capacity = (layout.offset() + MIN_CAPACITY).max(self.reserved).max(self.storage.capacity());
+        if self.own_max_tokens() != 0 {
+            capacity = capacity.min(self.own_max_tokens()).max(layout.offset());
+        }
+        let pieces: Vec<RowPiece<'_>> = rows.iter().enumerate().map(|(b, &r)| landing(&layout, b, r)).collect();
         let moves: Vec<RowMove<'_>> = rows
             .iter()
             .zip(&pieces)
@@ -107,16 +127,12 @@ impl LatentCache {
             .collect();
         let converted = rows
             .iter()
-            .zip(&all)
+            .zip(lengths)
             .map(|(&(source, row, ..), &len)| source.converted_positions().get(row).copied().unwrap_or(0).min(len))
             .collect();
         let hot = self.prepare_hot_rows(&moves, &layout, converted, false)?;
-        let mut capacity = (layout.offset() + MIN_CAPACITY).max(self.reserved).max(self.storage.capacity());
-        if self.own_max_tokens() != 0 {
-            capacity = capacity.min(self.own_max_tokens()).max(layout.offset());
-        }
-        let pending = self.storage.prepare_assemble(all.len(), self.storage.slots(), capacity, &pieces)?;
-        Ok(Change { pending: Some(pending), hot, moves_rows: true, ..self.relabel(layout) })
+        let pending = self.storage.prepare_assemble(rows.len(), self.storage.slots(), capacity, &pieces)?;
+        Ok((layout, pending, hot))
     }
 
     /// Makes room for `rows` rows now, so rows joining the batch up to that count are written

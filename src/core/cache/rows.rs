@@ -5,7 +5,7 @@
 use super::{Change, LatentCache, RowMove};
 use crate::core::error::{fail, Result};
 use crate::core::layout::row_layout::{Relayout, Rollback, RowLayout};
-use crate::core::storage::buffers::{RowPiece, MIN_CAPACITY};
+use crate::core::storage::buffers::RowPiece;
 use crate::core::storage::shared::SharedPrefix;
 
 impl LatentCache {
@@ -228,47 +228,9 @@ impl LatentCache {
     }
 
     /// Fills this empty cache from `(source, row, lo, hi)` pieces, one per new row, with the
-    /// given row lengths (laid out as this cache's layout rebuilds rows). Room for the
-    /// reservation, or for one growth step.
+    /// given row lengths (laid out as this cache's layout rebuilds rows; see `prepare_rebuild`).
     pub(super) fn fill_from(&mut self, rows: &[(&LatentCache, usize, usize, usize)], lengths: &[usize]) -> Result<()> {
-        let layout = RowLayout::rebuilt(self.layout.kind(), lengths);
-        let mut capacity = (layout.offset() + MIN_CAPACITY).max(self.reserved);
-        let max_tokens = self.own_max_tokens();
-        if max_tokens != 0 {
-            capacity = capacity.min(max_tokens).max(layout.offset());
-        }
-        let pieces: Vec<RowPiece<'_>> = rows
-            .iter()
-            .enumerate()
-            .map(|(b, &(source, row, lo, hi))| RowPiece {
-                source: &source.storage,
-                row,
-                lo,
-                hi,
-                dest_row: b,
-                dest_lo: layout.left_pad()[b],
-            })
-            .collect();
-        let moves: Vec<RowMove<'_>> = rows
-            .iter()
-            .zip(&pieces)
-            .map(|(&(source, ..), p)| RowMove {
-                source,
-                row: p.row,
-                lo: p.lo,
-                hi: p.hi,
-                dest_row: p.dest_row,
-                dest_lo: p.dest_lo,
-            })
-            .collect();
-        // A row keeps its boundary, within the positions it brings.
-        let converted = rows
-            .iter()
-            .zip(lengths)
-            .map(|(&(source, row, ..), &len)| source.converted_positions().get(row).copied().unwrap_or(0).min(len))
-            .collect();
-        let hot = self.prepare_hot_rows(&moves, &layout, converted, false)?;
-        let pending = self.storage.prepare_assemble(rows.len(), self.storage.slots(), capacity, &pieces)?;
+        let (layout, pending, hot) = self.prepare_rebuild(rows, lengths)?;
         self.storage.commit(pending);
         if let (Some(side), Some(change)) = (&mut self.hot, hot) {
             side.apply(change);
