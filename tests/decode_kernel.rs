@@ -62,7 +62,8 @@ fn narrowed(v: &[f32], dtype: Dtype) -> Vec<f32> {
 /// Rows leave and join in the batch's slots, so attention reads views of buffers with more
 /// slots than rows and, where padding was dropped, from a moved first position: a request of
 /// `first - 1` positions joins a reserved slot; row 0 and (right-justified) every other unpadded
-/// row leave, the joiner taking row 0's slot (the rows left drop their common padding); then
+/// row leave with the order kept, so row 0's slot moves on (the rows left drop their common
+/// padding); then
 /// every row appends two positions (ragged rows ending apart: one scatter over every slot).
 fn churn(cache: &mut LatentCache, model: &mut Model, case: &Case, rng: &mut Rng) {
     let batch = case.pads.len();
@@ -76,7 +77,7 @@ fn churn(cache: &mut LatentCache, model: &mut Model, case: &Case, rng: &mut Rng)
     cache.merge_rows(&[&joiner]).unwrap();
     *model = Model::merge(&[model, &joiner_model]);
     let stays = |b: usize| case.pads[b] > 0 || case.layout == LayoutKind::Ragged;
-    let keep: Vec<usize> = std::iter::once(batch).chain((1..batch).filter(|&b| stays(b))).collect();
+    let keep: Vec<usize> = (1..batch).filter(|&b| stays(b)).chain(std::iter::once(batch)).collect();
     cache.filter_rows(&keep).unwrap();
     model.filter(&keep);
     let rows = keep.len();
@@ -318,8 +319,8 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         composed(64, case(Fp8, 512, 64, (64, 1), Ragged, &[5, 0], 300, 9)),
         composed(128, case(Q4, 512, 64, (64, 3), RightJustified, &[3, 0, 40], 600, 3)),
         composed(200, case(Q8, 128, 64, (96, 1), RightJustified, &[0, 30], 100, 1)),
-        // Rows that left and joined in the batch's slots (see `churn`): right-justified rows read
-        // from a moved first position, verify queries, a packed latent, ragged rows ending apart.
+        // Rows that left and joined in the batch's slots (see `churn`): rows from a later slot
+        // and a moved first position, verify queries, a packed latent, ragged rows ending apart.
         churned(case(Bf16, 512, 64, (64, 1), RightJustified, &[0, 37, 200], 1100, 2)),
         churned(case(Bf16, 512, 64, (64, 3), RightJustified, &[0, 21], 600, 3)),
         churned(case(Q8, 512, 64, (64, 1), RightJustified, &[0, 21], 600, 3)),

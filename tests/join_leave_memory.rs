@@ -1,8 +1,9 @@
 //! Requests joining and leaving a running batch, as MLX counts memory (its active and peak
 //! memory, not the library's arithmetic): a row joining into a free slot allocates about its own
 //! positions and nothing stays allocated after; a row leaving allocates nothing when no kept row
-//! changes places (the last row leaves; the longest, whose padding the others then drop, when
-//! it is last) or one row's positions (the last row moving into the leaving row's slot). A batch rebuilt whole would allocate every row. Values are checked
+//! changes slots (the first or the last row leaves; the longest, whose padding the others then
+//! drop) or one row's positions (the last row moving into the leaving row's slot); a join with
+//! free slots only before the rows moves them back once. A batch rebuilt whole would allocate every row. Values are checked
 //! against plain vectors. Its own binary: MLX's counters are process-wide.
 use latent_cache::core::mlx::eval::eval;
 use latent_cache::core::mlx::memory;
@@ -91,17 +92,35 @@ fn run(layout: LayoutKind) {
     assert!(kept <= slack as isize, "{what}: a leave kept {kept} bytes");
     check(&batch, &[4.0, 2.0, 3.0], &[ROW / 2, ROW / 4, ROW], &what);
 
-    // The last row leaves, the longest (the others drop the padding they no longer need), then
-    // the last again: nothing moves.
-    for keep in [&[0usize, 1][..], &[0][..]] {
+    // The first row leaves with the order kept (row 0 moves to the next slot), then the last
+    // row (the longest: the others drop the padding they no longer need): nothing moves.
+    let nothing_moves = |batch: &mut LatentCache, keep: &[usize]| {
         let (peak, kept) = measure(|| {
             batch.filter_rows(keep).unwrap();
             batch.eval().unwrap();
         });
         assert!(peak <= slack, "{what}: filter {keep:?} allocated {peak} bytes");
         assert!(kept <= slack as isize, "{what}: filter {keep:?} kept {kept} bytes");
-    }
-    check(&batch, &[4.0], &[ROW / 2], &what);
+    };
+    nothing_moves(&mut batch, &[1, 2]);
+    check(&batch, &[2.0, 3.0], &[ROW / 4, ROW], &what);
+
+    // Two requests join: no free slot after the rows, so the rows move back to the first slot
+    // (their positions, once per as many joins as there are free slots) and the two join.
+    let tiny = request(g, 8, 7.0);
+    let (peak, _) = measure(|| {
+        batch.merge_rows(&[&tiny, &tiny]).unwrap();
+        batch.eval().unwrap();
+    });
+    let moved = (ROW / 4 + ROW + 16) * g.bytes_per_token();
+    assert!(peak <= moved + slack, "{what}: a join moving the rows back allocated {peak} bytes ({moved} moved)");
+    check(&batch, &[2.0, 3.0, 7.0, 7.0], &[ROW / 4, ROW, 8, 8], &what);
+    assert_eq!(batch.bytes_in_use(), held, "{what}: the rows moved within their slots");
+
+    // The two leave from the back, then the longest: nothing moves.
+    nothing_moves(&mut batch, &[0, 1]);
+    nothing_moves(&mut batch, &[0]);
+    check(&batch, &[2.0], &[ROW / 4], &what);
     assert_eq!(batch.bytes_in_use(), held, "{what}: leaving rows keep their slots");
 
     // Two requests join the freed slots, one longer than the rows there (right-justified, they
@@ -114,14 +133,14 @@ fn run(layout: LayoutKind) {
     });
     assert!(peak <= row_bytes + slack, "{what}: a join of {} positions allocated {peak} bytes", ROW + 8);
     assert_eq!(batch.bytes_in_use(), held, "{what}: the joins took free slots");
-    check(&batch, &[4.0, 5.0, 6.0], &[ROW / 2, ROW, 8], &what);
+    check(&batch, &[2.0, 5.0, 6.0], &[ROW / 4, ROW, 8], &what);
     for _ in 0..3 {
         let latent = ops::from_host(&vec![7.0; 3 * WIDTHS[0]], &[3, 1, WIDTHS[0]], "latent").unwrap();
         let rope = ops::from_host(&vec![-7.0; 3 * WIDTHS[1]], &[3, 1, WIDTHS[1]], "rope").unwrap();
         batch.append(&latent, &rope, None).unwrap();
     }
     batch.eval().unwrap();
-    assert_eq!(batch.row_offsets(), vec![ROW / 2 + 3, ROW + 3, 11], "{what}: appends after joins");
+    assert_eq!(batch.row_offsets(), vec![ROW / 4 + 3, ROW + 3, 11], "{what}: appends after joins");
     let last = batch.read_row(Family::Latent, 2).unwrap();
     assert!(
         last[..8 * WIDTHS[0]].iter().all(|&v| v == 6.0) && last[8 * WIDTHS[0]..].iter().all(|&v| v == 7.0),

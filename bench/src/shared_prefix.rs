@@ -182,51 +182,55 @@ fn join_then_leave(running: &LatentCache, joiner: &LatentCache, samples: usize) 
 }
 
 /// Median, p10, p90 of `samples` joins into the running batch itself (`merge_rows` into a
-/// cache holding rows: the joiner takes a free slot), leaves of its first row with the last row
-/// taking that slot (`filter_rows([last, 1, 2, ..])`: one row moves), and leaves of its last row
-/// (nothing moves). The batch holds `batch - 1` rows between samples, in `batch` slots.
-fn join_then_leave_in_slots(running: &mut LatentCache, joiner: &LatentCache, samples: usize) -> [[f64; 3]; 3] {
-    let (mut join, mut first, mut last) = (Vec::new(), Vec::new(), Vec::new());
+/// cache holding rows: the joiner takes a free slot), and of leaves three ways: row 0 with the
+/// last row taking its slot (`filter_rows([last, 1, 2, ..])`: one row moves), the last row
+/// (nothing moves), and the middle row with the order kept (the smaller side of it moves). The
+/// batch holds `batch - 1` rows between samples, in `batch` slots.
+fn join_then_leave_in_slots(running: &mut LatentCache, joiner: &LatentCache, samples: usize) -> [[f64; 3]; 4] {
+    let (mut join, mut leaves) = (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]);
     for _ in 0..samples {
-        for leave_first in [true, false] {
+        for (how, times) in leaves.iter_mut().enumerate() {
             let start = Instant::now();
             running.merge_rows(&[joiner]).unwrap();
             running.eval().unwrap();
             join.push(us(start));
             let n = running.batch_size();
-            let keep: Vec<usize> = match leave_first {
-                true => std::iter::once(n - 1).chain(1..n - 1).collect(),
-                false => (0..n - 1).collect(),
+            let keep: Vec<usize> = match how {
+                0 => std::iter::once(n - 1).chain(1..n - 1).collect(),
+                1 => (0..n - 1).collect(),
+                _ => (0..n).filter(|&b| b != n / 2).collect(),
             };
             let start = Instant::now();
             running.filter_rows(&keep).unwrap();
             running.eval().unwrap();
-            (if leave_first { &mut first } else { &mut last }).push(us(start));
+            times.push(us(start));
         }
     }
-    [summary(join), summary(first), summary(last)]
+    let [a, b, c] = leaves;
+    [summary(join), summary(a), summary(b), summary(c)]
 }
 
 /// A join (a one-row request of `context` positions joining a running batch of `batch - 1`
-/// rows) and a leave, three ways side by side: the batch rebuilt (`merge_rows` into a new
-/// cache, every row copied: the library's join before slots), the first row leaving with the
-/// order kept (`filter_rows(1..n)`: every later row moves), and the same in the batch's slots
-/// (the joiner written into a free slot; the last row moved into the leaver's slot, or the last
-/// row leaving). Then the rebuilt join and ordered leave over one shared prompt: `batch - 1`
+/// rows) and leaves, side by side: the batch rebuilt (`merge_rows` into a new cache, every row
+/// copied: the library's join before slots) and its first row leaving with the order kept
+/// (`filter_rows(1..n)`: row 0's slot moves, nothing is copied; before slots every row was);
+/// then the same in the running batch's slots (the joiner written into a free slot; the last
+/// row moved into the leaver's slot, the last row leaving, the middle row leaving in order). Then the rebuilt join and ordered leave over one shared prompt: `batch - 1`
 /// continuations of 64 positions each and a joining request of 64 over the same prompt, where
 /// merge and filter copy the rows' own positions.
 fn join_and_leave(out: &mut Vec<String>, batch: usize, context: usize, samples: usize) {
     let joiner = filled(1, context, 23);
     let [join, leave] = join_then_leave(&filled(batch - 1, context, 21), &joiner, samples);
     out.push(record("copies (merge_rows into a new cache)", "join", batch, context, join, samples, 0));
-    out.push(record("order kept (filter_rows 1..n)", "leave", batch, context, leave, samples, 0));
+    out.push(record("first row leaves, order kept (filter_rows 1..n)", "leave", batch, context, leave, samples, 0));
     let mut running = filled(batch - 1, context, 21);
     running.reserve_rows(batch).unwrap();
-    let [join, first, last] = join_then_leave_in_slots(&mut running, &joiner, samples);
+    let [join, first, last, middle] = join_then_leave_in_slots(&mut running, &joiner, samples);
     let held = running.bytes_in_use();
-    out.push(record("slots (merge_rows into the batch)", "join", batch, context, join, 2 * samples, held));
+    out.push(record("slots (merge_rows into the batch)", "join", batch, context, join, 3 * samples, held));
     out.push(record("slots (filter_rows, last row into the leaver's slot)", "leave", batch, context, first, samples, held));
     out.push(record("slots (filter_rows, last row leaves)", "leave", batch, context, last, samples, held));
+    out.push(record("slots (filter_rows, middle row leaves, order kept)", "leave", batch, context, middle, samples, held));
     drop(running);
     let mut running = filled(1, context, 21);
     running.fork_row(0, batch - 1).unwrap();

@@ -86,8 +86,19 @@ impl LatentCache {
             && start as usize + layout.offset() <= frame.capacity
             && all.len() <= frame.slots;
         if in_place {
-            let pieces: Vec<RowPiece<'_>> = joining.iter().enumerate().map(|(k, r)| piece(batch + k, r)).collect();
-            let pending = self.storage.prepare_move(&pieces, all.len(), start as usize)?;
+            let mut pieces: Vec<RowPiece<'_>> = joining.iter().enumerate().map(|(k, r)| piece(batch + k, r)).collect();
+            // Free slots after the rows, or (rows having left from the front) the rows moved
+            // back to slot 0 first, at their positions: O(their positions), once per as many
+            // joins as there are free slots.
+            let first = match frame.first + all.len() <= frame.slots {
+                true => frame.first,
+                false => {
+                    let own = (0..batch).map(|b| (self, b, self.left_pad()[b], self.layout.row_ends()[b]));
+                    pieces.extend(own.enumerate().map(|(b, r)| piece(b, &r)));
+                    0
+                }
+            };
+            let pending = self.storage.prepare_move(&pieces, all.len(), (first, start as usize))?;
             return Ok(Change { pending: Some(pending), moves_rows: true, ..self.relabel(layout) });
         }
         // Rebuilt: the rows already here first, then the joining ones.

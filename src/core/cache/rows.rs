@@ -148,7 +148,8 @@ impl LatentCache {
                 layout.finish_rollback();
                 return Ok(Change { hot, ..self.relabel(layout) });
             }
-            self.storage.prepare_move(&moving, self.batch_size(), self.storage.frame().start)?
+            let frame = self.storage.frame();
+            self.storage.prepare_move(&moving, self.batch_size(), (frame.first, frame.start))?
         } else {
             let capacity = self.storage.capacity().max(new.offset());
             self.storage.prepare_assemble(plan.rows.len(), self.storage.slots(), capacity, &pieces)?
@@ -159,10 +160,12 @@ impl LatentCache {
     }
 
     /// A relayout in which every kept row shifts by the same count (a filter, whose kept rows
-    /// drop the padding none of them needs), done in place: position 0 moves by that count, and
-    /// only rows that change slots are written, at the same positions of their new slot. The
-    /// other rows' positions are not touched, and a dropped row's slot stays for a row to join.
-    /// `None` where rows shift by different counts, or the cache is composed (its hot side
+    /// drop the padding none of them needs), done in place: position 0 moves by that count, row
+    /// 0 moves to the slot that leaves the fewest positions to copy (rows leaving from the front
+    /// or the back, or a row leaving with the order kept, move whichever side of it is smaller),
+    /// and only rows that change slots are written, at the same positions of their new slot.
+    /// The other rows' positions are not touched, and a dropped row's slot stays for a row to
+    /// join. `None` where rows shift by different counts, or the cache is composed (its hot side
     /// follows each row and is rebuilt).
     fn prepare_slots_in_place(&self, plan: &Relayout, pieces: &[RowPiece<'_>]) -> Result<Option<Change>> {
         let shift = plan.shift.first().copied().unwrap_or(0);
@@ -170,9 +173,17 @@ impl LatentCache {
         if !uniform || self.hot.is_some() || self.storage.is_empty() {
             return Ok(None);
         }
-        let start = self.storage.frame().start + shift as usize;
-        let moving: Vec<RowPiece<'_>> = pieces.iter().filter(|p| p.row != p.dest_row && p.hi > p.lo).copied().collect();
-        let pending = self.storage.prepare_move(&moving, plan.rows.len(), start)?;
+        let frame = self.storage.frame();
+        let rows = plan.rows.len();
+        // Row 0's slot moves by `d`: kept row b then stays where it is when it was row b + d.
+        let moved = |d: isize| pieces.iter().filter(move |p| p.row as isize != p.dest_row as isize + d);
+        let cost = |d: isize| moved(d).map(|p| p.hi - p.lo).sum::<usize>();
+        let fits = |d: isize| frame.first as isize + d >= 0 && (frame.first as isize + d) as usize + rows <= frame.slots;
+        let candidates = std::iter::once(0).chain(plan.rows.iter().enumerate().map(|(b, &r)| r as isize - b as isize));
+        let d = candidates.filter(|&d| fits(d)).min_by_key(|&d| cost(d)).unwrap_or(0);
+        let moving: Vec<RowPiece<'_>> = moved(d).filter(|p| p.hi > p.lo).copied().collect();
+        let at = ((frame.first as isize + d) as usize, frame.start + shift as usize);
+        let pending = self.storage.prepare_move(&moving, rows, at)?;
         let mut layout = plan.layout.clone();
         layout.finish_rollback();
         Ok(Some(Change { pending: Some(pending), ..self.relabel(layout) }))

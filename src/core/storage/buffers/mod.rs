@@ -1,13 +1,14 @@
 //! The stored state: per family, one capacity buffer `[slots, capacity, part_width]` per part of
 //! its storage mode (one for the float modes; codes and scales, with biases for the affine
 //! ones, for the packed modes, see `codec`), written by in-place slice updates and read through
-//! views `[:rows, start:start + offset]`. The frame (rows, slots, capacity, start) is shared by
+//! views `[first:first + rows, start:start + offset]`. The frame (rows, slots, capacity, start) is shared by
 //! every family and lives here once. Growth is geometric (or to a reservation), so an append
 //! costs O(new positions) amortized, never O(history); only the new positions are encoded.
 //!
 //! Slots beyond `rows` are rows a batch had or reserved: a row leaving the batch keeps its slot
-//! for the next row to join, so neither copies the rows that stay. `start` is where position 0
-//! lies in every slot: dropping the padding every row has moves it, copying nothing.
+//! for the next row to join, so neither copies the rows that stay. `first` is the slot of row 0
+//! (rows leaving from the front move it), `start` where position 0 lies in every slot (dropping
+//! the padding every row has moves it): both copy nothing.
 //!
 //! Every mutation is split in two: `prepare_*` builds the new state and may fail; `commit`
 //! swaps it in and cannot fail. Whatever allocates (growth, reserve, row rebuilds) is checked
@@ -58,20 +59,22 @@ fn window(data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: u
     data.iter().zip(parts).map(|(d, p)| ops::slice(d, &[rows.0, lo, 0], &[rows.1, hi, p.width])).collect()
 }
 
-/// The shape of the buffers and what of them holds rows: `rows` live rows in the first slots of
-/// `slots`, each `capacity` positions of which the first `start` precede position 0.
+/// The shape of the buffers and what of them holds rows: `rows` live rows in consecutive slots
+/// from slot `first`, of `slots`, each `capacity` positions of which the first `start` precede
+/// position 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Frame {
     pub rows: usize,
     pub slots: usize,
     pub capacity: usize,
     pub start: usize,
+    pub first: usize,
 }
 
 impl Frame {
-    /// A frame of `rows` rows filling fresh buffers of `slots` slots, from position 0.
+    /// A frame of `rows` rows filling fresh buffers of `slots` slots, from slot 0 and position 0.
     fn fresh(rows: usize, slots: usize, capacity: usize) -> Frame {
-        Frame { rows, slots: slots.max(rows), capacity, start: 0 }
+        Frame { rows, slots: slots.max(rows), capacity, start: 0, first: 0 }
     }
 
     /// Positions each row may hold from position 0.
@@ -79,9 +82,9 @@ impl Frame {
         self.capacity - self.start
     }
 
-    /// Positions `[lo, hi)` (from position 0) of slots `[row_lo, row_hi)` of every part.
+    /// Positions `[lo, hi)` (from position 0) of rows `[row_lo, row_hi)` of every part.
     fn window(&self, data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: usize) -> Result<Parts> {
-        window(data, parts, rows, self.start + lo, self.start + hi)
+        window(data, parts, (self.first + rows.0, self.first + rows.1), self.start + lo, self.start + hi)
     }
 }
 

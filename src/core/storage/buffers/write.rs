@@ -13,26 +13,27 @@ use crate::core::model::families::Families;
 
 /// Where each row's new positions go: `None` when every row starts at the same position (one
 /// slice update per part), else the physical positions `[slots, tokens, 1]` of a scatter (ragged
-/// rows; a free slot takes its rows' positions at `[0, tokens)`, unread), made once per append
-/// and shared by every family and part (an array made on the host costs each evaluation that
-/// reads it on MLX's CUDA backend).
-fn row_positions(starts: &[usize], tokens: usize, slots: usize) -> Option<Array> {
+/// rows, in slots from `first`; a free slot takes its positions at `[0, tokens)`, unread), made
+/// once per append and shared by every family and part (an array made on the host costs each
+/// evaluation that reads it on MLX's CUDA backend).
+fn row_positions(starts: &[usize], tokens: usize, slots: usize, first: usize) -> Option<Array> {
     if starts.iter().all(|&s| s == starts[0]) {
         return None;
     }
-    let free = slots - starts.len();
-    let at: Vec<i32> =
-        starts.iter().chain(std::iter::repeat(&0).take(free)).flat_map(|&s| (s..s + tokens).map(|p| p as i32)).collect();
+    let free = |n: usize| std::iter::repeat(&0).take(n);
+    let after = slots - first - starts.len();
+    let at: Vec<i32> = free(first).chain(starts).chain(free(after)).flat_map(|&s| (s..s + tokens).map(|p| p as i32)).collect();
     Some(ops::indices(&at, &[slots, tokens, 1]))
 }
 
 /// `dest` with `update` (parts of the same family, `[rows, tokens, part_width]`) written so
-/// that row `b`'s positions start at physical position `starts[b]`, lazily: one slice update
-/// per part when every row starts at the same position, one scatter per part at `positions`
-/// otherwise (over every slot: free slots take zeros, so the update is first widened to them).
-fn write_rows(dest: &[Array], update: &[Array], starts: &[usize], positions: Option<&Array>) -> Result<Parts> {
+/// that row `b` (slot `first + b`) has its positions start at physical position `starts[b]`,
+/// lazily: one slice update per part when every row starts at the same position, one scatter
+/// per part at `positions` otherwise (over every slot: free slots take zeros, so the update is
+/// first widened to them).
+fn write_rows(dest: &[Array], update: &[Array], starts: &[usize], first: usize, positions: Option<&Array>) -> Result<Parts> {
     match positions {
-        None => write(dest, update, 0, starts[0]),
+        None => write(dest, update, first, starts[0]),
         Some(at) => dest
             .iter()
             .zip(update)
@@ -41,9 +42,9 @@ fn write_rows(dest: &[Array], update: &[Array], starts: &[usize], positions: Opt
                 let u = match shape[0] as usize == slots {
                     true => u.clone(),
                     false => {
-                        let (tokens, width) = (shape[1] as usize, shape[2] as usize);
+                        let (rows, tokens, width) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
                         let wide = ops::zeros(&[slots, tokens, width], u.dtype())?;
-                        ops::slice_update(&wide, u, &[0, 0, 0], &[shape[0] as usize, tokens, width])?
+                        ops::slice_update(&wide, u, &[first, 0, 0], &[first + rows, tokens, width])?
                     }
                 };
                 ops::put_along_axis(d, at, &u, 1)
@@ -115,7 +116,7 @@ impl Storage {
         let frame = self.frame;
         if frame.room() >= end && self.buffers.latent.data.is_some() {
             let starts: Vec<usize> = starts.iter().map(|&s| frame.start + s).collect();
-            let positions = row_positions(&starts, tokens, frame.slots);
+            let positions = row_positions(&starts, tokens, frame.slots, frame.first);
             let data = self.buffers.as_ref().zip(encoded).try_map(|_, (buffer, update)| {
                 let data = buffer.data.as_ref().expect("written buffers have data");
                 let mut lazy = buffer.chained_writes();
@@ -123,7 +124,7 @@ impl Storage {
                     eval(data)?;
                     lazy = 0;
                 }
-                Ok::<_, CacheError>((write_rows(data, &update, &starts, positions.as_ref())?, lazy + 1))
+                Ok::<_, CacheError>((write_rows(data, &update, &starts, frame.first, positions.as_ref())?, lazy + 1))
             })?;
             return Ok(Pending { frame: Frame { rows, ..frame }, data });
         }
@@ -131,10 +132,10 @@ impl Storage {
         let grown = Frame::fresh(rows, frame.slots, capacity);
         let what = format!("growing to {capacity} positions x {} rows", grown.slots);
         let fresh = self.allocate(grown.slots, capacity, &what)?;
-        let positions = row_positions(starts, tokens, grown.slots);
+        let positions = row_positions(starts, tokens, grown.slots, 0);
         let data = self.buffers.as_ref().zip(fresh).zip(encoded).try_map(|_, ((buffer, fresh), update)| {
             let base = buffer.copy_live(fresh, frame, offset)?;
-            Ok::<_, CacheError>((write_rows(&base, &update, starts, positions.as_ref())?, buffer.chained_writes() + 1))
+            Ok::<_, CacheError>((write_rows(&base, &update, starts, 0, positions.as_ref())?, buffer.chained_writes() + 1))
         })?;
         Ok(Pending { frame: grown, data })
     }
@@ -180,13 +181,14 @@ impl Storage {
     }
 
     /// Writes row pieces into this storage's buffers, in place, as rows `rows` of a frame whose
-    /// position 0 lies at `start` (pieces' `dest_lo` count from it): rows moving within this
+    /// row 0 is slot `first` and position 0 lies at `start` (pieces' `dest_row` and `dest_lo`
+    /// count from them): rows moving within this
     /// storage (rollbacks, filters) or joining from other caches. Each piece's positions are
     /// first copied out (the copies are allocated and evaluated during the call, so a failure
     /// changes nothing), then written at their new place lazily. Once committed, nothing but the
     /// writes holds the old buffers, so MLX writes in place: the cost is the pieces' positions,
     /// not the buffers'. The caller checks that every piece fits the slots and capacity.
-    pub fn prepare_move(&self, pieces: &[RowPiece<'_>], rows: usize, start: usize) -> Result<Pending> {
+    pub fn prepare_move(&self, pieces: &[RowPiece<'_>], rows: usize, (first, start): (usize, usize)) -> Result<Pending> {
         let pieces: Vec<RowPiece<'_>> = pieces.iter().filter(|p| p.hi > p.lo).copied().collect();
         let positions: usize = pieces.iter().map(|p| p.hi - p.lo).sum();
         let per_position: usize = self.buffers.iter().map(Buffer::bytes_per_position).sum();
@@ -207,11 +209,11 @@ impl Storage {
                 eval(&data)?;
             }
             for (piece, copy) in pieces.iter().zip(&copies) {
-                data = write(&data, copy, piece.dest_row, start + piece.dest_lo)?;
+                data = write(&data, copy, first + piece.dest_row, start + piece.dest_lo)?;
             }
             Ok::<_, CacheError>((data, buffer.chained_writes() + pieces.len()))
         })?;
-        Ok(Pending { frame: Frame { rows, start, ..self.frame }, data })
+        Ok(Pending { frame: Frame { rows, start, first, ..self.frame }, data })
     }
 
     pub fn commit(&mut self, pending: Pending) {
