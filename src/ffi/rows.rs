@@ -84,11 +84,12 @@ pub unsafe extern "C" fn latent_cache_extract_row(
 /// left padding no kept row needs.
 ///
 /// A request leaving keeps its slot for the next row to join (`latent_cache_merge_rows`), so
-/// `latent_cache_bytes_in_use` does not shrink. Only kept rows that change places are copied:
-/// keeping a prefix of the rows, or dropping the longest row's padding, copies nothing; keeping
-/// rows `{last, 1, 2, ...}` when row 0 leaves copies the last row only. Rows whose padding
-/// differs otherwise (the ragged layout after a padded prefill), or composed storage, are
-/// rebuilt (every kept row copied).
+/// `latent_cache_bytes_in_use` does not shrink. Only kept rows that change slots are copied:
+/// rows leaving from the front or the back (`{1, 2, ..., n-1}`, `{0, 1, ..., n-2}`), and
+/// dropping the padding the longest row needed, copy nothing; `{last, 1, 2, ...}` when row 0
+/// leaves copies the last row; a middle row leaving with the order kept copies the smaller side
+/// of it. Rows whose padding differs otherwise (the ragged layout after a padded prefill), or
+/// composed storage, are rebuilt (every kept row copied).
 ///
 /// Returns `OK`; `NULL_ARGUMENT`; `INVALID_ARGUMENT` (empty list, a row listed twice);
 /// `OUT_OF_RANGE` (a row >= batch size); `INVALID_STATE` (inside a round); `CAPACITY`;
