@@ -1,7 +1,8 @@
 // ConcurrencyTests.swift: the Swift layer from concurrent tasks. Appenders and readers on
 // distinct caches each match their own model; reads concurrent with appends on one cache never
 // throw (the sized reads retry when an append outgrows them) and always see a prefix of what was
-// appended; concurrent failing calls each get their own message, even across awaits.
+// appended; concurrent failing calls each get their own message, even across awaits; requests
+// prefilled in their own tasks join and leave a running batch that an actor owns.
 import LatentCacheSwift
 import XCTest
 
@@ -103,5 +104,87 @@ final class ConcurrencyTests: XCTestCase {
       }
       try await group.waitForAll()
     }
+  }
+
+  func testRequestsJoinAndLeaveARunningBatchFromTasks() async throws {
+    let config = smallConfig()
+    let scheduler = try Scheduler(config: config)
+    try await withThrowingTaskGroup(of: Void.self) { group in
+      for id in 0..<6 {
+        group.addTask {
+          // Each request prefills alone, on whatever thread its task runs.
+          let request = try Cache(config: config)
+          var model = CacheModel(config)
+          let tokens = 2 + id
+          let data = model.data(batch: 1, tokens: tokens, seed: 500 + id)
+          try request.append(batch: 1, tokens: tokens, data)
+          model.append(batch: 1, tokens: tokens, data)
+          await Task.yield()
+          try await scheduler.join(request, model, id: id)
+          for step in 0..<3 {
+            try await scheduler.step(seed: 10_000 + id * 100 + step)
+            await Task.yield()
+          }
+          try await scheduler.leave(id)
+        }
+      }
+      try await group.waitForAll()
+    }
+    let remaining = try await scheduler.check()
+    XCTAssertEqual(remaining, 0, "every request left")
+  }
+}
+
+/// An engine's scheduler: one actor owns the running batch, sized for 8 rows. Requests join it
+/// (into free slots), decode steps append to every row, and a leaving request's row takes the
+/// last row in its place (one row moves; the last leaving moves nothing).
+actor Scheduler {
+  let config: CacheConfig
+  let batch: Cache
+  var model: CacheModel
+  var ids: [Int] = []
+
+  init(config: CacheConfig) throws {
+    self.config = config
+    batch = try Cache(config: config)
+    model = CacheModel(config)
+    try batch.reserveRows(8)
+  }
+
+  func join(_ request: Cache, _ requestModel: CacheModel, id: Int) throws {
+    try batch.mergeRows(from: [request])
+    model = ids.isEmpty ? requestModel : CacheModel.merge([model, requestModel])
+    ids.append(id)
+    try assertMatches(batch, model, "request \(id) joined")
+  }
+
+  func step(seed: Int) throws {
+    guard !ids.isEmpty else { return }
+    let data = model.data(batch: ids.count, tokens: 1, seed: seed)
+    try batch.append(batch: ids.count, tokens: 1, data)
+    model.append(batch: ids.count, tokens: 1, data)
+  }
+
+  func leave(_ id: Int) throws {
+    let row = ids.firstIndex(of: id)!
+    let last = ids.count - 1
+    if last == 0 {
+      try batch.reset()
+      try batch.reserveRows(8)
+      model = CacheModel(config)
+      ids = []
+      return
+    }
+    var keep = Array(0..<last)
+    if row < last { keep[row] = last }
+    try batch.filterRows(keeping: keep)
+    model.filter(keep)
+    ids = keep.map { ids[$0] }
+    try assertMatches(batch, model, "request \(id) left")
+  }
+
+  func check() throws -> Int {
+    try assertMatches(batch, model, "the batch at the end")
+    return ids.count
   }
 }
