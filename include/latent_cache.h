@@ -885,12 +885,22 @@ latent_cache_status latent_cache_filter_rows(latent_cache *cache,
 // (`latent_cache_merge_rows` into this cache) are written into free slots and copy nothing
 // else. On a cache holding rows the memory is allocated (and the rows copied once) during the
 // call: every slot takes as many positions as a row (`latent_cache_bytes_in_use` counts
-// them). On an empty cache the first allocation takes that many slots. Never shrinks;
-// `latent_cache_reset` forgets it.
+// them). On an empty cache the first allocation takes that many slots. Never shrinks (see
+// `latent_cache_shrink_rows`); `latent_cache_reset` forgets it.
 //
 // Returns `OK`, `NULL_ARGUMENT`, `CAPACITY` (beyond INT32_MAX, or more memory than MLX's
 // memory limit leaves), `BACKEND`. On failure nothing changed.
 latent_cache_status latent_cache_reserve_rows(latent_cache *cache, size_t rows);
+
+// Releases the slots no row holds (the slots of rows that left, or reserved ones): the rows are
+// copied once into buffers of exactly their count of slots, keeping every stored position and
+// the room for positions, so `latent_cache_bytes_in_use` and MLX's active memory shrink. A
+// later join takes a new slot by rebuilding the batch (or reserve rows again). On an empty
+// cache it forgets a `latent_cache_reserve_rows`. Rounds, prefills and rows are unchanged.
+//
+// Returns `OK`, `NULL_ARGUMENT`, `CAPACITY` (the copy needs more memory than MLX's memory limit
+// leaves), `BACKEND`. On failure nothing changed.
+latent_cache_status latent_cache_shrink_rows(latent_cache *cache);
 
 // `*out` receives row `row`'s first `positions` positions of `cache` as a prefix, owned by the
 // caller (`latent_cache_prefix_free`). Positions of the cache's own shared prefix are shared as
@@ -1126,6 +1136,9 @@ latent_cache_status latent_cache_set_reserve(latent_cache_set *set, size_t token
 
 // Set-wide `latent_cache_reserve_rows`.
 latent_cache_status latent_cache_set_reserve_rows(latent_cache_set *set, size_t rows);
+
+// Set-wide `latent_cache_shrink_rows`.
+latent_cache_status latent_cache_set_shrink_rows(latent_cache_set *set);
 
 // Set-wide `latent_cache_reset` (also of layers that disagree). Returns `OK` or `NULL_ARGUMENT`.
 latent_cache_status latent_cache_set_reset(latent_cache_set *set);

@@ -355,6 +355,7 @@ class Cache {
   // Every row of `sources` after this cache's rows, in order (an empty cache is filled; rows
   // joining a running batch take free slots, see reserve_rows).
   void reserve_rows(size_t rows) { check(latent_cache_reserve_rows(get(), rows)); }
+  void shrink_rows() { check(latent_cache_shrink_rows(get())); }
   void merge_rows(const std::vector<const Cache *> &sources) {
     std::vector<const latent_cache *> raw;
     raw.reserve(sources.size());
@@ -487,6 +488,7 @@ class Set {
   void reset() { check(latent_cache_set_reset(get())); }
   void reserve(size_t tokens) { check(latent_cache_set_reserve(get(), tokens)); }
   void reserve_rows(size_t rows) { check(latent_cache_set_reserve_rows(get(), rows)); }
+  void shrink_rows() { check(latent_cache_set_shrink_rows(get())); }
   void spec_round_begin() { check(latent_cache_set_spec_round_begin(get())); }
   void spec_round_commit() { check(latent_cache_set_spec_round_commit(get())); }
   void spec_round_rollback(size_t keep) { check(latent_cache_set_spec_round_rollback(get(), keep)); }

@@ -155,6 +155,20 @@ fn run(layout: LayoutKind) {
     });
     assert!(peak > 2 * row_bytes, "{what}: a join without a free slot allocated only {peak} bytes");
     assert_eq!(batch.batch_size(), 5);
+
+    // Four leave; shrinking releases their slots' memory (the row left is copied once).
+    batch.filter_rows(&[1]).unwrap();
+    let slot_bytes = batch.bytes_in_use() / 5;
+    let (_, kept) = measure(|| {
+        batch.shrink_rows().unwrap();
+        batch.eval().unwrap();
+    });
+    assert_eq!(batch.bytes_in_use(), slot_bytes, "{what}: one slot left");
+    assert!(kept <= -(3 * slot_bytes as isize), "{what}: shrinking 5 slots to 1 released only {} bytes", -kept);
+    assert_eq!(batch.row_offsets(), vec![ROW + 3], "{what}: the row left after shrinking");
+    let row = batch.read_row(Family::Latent, 0).unwrap();
+    let (old, new) = row.split_at(ROW * WIDTHS[0]);
+    assert!(old.iter().all(|&v| v == 5.0) && new.iter().all(|&v| v == 7.0), "{what}: the row's values after shrinking");
 }
 
 #[test]

@@ -62,6 +62,9 @@ extension Cache {
   /// slots and copy nothing else.
   public func reserveRows(_ rows: Int) throws { try check(latent_cache_reserve_rows(handle, rows)) }
 
+  /// Releases the slots no row holds (rows copied once into buffers of exactly their count).
+  public func shrinkRows() throws { try check(latent_cache_shrink_rows(handle)) }
+
   /// Every row of every source after this cache's rows, in order (sources unchanged). An empty
   /// cache is filled; rows joining a running batch take free slots (rows that left, or
   /// `reserveRows`), so a join costs the joining rows' positions.

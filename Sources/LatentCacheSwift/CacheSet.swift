@@ -59,6 +59,7 @@ public final class CacheSet: @unchecked Sendable {
   public func reset() throws { try check(latent_cache_set_reset(handle)) }
   public func reserve(_ tokens: Int) throws { try check(latent_cache_set_reserve(handle, tokens)) }
   public func reserveRows(_ rows: Int) throws { try check(latent_cache_set_reserve_rows(handle, rows)) }
+  public func shrinkRows() throws { try check(latent_cache_set_shrink_rows(handle)) }
   public func beginSpeculativeRound() throws { try check(latent_cache_set_spec_round_begin(handle)) }
   public func commitSpeculativeRound() throws { try check(latent_cache_set_spec_round_commit(handle)) }
   public func rollBackSpeculativeRound(keeping: Int) throws {

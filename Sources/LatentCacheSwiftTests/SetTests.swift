@@ -50,6 +50,8 @@ final class SetTests: XCTestCase {
     try set.mergeRows(from: [single])
     models = models.map { CacheModel.merge([$0, $0.extract(1)]) }
     try assertLayers(set, models, "join")
+    try set.shrinkRows()
+    try assertLayers(set, models, "shrink rows")
     try set.reset()
     XCTAssertEqual(try set.layer(0).batchSize, 0)
   }

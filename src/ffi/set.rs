@@ -226,6 +226,12 @@ pub unsafe extern "C" fn latent_cache_set_reserve_rows(set: *mut latent_cache_se
     ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_reserve_rows(rows))?)) }
 }
 
+/// Set-wide `latent_cache_shrink_rows`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_shrink_rows(set: *mut latent_cache_set) -> latent_cache_status {
+    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, LatentCache::prepare_shrink_rows)?)) }
+}
+
 /// Set-wide `latent_cache_reset` (also of layers that disagree). Returns `OK` or `NULL_ARGUMENT`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_reset(set: *mut latent_cache_set) -> latent_cache_status {

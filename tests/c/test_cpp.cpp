@@ -109,6 +109,8 @@ int main() {
   CHECK(merged.row_offsets() == (std::vector<size_t>{6, 4, 6}));
   CHECK(merged.read_row(LATENT_CACHE_FAMILY_LATENT, 2) == single.read_row(LATENT_CACHE_FAMILY_LATENT, 0));
   merged.filter_rows({0, 1});
+  merged.shrink_rows();
+  CHECK(merged.row_offsets() == (std::vector<size_t>{6, 4}));
   merged.spec_round_begin();
   merged.append(2, 2, std::vector<float>(2 * 2 * 4, 1.0f), std::vector<float>(2 * 2 * 2, 1.0f));
   merged.spec_round_rollback(size_t{1});
@@ -193,6 +195,10 @@ int main() {
     size_t joined_rows = 0;
     latent_cache_cpp::check(latent_cache_batch_size(both.layer(2), &joined_rows));
     CHECK(joined_rows == 4);
+    size_t reserved_bytes = both.bytes_in_use();
+    both.filter_rows({0, 1, 2});
+    both.shrink_rows();
+    CHECK(both.bytes_in_use() < reserved_bytes);
     both.filter_rows({2, 0});
     both.trim(1);
     CHECK(both.bytes_in_use() > 0);

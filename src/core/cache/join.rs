@@ -1,8 +1,9 @@
-//! Rows joining a batch that holds rows (`merge_rows` into a non-empty cache) and room for
-//! them (`reserve_rows`). A joining row is written into a free slot of the buffers, which the
-//! rows already there share: the join costs the joining rows' positions, and the rows that stay
-//! are not touched. Where the buffers have no free slot, the rows already there would have to
-//! move, or a composed hot side follows each row, the batch is rebuilt once (every row copied).
+//! Rows joining a batch that holds rows (`merge_rows` into a non-empty cache), room for them
+//! (`reserve_rows`) and its release (`shrink_rows`). A joining row is written into a free slot
+//! of the buffers, which the rows already there share: the join costs the joining rows'
+//! positions, and the rows that stay are not touched. Where the buffers have no free slot, the
+//! rows already there would have to move unevenly, or a composed hot side follows each row, the
+//! batch is rebuilt once (every row copied).
 use super::rows::same_prefix;
 use super::{Change, LatentCache, RowMove};
 use crate::core::error::{fail, Result};
@@ -161,12 +162,37 @@ impl LatentCache {
             return fail!(Capacity, "cannot reserve {rows} rows (at most INT32_MAX)");
         }
         let mut change = self.relabel(self.layout.clone());
-        change.slots = Some(rows);
+        change.slots = Some(rows.max(self.storage.slots()));
         if self.batch_size() != 0 && !self.storage.is_empty() {
             change.pending = self.storage.prepare_reserve(0, rows, self.layout.offset())?;
         } else {
             self.storage.check_rows(rows, self.storage.capacity().max(self.reserved))?;
         }
+        Ok(change)
+    }
+
+    /// Releases the slots no row holds (left by rows that left, or reserved): the rows are
+    /// copied once into buffers of exactly their count of slots, keeping every stored position
+    /// and the capacity, so `bytes_in_use` and MLX's active memory shrink. On an empty cache,
+    /// forgets a `reserve_rows`.
+    pub fn shrink_rows(&mut self) -> Result<()> {
+        let change = self.prepare_shrink_rows()?;
+        self.apply(change);
+        Ok(())
+    }
+
+    pub fn prepare_shrink_rows(&self) -> Result<Change> {
+        let mut change = self.relabel(self.layout.clone());
+        let frame = self.storage.frame();
+        change.slots = Some(frame.rows);
+        if self.storage.is_empty() || frame.slots == frame.rows {
+            return Ok(change);
+        }
+        let (pads, ends) = (self.left_pad(), self.layout.row_ends());
+        let pieces: Vec<RowPiece<'_>> = (0..frame.rows)
+            .map(|b| RowPiece { source: &self.storage, row: b, lo: pads[b], hi: ends[b], dest_row: b, dest_lo: pads[b] })
+            .collect();
+        change.pending = Some(self.storage.prepare_assemble(frame.rows, frame.rows, self.storage.capacity(), &pieces)?);
         Ok(change)
     }
 }

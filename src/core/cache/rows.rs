@@ -25,7 +25,7 @@ impl LatentCache {
             self.storage.commit(pending);
         }
         if let Some(slots) = change.slots {
-            self.storage.keep_slots(slots);
+            self.storage.set_slots(slots);
         }
         if let (Some(hot), Some(change)) = (&mut self.hot, change.hot) {
             hot.apply(change);

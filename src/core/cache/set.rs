@@ -112,7 +112,7 @@ pub fn merge_all(destination: &mut [&mut LatentCache], sources: &[Vec<&LatentCac
     let merged = make_all(destination.len(), |i| {
         let mut layer = LatentCache::new(destination[i].geometry)?;
         layer.reserved = destination[i].reserved;
-        layer.storage.keep_slots(destination[i].storage.slots());
+        layer.storage.set_slots(destination[i].storage.slots());
         layer.merge_rows(&sources.iter().map(|s| s[i]).collect::<Vec<_>>())?;
         Ok(layer)
     })?;

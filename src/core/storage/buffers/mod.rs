@@ -224,11 +224,11 @@ impl Storage {
         self.check_alloc(rows, capacity, &format!("reserving {rows} rows of {capacity} positions"))
     }
 
-    /// Keeps at least `slots` slots from now on: the next allocation takes that many (buffers
-    /// already holding as many are left as they are).
-    pub fn keep_slots(&mut self, slots: usize) {
+    /// Before the first write: the slots the first allocation takes (at least its rows). Written
+    /// buffers keep their slots (a prepared change sizes them).
+    pub fn set_slots(&mut self, slots: usize) {
         if self.buffers.latent.data.is_none() {
-            self.frame.slots = self.frame.slots.max(slots);
+            self.frame.slots = slots;
         }
     }
 

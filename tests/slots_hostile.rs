@@ -1,0 +1,5 @@
+#[path = "common/mod.rs"]
+mod common;
+
+#[test]
+fn stub() {}
