@@ -867,7 +867,7 @@ latent_cache_status latent_cache_extract_row(const latent_cache *cache,
 // left padding no kept row needs.
 //
 // A request leaving keeps its slot for the next row to join (`latent_cache_merge_rows`), so
-// `latent_cache_bytes_in_use` does not shrink. Only kept rows that change slots are copied:
+// the buffers' bytes (what `latent_cache_set_bytes_in_use` counts) do not shrink. Only kept rows that change slots are copied:
 // rows leaving from the front or the back (`{1, 2, ..., n-1}`, `{0, 1, ..., n-2}`), and
 // dropping the padding the longest row needed, copy nothing; `{last, 1, 2, ...}` when row 0
 // leaves copies the last row; a middle row leaving with the order kept copies the smaller side
@@ -884,7 +884,7 @@ latent_cache_status latent_cache_filter_rows(latent_cache *cache,
 // Makes room for `rows` rows now, so that requests joining the batch up to that many rows
 // (`latent_cache_merge_rows` into this cache) are written into free slots and copy nothing
 // else. On a cache holding rows the memory is allocated (and the rows copied once) during the
-// call: every slot takes as many positions as a row (`latent_cache_bytes_in_use` counts
+// call: every slot takes as many positions as a row (`latent_cache_set_bytes_in_use` counts
 // them). On an empty cache the first allocation takes that many slots. Never shrinks (see
 // `latent_cache_shrink_rows`); `latent_cache_reset` forgets it.
 //
@@ -894,7 +894,8 @@ latent_cache_status latent_cache_reserve_rows(latent_cache *cache, size_t rows);
 
 // Releases the slots no row holds (the slots of rows that left, or reserved ones): the rows are
 // copied once into buffers of exactly their count of slots, keeping every stored position and
-// the room for positions, so `latent_cache_bytes_in_use` and MLX's active memory shrink. A
+// the room for positions, so the buffers' bytes (`latent_cache_set_bytes_in_use`) and MLX's
+// active memory shrink. A
 // later join takes a new slot by rebuilding the batch (or reserve rows again). On an empty
 // cache it forgets a `latent_cache_reserve_rows`. Rounds, prefills and rows are unchanged.
 //
@@ -1186,7 +1187,8 @@ latent_cache_status latent_cache_set_extract_row(const latent_cache_set *set,
                                                  size_t row,
                                                  latent_cache_set **out);
 
-// `*out` = the bytes every layer's buffers hold now (capacity included, not only valid state).
+// `*out` = the bytes every layer's buffers hold now (capacity and free slots included, not only
+// valid state).
 // Returns `OK`, or `NULL_ARGUMENT` when set or out is NULL (nothing is written).
 latent_cache_status latent_cache_set_bytes_in_use(const latent_cache_set *set, size_t *out);
 

@@ -362,7 +362,8 @@ pub unsafe extern "C" fn latent_cache_set_extract_row(
     }
 }
 
-/// `*out` = the bytes every layer's buffers hold now (capacity included, not only valid state).
+/// `*out` = the bytes every layer's buffers hold now (capacity and free slots included, not only
+/// valid state).
 /// Returns `OK`, or `NULL_ARGUMENT` when set or out is NULL (nothing is written).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_bytes_in_use(set: *const latent_cache_set, out: *mut usize) -> latent_cache_status {
