@@ -895,9 +895,9 @@ latent_cache_status latent_cache_reserve_rows(latent_cache *cache, size_t rows);
 // Releases the slots no row holds (the slots of rows that left, or reserved ones): the rows are
 // copied once into buffers of exactly their count of slots, keeping every stored position and
 // the room for positions, so the buffers' bytes (`latent_cache_set_bytes_in_use`) and MLX's
-// active memory shrink. A
-// later join takes a new slot by rebuilding the batch (or reserve rows again). On an empty
-// cache it forgets a `latent_cache_reserve_rows`. Rounds, prefills and rows are unchanged.
+// active memory shrink. A later join takes a new slot by rebuilding the batch (or reserve rows
+// again). On an empty cache it forgets a `latent_cache_reserve_rows`. Rounds, prefills and rows
+// are unchanged.
 //
 // Returns `OK`, `NULL_ARGUMENT`, `CAPACITY` (the copy needs more memory than MLX's memory limit
 // leaves), `BACKEND`. On failure nothing changed.
