@@ -18,7 +18,10 @@ impl LatentCache {
     /// Applies a prepared change.
     pub fn apply(&mut self, change: Change) {
         if let Some(base) = change.rebase {
+            // The rows' own buffers go; the slots reserved for the batch stay (`reserve_rows`).
+            let slots = self.storage.slots();
             self.storage.clear();
+            self.storage.set_slots(slots);
             self.base = base;
         }
         if let Some(pending) = change.pending {

@@ -1,5 +1,0 @@
-#[path = "common/mod.rs"]
-mod common;
-
-#[test]
-fn stub() {}
