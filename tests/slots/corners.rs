@@ -55,18 +55,7 @@ fn joins_with_free_slots_only_before_the_rows() {
             let g = geometry([8, 4, 6], layout);
             let what = format!("{layout:?} longer {longer}");
             let mut rng = Rng::new(3);
-            let reqs: Vec<(LatentCache, Model)> = [20usize, 7, 13, 4, 9]
-                .iter()
-                .map(|&n| {
-                    let mut c = LatentCache::new(g).unwrap();
-                    let mut m = model_of(&g);
-                    append(&mut rng, &mut c, &mut m, 1, n);
-                    (c, m)
-                })
-                .collect();
-            let mut cache = LatentCache::new(g).unwrap();
-            cache.merge_rows(&reqs.iter().map(|r| &r.0).collect::<Vec<_>>()).unwrap();
-            let mut model = Model::merge(&reqs.iter().map(|r| &r.1).collect::<Vec<_>>());
+            let (mut cache, mut model) = batch_of(g, &mut rng, &[20, 7, 13, 4, 9], 0);
             // Rows 0 and 1 leave from the front: slots 0 and 1 free, the rows in slots 2..5.
             cache.filter_rows(&[2, 3, 4]).unwrap();
             model.filter(&[2, 3, 4]);
@@ -142,18 +131,7 @@ fn max_tokens_with_start_moved() {
         let g = Geometry { max_tokens: 64, ..geometry([8, 4, 6], layout) };
         let what = format!("{layout:?}");
         let mut rng = Rng::new(8);
-        let reqs: Vec<(LatentCache, Model)> = [50usize, 10, 20]
-            .iter()
-            .map(|&n| {
-                let mut c = LatentCache::new(g).unwrap();
-                let mut m = model_of(&g);
-                append(&mut rng, &mut c, &mut m, 1, n);
-                (c, m)
-            })
-            .collect();
-        let mut cache = LatentCache::new(g).unwrap();
-        cache.merge_rows(&reqs.iter().map(|r| &r.0).collect::<Vec<_>>()).unwrap();
-        let mut model = Model::merge(&reqs.iter().map(|r| &r.1).collect::<Vec<_>>());
+        let (mut cache, mut model) = batch_of(g, &mut rng, &[50, 10, 20], 0);
         cache.filter_rows(&[1, 2]).unwrap();
         model.filter(&[1, 2]);
         assert_matches(&cache, &model, &format!("{what}: the longest left"));

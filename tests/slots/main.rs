@@ -178,7 +178,19 @@ fn filter_shape(rng: &mut Rng, n: usize) -> (Vec<usize>, &'static str) {
 /// A running batch whose rows left from the front (`first > 0`) and dropped padding
 /// (`start > 0`), with a free slot.
 fn moved_batch(g: Geometry, rng: &mut Rng) -> (LatentCache, Model) {
-    let reqs: Vec<(LatentCache, Model)> = [40usize, 5, 12, 9]
+    let (mut cache, mut model) = batch_of(g, rng, &[40, 5, 12, 9], 5);
+    // The longest (row 0) leaves from the front: first moves on, start drops its padding.
+    cache.filter_rows(&[1, 2, 3]).unwrap();
+    model.filter(&[1, 2, 3]);
+    append(rng, &mut cache, &mut model, 3, 2);
+    assert_matches(&cache, &model, "moved batch");
+    (cache, model)
+}
+
+/// One-row requests of the given lengths, merged in order into a batch of `slots` reserved
+/// slots (0: as many as rows), with its model.
+fn batch_of(g: Geometry, rng: &mut Rng, lengths: &[usize], slots: usize) -> (LatentCache, Model) {
+    let reqs: Vec<(LatentCache, Model)> = lengths
         .iter()
         .map(|&n| {
             let mut c = LatentCache::new(g).unwrap();
@@ -188,13 +200,7 @@ fn moved_batch(g: Geometry, rng: &mut Rng) -> (LatentCache, Model) {
         })
         .collect();
     let mut cache = LatentCache::new(g).unwrap();
-    cache.reserve_rows(5).unwrap();
+    cache.reserve_rows(slots).unwrap();
     cache.merge_rows(&reqs.iter().map(|r| &r.0).collect::<Vec<_>>()).unwrap();
-    let mut model = Model::merge(&reqs.iter().map(|r| &r.1).collect::<Vec<_>>());
-    // The longest (row 0) leaves from the front: first moves on, start drops its padding.
-    cache.filter_rows(&[1, 2, 3]).unwrap();
-    model.filter(&[1, 2, 3]);
-    append(rng, &mut cache, &mut model, 3, 2);
-    assert_matches(&cache, &model, "moved batch");
-    (cache, model)
+    (cache, Model::merge(&reqs.iter().map(|r| &r.1).collect::<Vec<_>>()))
 }
