@@ -17,9 +17,11 @@ use crate::core::LatentCache;
 /// - A destination holding rows (a request joining a running batch) keeps its rows where they
 ///   are and writes the joining rows into free slots: the slots of rows that left
 ///   (`latent_cache_filter_rows`) or that `latent_cache_reserve_rows` made. The cost is the
-///   joining rows' positions. Without enough free slots, where the rows already there would
-///   have to shift unevenly (the ragged layout after a padded prefill), or with composed
-///   storage, the batch is rebuilt once (every row copied).
+///   joining rows' positions. The batch is rebuilt once (every row copied) without enough free
+///   slots; where the rows already there would have to shift unevenly (the ragged layout after
+///   a padded prefill); in the right-justified layout, for a joining row longer than the rows
+///   there, unless rows left padding behind (the window's first position then moves back
+///   instead); and with composed storage. The ragged layout never shifts the rows there.
 ///
 /// Returns `OK`; `NULL_ARGUMENT` (a NULL or dead handle, `sources` NULL); `INVALID_ARGUMENT`
 /// (zero sources, a geometry mismatch, the destination among the sources, another shared
