@@ -79,10 +79,11 @@ impl LatentCache {
         let shift: Vec<isize> = (0..batch).map(|b| self.left_pad()[b] as isize - layout.left_pad()[b] as isize).collect();
         let piece = |dest_row: usize, r: &SourceRow<'a>| landing(&layout, dest_row, *r);
         let frame = self.storage.frame();
-        let start = frame.start as isize + shift[0];
+        let common = shift.first().copied().unwrap_or(0);
+        let start = frame.start as isize + common;
         let in_place = self.hot.is_none()
             && !self.storage.is_empty()
-            && shift.iter().all(|&s| s == shift[0])
+            && shift.iter().all(|&s| s == common)
             && start >= 0
             && start as usize + layout.offset() <= frame.capacity
             && all.len() <= frame.slots;
