@@ -844,7 +844,8 @@ latent_cache_status latent_cache_prefill_end(latent_cache *cache);
 //   slots; where the rows already there would have to shift unevenly (the ragged layout after
 //   a padded prefill); in the right-justified layout, for a joining row longer than the rows
 //   there, unless rows left padding behind (the window's first position then moves back
-//   instead); and with composed storage. The ragged layout never shifts the rows there.
+//   instead). The ragged layout never shifts the rows there. With composed storage the hot
+//   side (each row's newest positions, about a window) is rebuilt for every row.
 //
 // Returns `OK`; `NULL_ARGUMENT` (a NULL or dead handle, `sources` NULL); `INVALID_ARGUMENT`
 // (zero sources, a geometry mismatch, the destination among the sources, another shared
@@ -869,12 +870,13 @@ latent_cache_status latent_cache_extract_row(const latent_cache *cache,
 // left padding no kept row needs.
 //
 // A request leaving keeps its slot for the next row to join (`latent_cache_merge_rows`), so
-// the buffers' bytes (what `latent_cache_set_bytes_in_use` counts) do not shrink. Only kept rows that change slots are copied:
-// rows leaving from the front or the back (`{1, 2, ..., n-1}`, `{0, 1, ..., n-2}`), and
-// dropping the padding the longest row needed, copy nothing; `{last, 1, 2, ...}` when row 0
-// leaves copies the last row; a middle row leaving with the order kept copies the smaller side
-// of it. Rows whose padding differs otherwise (the ragged layout after a padded prefill), or
-// composed storage, are rebuilt (every kept row copied).
+// the buffers' bytes (what `latent_cache_set_bytes_in_use` counts) do not shrink. Only kept
+// rows that change slots are copied: rows leaving from the front or the back
+// (`{1, 2, ..., n-1}`, `{0, 1, ..., n-2}`), and dropping the padding the longest row needed,
+// copy nothing; `{last, 1, 2, ...}` when row 0 leaves copies the last row; a middle row
+// leaving with the order kept copies the smaller side of it. Rows whose padding differs
+// otherwise (the ragged layout after a padded prefill) are rebuilt (every kept row copied).
+// With composed storage the hot side (about a window per row) is rebuilt for every kept row.
 //
 // Returns `OK`; `NULL_ARGUMENT`; `INVALID_ARGUMENT` (empty list, a row listed twice);
 // `OUT_OF_RANGE` (a row >= batch size); `INVALID_STATE` (inside a round); `CAPACITY`;

@@ -8,7 +8,7 @@
 use latent_cache::core::mlx::eval::eval;
 use latent_cache::core::mlx::memory;
 use latent_cache::core::mlx::ops;
-use latent_cache::{Family, Geometry, LatentCache, LayoutKind};
+use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 
 const WIDTHS: [usize; 2] = [512, 64];
 const ROW: usize = 4096;
@@ -56,11 +56,17 @@ fn check(cache: &LatentCache, seeds: &[f32], lengths: &[usize], what: &str) {
     }
 }
 
-fn run(layout: LayoutKind) {
-    let g = Geometry { kv_lora_rank: WIDTHS[0], rope_head_dim: WIDTHS[1], layout, ..Geometry::default() };
+fn run(g: Geometry) {
+    let layout = g.layout;
     let row_bytes = ROW * g.bytes_per_token();
-    let slack = row_bytes / 4;
-    let what = format!("{layout:?}");
+    // Composed storage rebuilds its hot rows (about a window and a growth step each, float32)
+    // at every join and leave: up to 4 rows of that on top.
+    let hot_rows = match g.hot_window {
+        0 => 0,
+        window => 4 * (window + 64 + 256) * (WIDTHS[0] + WIDTHS[1]) * 4,
+    };
+    let slack = row_bytes / 4 + hot_rows;
+    let what = format!("{layout:?}{}", if g.hot_window > 0 { " composed" } else { "" });
     // A running batch of three requests (the last the longest), with room for four rows.
     let (a, b, c) = (request(g, ROW / 2, 1.0), request(g, ROW / 4, 2.0), request(g, ROW, 3.0));
     let mut batch = LatentCache::new(g).unwrap();
@@ -80,7 +86,7 @@ fn run(layout: LayoutKind) {
     });
     assert!(peak <= row_bytes / 2 + slack, "{what}: a join allocated {peak} bytes for a {}-byte row", row_bytes / 2);
     assert!(kept <= slack as isize, "{what}: a join kept {kept} bytes");
-    assert_eq!(batch.bytes_in_use(), held, "{what}: the join took the free slot");
+    assert!(batch.bytes_in_use().abs_diff(held) <= hot_rows, "{what}: the join took the free slot");
     check(&batch, &[1.0, 2.0, 3.0, 4.0], &[ROW / 2, ROW / 4, ROW, ROW / 2], &what);
 
     // The first request leaves; the last one takes its slot: one row's positions move.
@@ -115,13 +121,13 @@ fn run(layout: LayoutKind) {
     let moved = (ROW / 4 + ROW + 16) * g.bytes_per_token();
     assert!(peak <= moved + slack, "{what}: a join moving the rows back allocated {peak} bytes ({moved} moved)");
     check(&batch, &[2.0, 3.0, 7.0, 7.0], &[ROW / 4, ROW, 8, 8], &what);
-    assert_eq!(batch.bytes_in_use(), held, "{what}: the rows moved within their slots");
+    assert!(batch.bytes_in_use().abs_diff(held) <= hot_rows, "{what}: the rows moved within their slots");
 
     // The two leave from the back, then the longest: nothing moves.
     nothing_moves(&mut batch, &[0, 1]);
     nothing_moves(&mut batch, &[0]);
     check(&batch, &[2.0], &[ROW / 4], &what);
-    assert_eq!(batch.bytes_in_use(), held, "{what}: leaving rows keep their slots");
+    assert!(batch.bytes_in_use().abs_diff(held) <= hot_rows, "{what}: leaving rows keep their slots");
 
     // Two requests join the freed slots, one longer than the rows there (right-justified, they
     // shift right alike: position 0 moves back over the padding dropped before), and the batch
@@ -132,7 +138,7 @@ fn run(layout: LayoutKind) {
         batch.eval().unwrap();
     });
     assert!(peak <= row_bytes + slack, "{what}: a join of {} positions allocated {peak} bytes", ROW + 8);
-    assert_eq!(batch.bytes_in_use(), held, "{what}: the joins took free slots");
+    assert!(batch.bytes_in_use().abs_diff(held) <= hot_rows, "{what}: the joins took free slots");
     check(&batch, &[2.0, 5.0, 6.0], &[ROW / 4, ROW, 8], &what);
     for _ in 0..3 {
         let latent = ops::from_host(&vec![7.0; 3 * WIDTHS[0]], &[3, 1, WIDTHS[0]], "latent").unwrap();
@@ -163,8 +169,9 @@ fn run(layout: LayoutKind) {
         batch.shrink_rows().unwrap();
         batch.eval().unwrap();
     });
-    assert_eq!(batch.bytes_in_use(), slot_bytes, "{what}: one slot left");
-    assert!(kept <= -(3 * slot_bytes as isize), "{what}: shrinking 5 slots to 1 released only {} bytes", -kept);
+    assert!(batch.bytes_in_use().abs_diff(slot_bytes) <= hot_rows, "{what}: one slot left");
+    let released = -kept + hot_rows as isize;
+    assert!(released >= 3 * slot_bytes as isize, "{what}: shrinking 5 slots to 1 released only {} bytes", -kept);
     assert_eq!(batch.row_offsets(), vec![ROW + 3], "{what}: the row left after shrinking");
     let row = batch.read_row(Family::Latent, 0).unwrap();
     let (old, new) = row.split_at(ROW * WIDTHS[0]);
@@ -173,6 +180,12 @@ fn run(layout: LayoutKind) {
 
 #[test]
 fn rows_join_and_leave_at_the_cost_of_their_own_positions() {
-    run(LayoutKind::RightJustified);
-    run(LayoutKind::Ragged);
+    for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
+        let g = Geometry { kv_lora_rank: WIDTHS[0], rope_head_dim: WIDTHS[1], layout, ..Geometry::default() };
+        run(g);
+        // Composed: bfloat16 history under a float32 hot window, whose rows (about a window
+        // each) are rebuilt by every join and leave; the history is not.
+        let bf16 = StorageMode::Bf16;
+        run(Geometry { latent_storage: bf16, rope_storage: bf16, hot_window: 64, hot_storage: StorageMode::F32, ..g });
+    }
 }

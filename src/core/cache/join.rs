@@ -1,9 +1,9 @@
 //! Rows joining a batch that holds rows (`merge_rows` into a non-empty cache), room for them
 //! (`reserve_rows`) and its release (`shrink_rows`). A joining row is written into a free slot
 //! of the buffers, which the rows already there share: the join costs the joining rows'
-//! positions, and the rows that stay are not touched. Where the buffers have no free slot, the
-//! rows already there would have to move unevenly, or a composed hot side follows each row, the
-//! batch is rebuilt once (every row copied).
+//! positions, and the rows that stay are not touched (composed storage's hot side, about a
+//! window per row, is rebuilt). Where the buffers have no free slot or the rows already there
+//! would have to move unevenly, the batch is rebuilt once (every row copied).
 use super::rows::same_prefix;
 use super::{Change, LatentCache, RowMove};
 use crate::core::error::{fail, Result};
@@ -81,13 +81,17 @@ impl LatentCache {
         let frame = self.storage.frame();
         let common = shift.first().copied().unwrap_or(0);
         let start = frame.start as isize + common;
-        let in_place = self.hot.is_none()
-            && !self.storage.is_empty()
+        let in_place = !self.storage.is_empty()
             && shift.iter().all(|&s| s == common)
             && start >= 0
             && start as usize + layout.offset() <= frame.capacity
             && all.len() <= frame.slots;
+        // The rows already here first, then the joining ones.
+        let own = (0..batch).map(|b| (self, b, self.left_pad()[b], self.layout.row_ends()[b]));
+        let rows: Vec<SourceRow<'_>> = own.chain(joining.iter().copied()).collect();
         if in_place {
+            // Composed storage's hot side (about a window per row) is rebuilt for every row.
+            let hot = self.prepare_hot_of(&rows, &layout, &all)?;
             let mut pieces: Vec<RowPiece<'_>> = joining.iter().enumerate().map(|(k, r)| piece(batch + k, r)).collect();
             // Free slots after the rows, or (rows having left from the front) the rows moved
             // back to slot 0 first, at their positions: O(their positions), once per as many
@@ -101,11 +105,8 @@ impl LatentCache {
                 }
             };
             let pending = self.storage.prepare_move(&pieces, all.len(), (first, start as usize))?;
-            return Ok(Change { pending: Some(pending), moves_rows: true, ..self.relabel(layout) });
+            return Ok(Change { pending: Some(pending), hot, moves_rows: true, ..self.relabel(layout) });
         }
-        // Rebuilt: the rows already here first, then the joining ones.
-        let own = (0..batch).map(|b| (self, b, self.left_pad()[b], self.layout.row_ends()[b]));
-        let rows: Vec<SourceRow<'_>> = own.chain(joining.iter().copied()).collect();
         let (layout, pending, hot) = self.prepare_rebuild(&rows, &all)?;
         Ok(Change { pending: Some(pending), hot, moves_rows: true, ..self.relabel(layout) })
     }
@@ -126,26 +127,29 @@ impl LatentCache {
             capacity = capacity.min(self.own_max_tokens()).max(layout.offset());
         }
         let pieces: Vec<RowPiece<'_>> = rows.iter().enumerate().map(|(b, &r)| landing(&layout, b, r)).collect();
+        let hot = self.prepare_hot_of(rows, &layout, lengths)?;
+        let pending = self.storage.prepare_assemble(rows.len(), self.storage.slots(), capacity, &pieces)?;
+        Ok((layout, pending, hot))
+    }
+
+    /// Composed storage's hot side rebuilt for `rows` (each `(source, row, lo, hi)` of
+    /// `lengths[b]` positions) landing as rows of `layout`: each row keeps its boundary within
+    /// the positions it brings. `None` when the cache is not composed.
+    fn prepare_hot_of(&self, rows: &[SourceRow<'_>], layout: &RowLayout, lengths: &[usize]) -> Result<Option<HotChange>> {
+        if self.hot.is_none() {
+            return Ok(None);
+        }
         let moves: Vec<RowMove<'_>> = rows
             .iter()
-            .zip(&pieces)
-            .map(|(&(source, ..), p)| RowMove {
-                source,
-                row: p.row,
-                lo: p.lo,
-                hi: p.hi,
-                dest_row: p.dest_row,
-                dest_lo: p.dest_lo,
-            })
+            .enumerate()
+            .map(|(b, &(source, row, lo, hi))| RowMove { source, row, lo, hi, dest_row: b, dest_lo: layout.left_pad()[b] })
             .collect();
         let converted = rows
             .iter()
             .zip(lengths)
             .map(|(&(source, row, ..), &len)| source.converted_positions().get(row).copied().unwrap_or(0).min(len))
             .collect();
-        let hot = self.prepare_hot_rows(&moves, &layout, converted, false)?;
-        let pending = self.storage.prepare_assemble(rows.len(), self.storage.slots(), capacity, &pieces)?;
-        Ok((layout, pending, hot))
+        self.prepare_hot_rows(&moves, layout, converted, false)
     }
 
     /// Makes room for `rows` rows now, so rows joining the batch up to that count are written

@@ -130,18 +130,16 @@ impl LatentCache {
                 RowPiece { source: &self.storage, row: plan.rows[b], lo: at(lo), hi: at(hi), dest_row: b, dest_lo: lo }
             })
             .collect();
-        if let Some(change) = self.prepare_slots_in_place(plan, &pieces)? {
-            return Ok(change);
-        }
-        let same_rows = plan.rows.iter().enumerate().all(|(b, &row)| b == row) && plan.rows.len() == self.batch_size();
-        let in_place = same_rows && new.offset() <= self.storage.capacity();
         let moves: Vec<RowMove<'_>> = pieces
             .iter()
             .map(|p| RowMove { source: self, row: p.row, lo: p.lo, hi: p.hi, dest_row: p.dest_row, dest_lo: p.dest_lo })
             .collect();
-        let converted = self.converted_positions();
-        let converted = plan.rows.iter().map(|&r| converted.get(r).copied().unwrap_or(0)).collect();
-        let hot = self.prepare_hot_rows(&moves, new, converted, in_place)?;
+        if let Some(change) = self.prepare_slots_in_place(plan, &pieces, &moves)? {
+            return Ok(change);
+        }
+        let same_rows = plan.rows.iter().enumerate().all(|(b, &row)| b == row) && plan.rows.len() == self.batch_size();
+        let in_place = same_rows && new.offset() <= self.storage.capacity();
+        let hot = self.prepare_hot_rows(&moves, new, self.kept_converted(&plan.rows), in_place)?;
         let pending = if in_place {
             // A rollback: only the rows that shift move, in place, and only their positions.
             let moving: Vec<RowPiece<'_>> = pieces.into_iter().filter(|p| p.lo != p.dest_lo && p.hi > p.lo).collect();
@@ -168,12 +166,12 @@ impl LatentCache {
     /// or the back, or a row leaving with the order kept, move whichever side of it is smaller),
     /// and only rows that change slots are written, at the same positions of their new slot.
     /// The other rows' positions are not touched, and a dropped row's slot stays for a row to
-    /// join. `None` where rows shift by different counts, or the cache is composed (its hot side
-    /// follows each row and is rebuilt).
-    fn prepare_slots_in_place(&self, plan: &Relayout, pieces: &[RowPiece<'_>]) -> Result<Option<Change>> {
+    /// join. Composed storage's hot side (each row's newest positions, about a window's worth) is
+    /// rebuilt from `moves`. `None` where rows shift by different counts.
+    fn prepare_slots_in_place(&self, plan: &Relayout, pieces: &[RowPiece<'_>], moves: &[RowMove<'_>]) -> Result<Option<Change>> {
         let shift = plan.shift.first().copied().unwrap_or(0);
         let uniform = shift >= 0 && plan.shift.iter().all(|&s| s == shift);
-        if !uniform || self.hot.is_some() || self.storage.is_empty() {
+        if !uniform || self.storage.is_empty() {
             return Ok(None);
         }
         let frame = self.storage.frame();
@@ -186,10 +184,17 @@ impl LatentCache {
         let d = candidates.filter(|&d| fits(d)).min_by_key(|&d| cost(d)).unwrap_or(0);
         let moving: Vec<RowPiece<'_>> = moved(d).filter(|p| p.hi > p.lo).copied().collect();
         let at = ((frame.first as isize + d) as usize, frame.start + shift as usize);
+        let hot = self.prepare_hot_rows(moves, &plan.layout, self.kept_converted(&plan.rows), false)?;
         let pending = self.storage.prepare_move(&moving, rows, at)?;
         let mut layout = plan.layout.clone();
         layout.finish_rollback();
-        Ok(Some(Change { pending: Some(pending), ..self.relabel(layout) }))
+        Ok(Some(Change { pending: Some(pending), hot, ..self.relabel(layout) }))
+    }
+
+    /// The compact positions of rows `rows` (in that order), as a row rebuild keeps them.
+    fn kept_converted(&self, rows: &[usize]) -> Vec<usize> {
+        let converted = self.converted_positions();
+        rows.iter().map(|&r| converted.get(r).copied().unwrap_or(0)).collect()
     }
 
     /// Keeps rows `rows` in that order and drops the padding no kept row needs.
