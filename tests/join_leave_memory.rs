@@ -30,9 +30,9 @@ fn request(g: Geometry, n: usize, seed: f32) -> LatentCache {
 }
 
 fn settle() -> usize {
-    memory::clear_cache().unwrap();
+    let active = released();
     memory::reset_peak().unwrap();
-    memory::info().active
+    active
 }
 
 /// What one call allocated while it ran (peak above the start) and kept (active after).
@@ -40,9 +40,26 @@ fn measure(f: impl FnOnce()) -> (usize, isize) {
     let before = settle();
     f();
     let info = memory::info();
-    memory::clear_cache().unwrap();
-    let after = memory::info().active;
-    (info.peak.saturating_sub(before), after as isize - before as isize)
+    (info.peak.saturating_sub(before), released() as isize - before as isize)
+}
+
+/// MLX's active memory once the buffers the last call dropped are released: on CUDA a buffer
+/// a finished kernel used is released by the stream's completion, after the evaluation returns,
+/// so the count is read once the device is idle and it has stopped moving.
+fn released() -> usize {
+    // SAFETY: waits for the default stream; no arguments.
+    unsafe { mlx_sys::mlx_synchronize_default() };
+    let mut last = usize::MAX;
+    for _ in 0..100 {
+        memory::clear_cache().unwrap();
+        let now = memory::info().active;
+        if now == last {
+            return now;
+        }
+        last = now;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    last
 }
 
 /// Every row's values equal its request's seed, and the rows' lengths are `lengths`.
