@@ -56,9 +56,10 @@ impl LatentCache {
     /// The sources' rows joining this cache's rows (`merge_rows` into a cache holding rows), as
     /// a change. The layout is the one a merge of this cache and the sources would make. In
     /// place when the rows already here keep their positions relative to each other (they all
-    /// shift by one count, which moves position 0), the buffers have a free slot for every
-    /// joining row and room for the new window, and the cache is not composed: then only the
-    /// joining rows' positions are written. Otherwise every row is copied into new buffers.
+    /// shift by one count, which moves position 0), and the buffers have a free slot for every
+    /// joining row and room for the new window: then only the joining rows' positions are
+    /// written (and composed storage's hot side rebuilt). Otherwise every row is copied into new
+    /// buffers.
     pub fn prepare_join<'a>(&'a self, sources: &[&'a LatentCache]) -> Result<Change> {
         if let Some(i) = sources.iter().position(|s| !same_prefix(&s.base, &self.base)) {
             return fail!(
@@ -70,11 +71,8 @@ impl LatentCache {
         let batch = self.batch_size();
         let mut all = self.layout.row_offsets();
         all.extend(&lengths);
+        // `source_rows` checked the joining rows against max_tokens; the rows here fit already.
         let layout = RowLayout::rebuilt(self.layout.kind(), &all);
-        let longest = all.iter().copied().max().unwrap_or(0) + self.shared_positions();
-        if self.geometry.max_tokens != 0 && longest > self.geometry.max_tokens {
-            return fail!(Capacity, "a merged row of {longest} positions exceeds max_tokens ({})", self.geometry.max_tokens);
-        }
         // Row b's old position j + shift[b] is its new position j.
         let shift: Vec<isize> = (0..batch).map(|b| self.left_pad()[b] as isize - layout.left_pad()[b] as isize).collect();
         let piece = |dest_row: usize, r: &SourceRow<'a>| landing(&layout, dest_row, *r);
@@ -99,8 +97,7 @@ impl LatentCache {
             let first = match frame.first + all.len() <= frame.slots {
                 true => frame.first,
                 false => {
-                    let own = (0..batch).map(|b| (self, b, self.left_pad()[b], self.layout.row_ends()[b]));
-                    pieces.extend(own.enumerate().map(|(b, r)| piece(b, &r)));
+                    pieces.extend(rows[..batch].iter().enumerate().map(|(b, r)| piece(b, r)));
                     0
                 }
             };
@@ -155,7 +152,8 @@ impl LatentCache {
     /// Makes room for `rows` rows now, so rows joining the batch up to that count are written
     /// into free slots and copy nothing else (`merge_rows` into a cache holding rows). On a
     /// cache holding rows the buffers are allocated during the call (the rows copied once); on
-    /// an empty cache the first allocation takes that many. Never shrinks; `reset` forgets it.
+    /// an empty cache the first allocation takes that many. Never shrinks (`shrink_rows` does);
+    /// `reset` forgets it.
     pub fn reserve_rows(&mut self, rows: usize) -> Result<()> {
         let change = self.prepare_reserve_rows(rows)?;
         self.apply(change);

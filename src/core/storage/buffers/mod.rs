@@ -1,8 +1,8 @@
 //! The stored state: per family, one capacity buffer `[slots, capacity, part_width]` per part of
 //! its storage mode (one for the float modes; codes and scales, with biases for the affine
 //! ones, for the packed modes, see `codec`), written by in-place slice updates and read through
-//! views `[first:first + rows, start:start + offset]`. The frame (rows, slots, capacity, start) is shared by
-//! every family and lives here once. Growth is geometric (or to a reservation), so an append
+//! views `[first:first + rows, start:start + offset]`. The frame (rows, slots, capacity, first,
+//! start) is shared by every family and lives here once. Growth is geometric (or to a reservation), so an append
 //! costs O(new positions) amortized, never O(history); only the new positions are encoded.
 //!
 //! Slots beyond `rows` are rows a batch had or reserved: a row leaving the batch keeps its slot
@@ -54,11 +54,6 @@ struct Buffer {
     lazy_writes: usize,
 }
 
-/// Physical positions `[lo, hi)` of slots `[row_lo, row_hi)` of every part: views, no copy.
-fn window(data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: usize) -> Result<Parts> {
-    data.iter().zip(parts).map(|(d, p)| ops::slice(d, &[rows.0, lo, 0], &[rows.1, hi, p.width])).collect()
-}
-
 /// The shape of the buffers and what of them holds rows: `rows` live rows in consecutive slots
 /// from slot `first`, of `slots`, each `capacity` positions of which the first `start` precede
 /// position 0.
@@ -82,9 +77,12 @@ impl Frame {
         self.capacity - self.start
     }
 
-    /// Positions `[lo, hi)` (from position 0) of rows `[row_lo, row_hi)` of every part.
+    /// Positions `[lo, hi)` (from position 0) of rows `[row_lo, row_hi)` of every part: views,
+    /// no copy.
     fn window(&self, data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: usize) -> Result<Parts> {
-        window(data, parts, (self.first + rows.0, self.first + rows.1), self.start + lo, self.start + hi)
+        let (first, start) = (self.first, self.start);
+        let slice = |d: &Array, p: &Part| ops::slice(d, &[first + rows.0, start + lo, 0], &[first + rows.1, start + hi, p.width]);
+        data.iter().zip(parts).map(|(d, p)| slice(d, p)).collect()
     }
 }
 

@@ -1,6 +1,7 @@
-//! Reading storage: views of the stored parts `[:rows, :offset]` (from position 0) as they are, values (a view for
-//! the float modes, a lazy decode for the packed ones) of the committed state or of a prepared
-//! one, and one row's positions copied to the host.
+//! Reading storage: views of the stored parts `[:rows, :offset]` (counted from the frame's first
+//! slot and position 0) as they are, values (a view for the float modes, a lazy decode for the
+//! packed ones) of the committed state or of a prepared one, and one row's positions copied to
+//! the host.
 use mlx_rs::Array;
 
 use super::{Parts, Pending, Storage};
