@@ -1,4 +1,4 @@
-//! `latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention | --model-step] [--points BxT,...] [--no-concat] [--c-first] [--out FILE]`:
+//! `latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention | --model-step] [--points BxT,...] [--no-concat] [--c-first] [--no-earlier] [--out FILE]`:
 //! decode steps, speculative rounds and chunked prefill for this library (Rust API, C ABI) and
 //! the seed's concatenate strategy, on a GLM-5.2-shaped model, in one process. Writes one JSON
 //! record per (system, scenario, batch, context) to FILE (default target/bench/rust.json).
@@ -8,6 +8,7 @@
 //!   64K stored positions, and the Rust API and C ABI always stepped side by side.
 //! - `--points 1x16384,8x1024`: replaces the (batch x context) points.
 //! - `--no-concat`: skips the seed strategy (its O(history) copies dominate a run's time).
+//! - `--no-earlier`: with `--model-step` on a GPU, skips the labelled earlier-path variant.
 //! - `--c-first`: steps the C ABI before the Rust API in each side-by-side pair, to show that
 //!   the order does not decide their ratio.
 //! - `--modes`: the storage modes instead (see `modes.rs`): decode and uniform rounds per mode
@@ -318,7 +319,7 @@ struct Maker {
 }
 
 /// Flags the driver takes, and whether each is followed by a value.
-const FLAGS: [(&str, bool); 14] = [
+const FLAGS: [(&str, bool); 15] = [
     ("--quick", false),
     ("--gpu", false),
     ("--modes", false),
@@ -330,6 +331,7 @@ const FLAGS: [(&str, bool); 14] = [
     ("--shared-prefix", false),
     ("--no-concat", false),
     ("--c-first", false),
+    ("--no-earlier", false),
     ("--points", true),
     ("--out", true),
     ("--only", true),
@@ -338,7 +340,7 @@ const FLAGS: [(&str, bool); 14] = [
 const USAGE: &str =
     "usage: latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention [--only NAME]
                           | --model-step | --shared-prefix]
-                          [--points BxT,...] [--no-concat] [--c-first] [--out FILE]
+                          [--points BxT,...] [--no-concat] [--c-first] [--no-earlier] [--out FILE]
 (see the top of bench/src/main.rs for what each flag does)";
 
 /// Refuses what the driver does not know before anything runs: an unknown flag, a flag without
@@ -413,7 +415,8 @@ fn main() {
             false => modes::MODE_SETS[..2].iter().collect(),
         };
         for set in sets.into_iter().filter(chosen) {
-            out.extend(model_step::run(set, &points, cfg.quick, ops_only));
+            let earlier = !std::env::args().any(|a| a == "--no-earlier");
+            out.extend(model_step::run(set, &points, cfg.quick, ops_only, earlier));
         }
         if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
             std::fs::create_dir_all(dir).unwrap();

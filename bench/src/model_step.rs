@@ -244,7 +244,7 @@ fn pipelined(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usiz
 
 /// Records of both systems at each (batch, context) of `points`, stored as `set` says (its
 /// name less "latent-cache " is the records' `mode`: "bf16", "f32", "q8 (rope bf16)", ...).
-pub fn run(set: &ModeSet, points: &[(usize, usize)], quick: bool, ops_only: bool) -> Vec<String> {
+pub fn run(set: &ModeSet, points: &[(usize, usize)], quick: bool, ops_only: bool, earlier: bool) -> Vec<String> {
     let (warmup, samples) = if quick { (1, 3) } else { (3, 10) };
     let mode = set.name.trim_start_matches("latent-cache ");
     let dtype = if set.storage[0] == StorageMode::F32 { Dtype::Float32 } else { Dtype::Bfloat16 };
@@ -261,7 +261,7 @@ pub fn run(set: &ModeSet, points: &[(usize, usize)], quick: bool, ops_only: bool
         let selected = TOPK.min(context);
         let sparse_bytes = batch * (dsa_layers * context * per_position(2, INDEX) + GLM52_TARGET_LAYERS * selected * attended);
         let mut systems = vec![("dense", false, dense_bytes), ("sparse (DSA)", true, sparse_bytes)];
-        if cuda::launch::on_cuda() || metal::on_metal() {
+        if earlier && (cuda::launch::on_cuda() || metal::on_metal()) {
             systems.push((EARLIER_SPARSE, true, sparse_bytes));
         }
         for (system, sparse, bytes) in systems {

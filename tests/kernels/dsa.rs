@@ -335,6 +335,72 @@ fn selection_over_a_long_window_takes_the_k_largest() {
     }
 }
 
+/// `x` rounded to the nearest bfloat16 (ties to even), as a float32.
+fn bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    f32::from_bits((bits + 0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
+}
+
+/// Index scores at GLM-5.2's indexer shape (32 heads of 128 channels), over bfloat16 keys of
+/// both signs (so ReLU cuts), with queries in bfloat16 and in float32 (which the CUDA kernel
+/// multiplies as two bfloat16 parts), a window that is not a whole number of the kernel's
+/// blocks, and causal queries: each score against a float64 sum, within a bound on float32
+/// rounding of the products' magnitudes.
+#[test]
+fn index_scores_at_the_glm52_indexer_shape_match_a_float64_reference() {
+    let _counting = COUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut rng = Rng::new(95);
+    let (batch, positions, heads, width) = (2usize, 1000usize, 32usize, 128usize);
+    let mut signed = |n: usize| -> Vec<f32> { (0..n).map(|_| bf16((rng.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)).collect() };
+    let modes = [StorageMode::F32, StorageMode::F32, StorageMode::Bf16];
+    let mut cache = LatentCache::new(geometry_in([16, 16, width], modes, LayoutKind::RightJustified)).unwrap();
+    let keys = signed(batch * positions * width);
+    let n = batch * positions;
+    cache.append_host(batch, positions, &vec![0.5; n * 16], &vec![0.5; n * 16], Some(&keys)).unwrap();
+    let donor = cache.capture_donor_rows().unwrap();
+    for (queries, mode, q_dtype) in [
+        (1usize, MaskMode::None, mlx_rs::Dtype::Bfloat16),
+        (1, MaskMode::None, mlx_rs::Dtype::Float32),
+        (3, MaskMode::Causal, mlx_rs::Dtype::Float32),
+    ] {
+        let what = format!("{queries} queries, {mode:?}, {q_dtype:?} queries");
+        // Float32 queries off the bfloat16 grid, so their second part matters.
+        let q: Vec<f32> = signed(batch * heads * queries * width)
+            .iter()
+            .map(|&x| if q_dtype == mlx_rs::Dtype::Float32 { x * 1.001 } else { x })
+            .collect();
+        let w: Vec<f32> = signed(batch * queries * heads).iter().map(|x| x.abs() + 0.1).collect();
+        let q_array = ops::astype(&array(&q, &[batch, heads, queries, width]), q_dtype).unwrap();
+        let before = cuda::dsa_scores::KERNEL.launches();
+        let scores = donor.index_scores(&q_array, &array(&w, &[batch, queries, heads]), mode).unwrap();
+        let got = host(&scores);
+        assert_eq!(cuda::dsa_scores::KERNEL.launches() - before, launch::on_cuda() as usize, "{what}: the kernel on CUDA");
+        for b in 0..batch {
+            for i in 0..queries {
+                let seen = seen(positions, queries, i, mode == MaskMode::Causal);
+                let qs: Vec<&[f32]> = (0..heads).map(|h| &q[((b * heads + h) * queries + i) * width..][..width]).collect();
+                let ws = &w[(b * queries + i) * heads..][..heads];
+                let row = &keys[b * positions * width..][..positions * width];
+                let want = index_scores(row, &qs, ws, seen);
+                for t in 0..positions {
+                    let got = got[(b * queries + i) * positions + t];
+                    if t >= seen {
+                        assert_eq!(got, f32::NEG_INFINITY, "{what}: unseen position {b},{i},{t}");
+                        continue;
+                    }
+                    let magnitude: f64 = qs
+                        .iter()
+                        .zip(ws)
+                        .map(|(qh, &wh)| wh as f64 * qh.iter().zip(&row[t * width..]).map(|(a, c)| (*a as f64 * *c as f64).abs()).sum::<f64>())
+                        .sum();
+                    let bound = 1e-4 * magnitude + 1e-6;
+                    assert!((got as f64 - want[t]).abs() <= bound, "{what}: score {b},{i},{t}: {got} vs {} (bound {bound})", want[t]);
+                }
+            }
+        }
+    }
+}
+
 /// Indices are the caller's: ones outside the window read the nearest position of it (never
 /// outside the stored buffers), on every path: a decode step the kernel takes (rows spanning the
 /// window, 16-bit storage on CUDA) and padded rows (MLX's ops).

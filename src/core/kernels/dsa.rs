@@ -3,7 +3,8 @@
 //! `metal::dsa_topk`) take, judged once for both, as `decode` does for the split-K decode.
 use mlx_rs::Dtype;
 
-/// Positions an index-score block (threadgroup) scores: one a thread.
+/// Positions a Metal index-score threadgroup scores, one a thread (the CUDA kernel's blocks
+/// score more: `cuda::dsa_scores`).
 pub(crate) const SCORE_THREADS: usize = 128;
 
 /// The most index heads x width an index-score block holds as float32 queries (24 KiB: beside

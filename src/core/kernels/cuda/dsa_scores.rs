@@ -3,32 +3,60 @@
 //! keys (bfloat16 or float16) with the positions a query does not see at -inf. Written with
 //! MLX's operations the same scores take eight graph operations and a float32 copy of every
 //! stored key (`Donor::index_scores`, the fallback elsewhere and the reference the kernel is
-//! tested against in `tests/kernels/dsa.rs`); here each thread scores one position for every head in
-//! float32, the block's queries, weights and keys (staged in chunks, read along the channels) in
-//! shared memory.
+//! tested against in `tests/kernels/dsa.rs`).
+//!
+//! The products run on tensor cores (`mma.sync` m16n8k16, float32 accumulators): each warp
+//! scores 16 positions for 8 heads a product, its keys read once straight into the products'
+//! registers; the queries (as the keys' 16-bit type; queries of another dtype as two 16-bit
+//! parts, multiplied exactly) and the weights sit in shared memory. A step's scores are then
+//! bound by reading the keys: the earlier kernel, one position a thread for every head in
+//! float32 arithmetic, was bound by its arithmetic (H200, GLM-5.2's 32 heads of 128 over 128K
+//! positions: 0.128 ms, for 32 MB of keys that the GPU reads in about 0.01 ms).
 use mlx_rs::{Array, Dtype};
 
 use crate::core::error::Result;
 use crate::core::kernels::cuda::launch;
 use crate::core::kernels::cuda::launch::{apply, kernel};
-use crate::core::kernels::dsa::{scores_fit, SCORE_THREADS};
+use crate::core::kernels::dsa::scores_fit;
 use crate::core::kernels::launch::{Launch, Source, Switch};
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
 pub static KERNEL: Switch = Switch::new();
 
-/// Whether the kernel scores `queries` queries of `heads` heads and width `width` over
-/// `positions` keys stored in `storage`, for `batch` rows: on CUDA, 16-bit float storage, the
-/// queries fitting shared memory, sizes within a launch. Float32 keys stay with MLX's ops: they
-/// need no converted copy there, and MLX's matmul (TF32 on its CUDA backend) was faster than this
-/// kernel over them (H200, 128K positions: 0.38 against 0.42 ms a sparse step at batch 1, 1.30
-/// against 1.47 at batch 8; over bfloat16 keys the kernel's steps were 0.44 against 0.53 and
-/// 1.47 against 1.72 ms).
-pub fn applies(storage: Dtype, batch: usize, heads: usize, queries: usize, width: usize, positions: usize) -> bool {
-    KERNEL.enabled() && launch::on_cuda() && scores_fit(storage, batch, heads, queries, width, positions)
+/// Threads a block (eight warps) and the positions it scores (two products of 16 a warp).
+const THREADS: usize = 256;
+const POSITIONS_PER_BLOCK: usize = 256;
+
+/// The widest keys the kernel takes: a warp holds its 16 positions' keys in registers, four
+/// for each 16 channels.
+const MAX_WIDTH: usize = 256;
+
+/// Static shared memory a block has (CUDA's limit without opting in).
+const STATIC_SHARED: usize = 48 * 1024;
+
+/// Shared memory for `heads` heads of width `width`, queries of another dtype than the keys
+/// (two parts) taken as the larger case: the rows as the kernel pads them, and the weights.
+fn shared_bytes(heads: usize, width: usize) -> usize {
+    let (hp, wp) = (heads.div_ceil(8) * 8, width.div_ceil(16) * 16);
+    2 * hp * (wp / 2 + 4) * 4 + hp * 4
 }
 
-/// Template `HI` heads, `W` width, `LQ` queries; `RANGES`: `ranges` holds each row's visible
+/// Whether the kernel scores `queries` queries of `heads` heads and width `width` over
+/// `positions` keys stored in `storage`, for `batch` rows: on CUDA, 16-bit float storage, the
+/// queries fitting shared memory and a width of at most `MAX_WIDTH`, sizes within a launch.
+/// Float32 keys stay with MLX's ops: they need no converted copy there, and MLX's matmul (TF32
+/// on its CUDA backend) was faster than the earlier float32-arithmetic kernel over them.
+pub fn applies(storage: Dtype, batch: usize, heads: usize, queries: usize, width: usize, positions: usize) -> bool {
+    KERNEL.enabled()
+        && launch::on_cuda()
+        && scores_fit(storage, batch, heads, queries, width, positions)
+        && width <= MAX_WIDTH
+        && shared_bytes(heads, width) <= STATIC_SHARED
+        && positions.div_ceil(POSITIONS_PER_BLOCK) * THREADS <= i32::MAX as usize
+}
+
+/// Template `HI` heads, `W` width, `LQ` queries; `BF16`: the keys are bfloat16 (else float16);
+/// `RANGES`: `ranges` holds each row's visible
 /// window `[lo, hi)` (else every row spans the window); `CAUSAL`: query i of LQ sees up to the
 /// row's end - LQ + i. `KT`, `QT`, `WT` name the inputs' dtypes (MLX compiles a kernel per
 /// template arguments, and the inputs' types are part of its source). Inputs (views, any
@@ -40,7 +68,7 @@ static SCORES_KERNEL: Source = Source {
     name: "latent_cache_dsa_index_scores",
     inputs: &["q_index", "weights", "keys", "ranges"],
     outputs: &["scores"],
-    header: "",
+    header: concat!(include_str!("src/mma.cuh"), include_str!("src/dsa_scores.cuh")),
     body: SCORES,
     contiguous: false,
 };
@@ -69,8 +97,8 @@ pub(crate) fn index_scores(
         &[q_index, weights, keys, &bounds],
         Launch {
             outputs: &[(&[batch, queries, positions], Dtype::Float32)],
-            grid: [(positions as usize).div_ceil(SCORE_THREADS) as i32 * SCORE_THREADS as i32, queries, batch],
-            block: [SCORE_THREADS as i32, 1, 1],
+            grid: [((positions as usize).div_ceil(POSITIONS_PER_BLOCK) * THREADS) as i32, queries, batch],
+            block: [THREADS as i32, 1, 1],
             ints: &[
                 ("HI", heads),
                 ("W", width),
@@ -79,7 +107,7 @@ pub(crate) fn index_scores(
                 ("QT", tag(q_index.dtype())),
                 ("WT", tag(weights.dtype())),
             ],
-            bools: &[("RANGES", !whole), ("CAUSAL", causal && queries > 1)],
+            bools: &[("BF16", keys.dtype() == Dtype::Bfloat16), ("RANGES", !whole), ("CAUSAL", causal && queries > 1)],
         },
     )?;
     KERNEL.launched();

@@ -136,7 +136,7 @@ fn fits(s: &Shape, packing: Option<Packing>) -> bool {
         && scale_fits(s.scale)
 }
 
-const HEADER: &str = include_str!("src/mla_decode.cuh");
+const HEADER: &str = concat!(include_str!("src/mma.cuh"), include_str!("src/mla_decode.cuh"));
 
 /// The partial kernel's body (template `H` = heads x queries, the rows of the products; `LQ` =
 /// queries; `SCALE` = the scale's float32 bits; `RANGES`: whether `ranges` holds the rows'
