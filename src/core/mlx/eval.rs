@@ -16,6 +16,7 @@ use mlx_rs::Array;
 use once_cell::sync::{Lazy, OnceCell};
 
 use crate::core::error::{error, fail, Result};
+use crate::core::mlx::device;
 
 /// MLX evaluation is not safe to run from several threads at once on a shared stream (Metal
 /// also encodes into a stream's command buffer on the calling thread), so every evaluation the
@@ -75,6 +76,9 @@ pub fn evaluation_thread() -> bool {
 /// reference-counted, so these are not copies) and where to send the outcome.
 struct Job {
     arrays: Vec<Array>,
+    /// Whether to wait, after the evaluation, until MLX has let go of the buffers its kernels
+    /// read (see `eval_settled`).
+    settle: bool,
     reply: SyncSender<Result<()>>,
 }
 
@@ -91,7 +95,8 @@ fn evaluator() -> Result<&'static Sender<Job>> {
             .stack_size(8 << 20)
             .spawn(move || {
                 for job in jobs {
-                    let outcome = catch_unwind(AssertUnwindSafe(|| eval_locked(&job.arrays.iter().collect::<Vec<_>>())))
+                    let arrays: Vec<&Array> = job.arrays.iter().collect();
+                    let outcome = catch_unwind(AssertUnwindSafe(|| eval_locked(&arrays, job.settle)))
                         .unwrap_or_else(|_| fail!(Backend, "MLX evaluation panicked"));
                     drop(job.arrays);
                     let _ = job.reply.send(outcome);
@@ -104,17 +109,25 @@ fn evaluator() -> Result<&'static Sender<Job>> {
 
 /// Evaluates under the engine's lock or the library's (on the evaluation thread, unless it is
 /// turned off).
-fn eval_locked(arrays: &[&Array]) -> Result<()> {
+fn eval_locked(arrays: &[&Array], settle: bool) -> Result<()> {
     let engine = ENGINE_LOCK.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+    let run = || -> Result<()> {
+        mlx_rs::transforms::eval(arrays.iter().copied())?;
+        // SAFETY: the library's stream is valid for the process; the call only waits.
+        if settle && unsafe { mlx_sys::mlx_synchronize(device::library_stream()) } != 0 {
+            return fail!(Backend, "MLX could not wait for the library's stream");
+        }
+        Ok(())
+    };
     match engine {
         Some(lock) => {
             lock.lock();
             let _guard = EngineGuard(lock);
-            Ok(mlx_rs::transforms::eval(arrays.iter().copied())?)
+            run()
         }
         None => {
             let _guard = EVAL_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            Ok(mlx_rs::transforms::eval(arrays.iter().copied())?)
+            run()
         }
     }
 }
@@ -123,16 +136,30 @@ fn eval_locked(arrays: &[&Array]) -> Result<()> {
 /// evaluation thread is turned off). Arrays already evaluated are skipped, and a call with
 /// nothing left to evaluate returns at once, without a hand-off.
 pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
+    eval_with(arrays, false)
+}
+
+/// `eval`, then waits until MLX has let go of every buffer the evaluation's kernels read. On
+/// MLX's GPU backends a kernel's inputs stay referenced after `eval` returns, until the
+/// backend's completion handler for its work has run (on another thread); a write evaluated
+/// while such a reference lives cannot take the buffer over and copies all of it. Callers that
+/// read part of a buffer and then write into it in place (`prepare_move`'s copy-out, then its
+/// writes) use this so the writes stay in place.
+pub fn eval_settled<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
+    eval_with(arrays, true)
+}
+
+fn eval_with<'a>(arrays: impl IntoIterator<Item = &'a Array>, settle: bool) -> Result<()> {
     let pending: Vec<&Array> = arrays.into_iter().filter(|a| !is_evaluated(a)).collect();
     if pending.is_empty() {
         return Ok(());
     }
     if !evaluation_thread() {
-        return eval_locked(&pending);
+        return eval_locked(&pending, settle);
     }
     let (reply, outcome) = mpsc::sync_channel(1);
     let arrays = pending.into_iter().cloned().collect();
-    if evaluator()?.send(Job { arrays, reply }).is_err() {
+    if evaluator()?.send(Job { arrays, settle, reply }).is_err() {
         return fail!(Backend, "the evaluation thread has stopped");
     }
     outcome.recv().unwrap_or_else(|_| fail!(Backend, "the evaluation thread has stopped"))

@@ -6,7 +6,7 @@ use mlx_rs::Array;
 
 use super::{Buffer, Frame, Parts, Pending, RowPiece, Storage, MAX_LAZY_WRITES};
 use crate::core::error::{CacheError, Result};
-use crate::core::mlx::eval::eval;
+use crate::core::mlx::eval::{eval, eval_settled};
 use crate::core::mlx::memory::check_alloc;
 use crate::core::mlx::ops;
 use crate::core::model::families::Families;
@@ -202,7 +202,9 @@ impl Storage {
                 })
                 .collect::<Result<Vec<Parts>>>()
         })?;
-        eval(copies.iter().flatten().flatten())?;
+        // Settled: the copy-out's kernels must have let go of the buffers before the writes are
+        // evaluated, or MLX copies each buffer whole rather than write into it.
+        eval_settled(copies.iter().flatten().flatten())?;
         let data = self.buffers.as_ref().zip(copies).try_map(|_, (buffer, copies)| {
             let mut data = buffer.data.clone().expect("rows with positions have data");
             if buffer.chained_writes() + pieces.len() > MAX_LAZY_WRITES {
