@@ -1,55 +1,101 @@
-//! DSA's top-k selection in one operation on MLX's CUDA backend: the `k` window positions with
-//! the highest index scores per query, by radix select, where MLX's `argpartition` sorts every
-//! row (it is a sort on MLX's CUDA backend) and the selection then takes a slice and a cast:
-//! three graph operations. MLX's operations remain the fallback and the reference
-//! (`Donor::select`), and take rows longer than `dsa::TOPK_MAX_POSITIONS`.
+//! DSA's top-k selection on MLX's CUDA backend: the `k` window positions with the highest
+//! index scores per query, by radix select, in two operations where MLX's `argpartition` sorts
+//! every row (a sort on MLX's CUDA backend) and the selection then takes a slice and a cast. MLX's
+//! operations remain the fallback and the reference (`Donor::select`).
 //!
-//! One block per (row, query) reads the scores five times: three passes count the keys by 11,
-//! 11 and 10 bits of their order-preserving unsigned form and find the k-th largest exactly;
-//! two more, each warp over its own stretch, count and write the positions above it and the
-//! first ties by position. The result is the positions above the k-th largest score in order,
-//! then the ties at it in order: a function of the scores alone.
+//! - `hist`: blocks of 4096 positions count every row's keys (the scores' order-preserving
+//!   unsigned form) by their top 11 bits, summed into one histogram per (row, query).
+//! - `select`: one block per (row, query) finds the bin of the k-th largest key in it and reads
+//!   the row once: keys above that bin go to a bitmap of positions (a word of 32 a ballot), the
+//!   bin's keys to a list in shared memory (at most `CAP`), where the remaining 21 bits are
+//!   selected among them alone. Where the bin holds more than `CAP` keys, the block first narrows
+//!   it by the next digits, a read of the row each (the earlier kernel read every row five
+//!   times in one block, which at 128K positions lost to `argpartition`).
+//!
+//! The result is the positions above the k-th largest score in order, then the first ties at
+//! it in order (read off the bitmaps): a function of the scores alone.
 use mlx_rs::{Array, Dtype};
 
 use crate::core::error::Result;
 use crate::core::kernels::cuda::launch;
-use crate::core::kernels::cuda::launch::{apply, kernel};
-use crate::core::kernels::dsa::topk_fits;
+use crate::core::kernels::cuda::launch::{apply, apply_zeroed, kernel};
+use crate::core::kernels::dsa::topk_sizes_fit;
 use crate::core::kernels::launch::{Launch, Source, Switch};
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
 pub static KERNEL: Switch = Switch::new();
 
-/// Threads per block (as in the source): 1024 asks more registers than a multiprocessor has.
+/// Threads of a `select` block (as in its source): 1024 ask more registers than a
+/// multiprocessor has.
 const THREADS: i32 = 512;
 
-/// Whether the kernel selects `k` of `positions` float32 scores for `batch` rows of `queries`
-/// queries: on CUDA, `k` below the positions (the caller attends densely otherwise), at most
-/// `dsa::TOPK_MAX_POSITIONS` positions, sizes within a launch (`dsa::topk_fits`).
+/// Positions a `hist` block counts (256 threads, 16 each).
+const HIST_POSITIONS: usize = 4096;
+const HIST_THREADS: i32 = 256;
+
+/// The most keys of the k-th largest key's bin that `select` lists in shared memory (beside its
+/// 8 KiB histogram: 40 KiB in all, within a block's static shared memory).
+const CAP: i32 = 4096;
+
+/// Whether the kernels select `k` of `positions` float32 scores for `batch` rows of `queries`
+/// queries: on CUDA, `k` below the positions (the caller attends densely otherwise), sizes
+/// within a launch. Rows of any length: a row's extra reads are the bins' doing, not its
+/// length's.
 pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k: usize) -> bool {
-    KERNEL.enabled() && launch::on_cuda() && topk_fits(scores, batch, queries, positions, k)
+    KERNEL.enabled()
+        && launch::on_cuda()
+        && topk_sizes_fit(scores, batch, queries, positions, k)
+        && positions.div_ceil(HIST_POSITIONS) * HIST_THREADS as usize <= i32::MAX as usize
 }
 
-/// Template `K`. Input `scores [B, Lq, T]` float32 (a view, any strides); output `top [B, Lq,
-/// K]` int32.
-const TOPK: &str = include_str!("src/dsa_topk.cu");
+const HEADER: &str = include_str!("src/dsa_topk.cuh");
 
-static TOPK_KERNEL: Source =
-    Source { name: "latent_cache_dsa_topk", inputs: &["scores"], outputs: &["top"], header: "", body: TOPK, contiguous: false };
+/// Input `scores [B, Lq, T]` float32 (a view, any strides); output `hist [B, Lq, 2048]` uint32.
+static HIST_KERNEL: Source = Source {
+    name: "latent_cache_dsa_topk_hist",
+    inputs: &["scores"],
+    outputs: &["hist"],
+    header: HEADER,
+    body: include_str!("src/dsa_topk_hist.cu"),
+    contiguous: false,
+};
+
+/// Template `K`, `CAP`. Inputs `scores` (as `hist`'s) and its `hist`; outputs `top [B, Lq, K]`
+/// int32 and `bits [B, Lq, 2 * ceil(T / 32)]` uint32 (the bitmaps, scratch).
+static SELECT_KERNEL: Source = Source {
+    name: "latent_cache_dsa_topk",
+    inputs: &["scores", "hist"],
+    outputs: &["top", "bits"],
+    header: HEADER,
+    body: include_str!("src/dsa_topk.cu"),
+    contiguous: false,
+};
 
 /// The `k` positions of highest score per query, `[B, Lq, k]` int32, lazily. Callers check
 /// `applies` first.
 pub(crate) fn top_k(scores: &Array, k: usize) -> Result<Array> {
     let s = scores.shape();
-    let (batch, queries) = (s[0], s[1]);
-    let out = apply(
-        kernel(&TOPK_KERNEL, 0)?,
+    let (batch, queries, positions) = (s[0], s[1], s[2] as usize);
+    let hist = apply_zeroed(
+        kernel(&HIST_KERNEL, 0)?,
         &[scores],
         Launch {
-            outputs: &[(&[batch, queries, k as i32], Dtype::Int32)],
+            outputs: &[(&[batch, queries, 2048], Dtype::Uint32)],
+            grid: [positions.div_ceil(HIST_POSITIONS) as i32 * HIST_THREADS, queries, batch],
+            block: [HIST_THREADS, 1, 1],
+            ints: &[],
+            bools: &[],
+        },
+    )?;
+    let words = positions.div_ceil(32) as i32;
+    let out = apply(
+        kernel(&SELECT_KERNEL, 0)?,
+        &[scores, &hist[0]],
+        Launch {
+            outputs: &[(&[batch, queries, k as i32], Dtype::Int32), (&[batch, queries, 2 * words], Dtype::Uint32)],
             grid: [THREADS, queries, batch],
             block: [THREADS, 1, 1],
-            ints: &[("K", k as i32)],
+            ints: &[("K", k as i32), ("CAP", CAP)],
             bools: &[],
         },
     )?;

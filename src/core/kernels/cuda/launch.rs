@@ -124,6 +124,16 @@ impl Drop for Launched {
 
 /// Applies a kernel lazily on the library's stream (MLX compiles it at its first evaluation).
 pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array>> {
+    apply_with(kernel, inputs, launch, None)
+}
+
+/// `apply` with every output filled with zeros before the kernel runs (MLX fills them as part
+/// of the same operation), for kernels that add into their outputs.
+pub(crate) fn apply_zeroed(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array>> {
+    apply_with(kernel, inputs, launch, Some(0.0))
+}
+
+fn apply_with(kernel: &Kernel, inputs: &[&Array], launch: Launch, init: Option<f32>) -> Result<Vec<Array>> {
     // SAFETY: every handle is owned by `l` and freed when it drops; arrays are borrowed for the
     // call (mlx-c copies them into its vector) and the outputs are copied into owned Arrays.
     unsafe {
@@ -140,6 +150,9 @@ pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Resul
         let [tx, ty, tz] = launch.block;
         rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(l.config, gx, gy, gz);
         rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(l.config, tx, ty, tz);
+        if let Some(value) = init {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_init_value(l.config, value);
+        }
         for (n, v) in launch.ints {
             rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(l.config, cstr(n).as_ptr(), *v);
         }

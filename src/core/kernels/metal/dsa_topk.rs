@@ -1,8 +1,9 @@
-//! DSA's top-k selection on MLX's Metal backend (Apple GPUs): `kernels::cuda::dsa_topk`'s radix
-//! select (one threadgroup per row and query, three counting passes, then each SIMD group's
-//! stretch counted and written), so a selection costs a few reads of the scores where MLX's
-//! `argpartition` sorts every row. The same positions as the CUDA kernel: those above the k-th
-//! largest score in order, then the first ties at it in order.
+//! DSA's top-k selection on MLX's Metal backend (Apple GPUs): a radix select (one threadgroup
+//! per row and query, three counting passes, then each SIMD group's stretch counted and
+//! written), so a selection costs a few reads of the scores where MLX's `argpartition` sorts
+//! every row. The same positions as the CUDA kernels (`kernels::cuda::dsa_topk`, which count
+//! the top digit in parallel blocks and then read a row once in most cases): those above the
+//! k-th largest score in order, then the first ties at it in order.
 //!
 //! **Untested on Apple hardware** (these machines have none): its source runs in the C++
 //! emulation of Metal (`tests/attention/metal_emulation.rs`) against a host reference, and before
@@ -37,9 +38,9 @@ static TOPK_KERNEL: Source = Source {
 };
 
 /// Whether the kernel selects `k` of `positions` float32 scores for `batch` rows of `queries`
-/// queries: an Apple GPU, the sizes both backends' kernels take (`dsa::topk_fits`: at most
-/// `dsa::TOPK_MAX_POSITIONS` positions; one threadgroup reads a row, as one block does there),
-/// and the kernel having passed its probe for `k`.
+/// queries: an Apple GPU, the sizes `dsa::topk_fits` takes (at most `dsa::TOPK_MAX_POSITIONS`
+/// positions: one threadgroup reads a row five times), and the kernel having passed its probe
+/// for `k`.
 pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k: usize) -> bool {
     KERNEL.enabled() && on_metal() && topk_fits(scores, batch, queries, positions, k) && probed(k)
 }
