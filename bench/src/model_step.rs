@@ -26,7 +26,7 @@
 use latent_cache::core::attention::{Donor, MaskMode};
 use latent_cache::core::kernels::{cuda, decode, metal};
 use latent_cache::core::mlx::eval::{eval, evaluation_thread, set_evaluation_thread};
-use latent_cache::core::mlx::ops;
+use latent_cache::core::mlx::{memory, ops};
 use latent_cache::core::model::presets::{glm52_selection_source, glm52_selects, GLM52_TARGET_LAYERS};
 use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
@@ -177,6 +177,17 @@ fn ops_record(layers: &mut [LatentCache], q: &Queries, sparse: bool, system: &st
     line
 }
 
+/// `measure`'s result and the most memory MLX held during it above what it held at its start:
+/// the step's transient arrays, and any buffer an append copied rather than wrote in place (on
+/// MLX's GPU backends an append evaluated while an earlier step's kernels still hold its buffer
+/// copies all of it: the pipelined timing shows it).
+fn peak_above<T>(measure: impl FnOnce() -> T) -> (T, usize) {
+    let start = memory::info().active;
+    memory::reset_peak().unwrap();
+    let out = measure();
+    (out, memory::info().peak.saturating_sub(start))
+}
+
 /// Every layer trimmed back by the position its step appended.
 fn trim(layers: &mut [LatentCache]) {
     for cache in layers.iter_mut() {
@@ -275,14 +286,14 @@ pub fn run(set: &ModeSet, points: &[(usize, usize)], quick: bool, ops_only: bool
             if ops_only {
                 continue;
             }
-            let single = time(warmup, samples, || step(&mut layers, &q, sparse));
-            let overlapped = pipelined(&mut layers, &q, sparse, warmup, samples);
-            let building = build_time(&mut layers, &q, sparse, warmup, samples);
-            for (timing, t) in [("single", single), ("pipelined", overlapped), ("build", building)] {
+            let single = peak_above(|| time(warmup, samples, || step(&mut layers, &q, sparse)));
+            let overlapped = peak_above(|| pipelined(&mut layers, &q, sparse, warmup, samples));
+            let building = peak_above(|| build_time(&mut layers, &q, sparse, warmup, samples));
+            for (timing, (t, peak)) in [("single", single), ("pipelined", overlapped), ("build", building)] {
                 let line = format!(
                     "{{\"system\": \"model step, {system}\", \"mode\": \"{mode}\", \"timing\": \"{timing}\", \
                      \"batch\": {batch}, \"context\": {context}, \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \
-                     \"samples\": {samples}, \"layers\": {}, \"bytes_read\": {bytes}}}",
+                     \"samples\": {samples}, \"layers\": {}, \"bytes_read\": {bytes}, \"peak_bytes_above_start\": {peak}}}",
                     t[0], t[1], t[2], GLM52_TARGET_LAYERS
                 );
                 eprintln!("{line}");

@@ -17,6 +17,40 @@ pub(crate) fn cstr(s: &str) -> CString {
     CString::new(s).expect("kernel names and sources hold no NUL")
 }
 
+/// A kernel source as MLX is given it: comments, indentation and blank lines dropped. MLX's
+/// work over a source recurs at every launch (its CUDA backend copies the whole source into each
+/// operation built and hashes it at each evaluation to find the compiled module), so it runs over
+/// the code alone. Lines stay lines (the preprocessor's directives and continued macros need them).
+pub(crate) fn minified(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    for line in source.lines() {
+        let code = without_comment(line).trim();
+        // A line emptied after a continued one still ends that macro where the original did.
+        if code.is_empty() && !out.trim_end_matches('\n').ends_with('\\') {
+            continue;
+        }
+        out.push_str(code);
+        out.push('\n');
+    }
+    out
+}
+
+/// `line` up to a `//` comment outside string literals.
+fn without_comment(line: &str) -> &str {
+    let bytes = line.as_bytes();
+    let (mut quoted, mut i) = (false, 0);
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' if quoted => i += 1,
+            b'"' => quoted = !quoted,
+            b'/' if !quoted && bytes.get(i + 1) == Some(&b'/') => return &line[..i],
+            _ => {}
+        }
+        i += 1;
+    }
+    line
+}
+
 /// A kernel's source: its name, the names its body gives its inputs and outputs, a header (before
 /// MLX's signature) and the body.
 ///
@@ -107,5 +141,16 @@ impl Switch {
 
     pub(crate) fn launched(&self) {
         self.launches.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::minified;
+
+    #[test]
+    fn minified_keeps_code_and_drops_comments_indentation_and_blank_lines() {
+        let source = "//! A kernel.\n\n  #define A(x) \"a//b\" \\\n    x // the value\n\n  const int y = 1;  // one\n    asm(\"{%0}\\n\" :: \"r\"(y)); // \"quoted\"\n";
+        assert_eq!(minified(source), "#define A(x) \"a//b\" \\\nx\nconst int y = 1;\nasm(\"{%0}\\n\" :: \"r\"(y));\n");
     }
 }

@@ -8,7 +8,7 @@ use mlx_rs::Array;
 use once_cell::sync::Lazy;
 
 use crate::core::error::{fail, Result};
-use crate::core::kernels::launch::{cstr, made_once, Launch, Made, Source};
+use crate::core::kernels::launch::{cstr, made_once, minified, Launch, Made, Source};
 use crate::core::mlx::{device, ops};
 
 /// The GPU's compute capability when the library runs on a GPU driven by MLX's CUDA backend.
@@ -94,8 +94,8 @@ pub(crate) fn kernel(source: &'static Source, shared: usize) -> Result<&'static 
                 cstr(name).as_ptr(),
                 ins,
                 outs,
-                cstr(body).as_ptr(),
-                cstr(header).as_ptr(),
+                cstr(&minified(body)).as_ptr(),
+                cstr(&minified(header)).as_ptr(),
                 contiguous,
                 shared as i32,
             )

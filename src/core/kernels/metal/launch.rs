@@ -9,7 +9,7 @@ use mlx_rs::Array;
 use once_cell::sync::Lazy;
 
 use crate::core::error::{fail, Result};
-use crate::core::kernels::launch::{cstr, made_once, Launch, Made, Source};
+use crate::core::kernels::launch::{cstr, made_once, minified, Launch, Made, Source};
 use crate::core::mlx::device;
 
 /// Whether the library runs on a GPU driven by MLX's Metal backend.
@@ -45,8 +45,8 @@ pub(crate) fn kernel(source: &'static Source) -> Result<&'static Kernel> {
                 cstr(name).as_ptr(),
                 ins,
                 outs,
-                cstr(body).as_ptr(),
-                cstr(header).as_ptr(),
+                cstr(&minified(body)).as_ptr(),
+                cstr(&minified(header)).as_ptr(),
                 contiguous,
                 false,
             )
