@@ -1568,9 +1568,8 @@ latent_cache_status latent_cache_donor_index_scores(const latent_cache_donor *do
 // order (GLM-5.2 uses k = 2048). When the window holds no more than `k` positions `*out`
 // receives `ctx == NULL`: attend densely (`latent_cache_donor_attend`), as DeepSeek's indexer
 // does. Lazy; `*out` is the caller's. Where several positions tie at the k-th highest score,
-// which of them are taken depends on the device: on CUDA (at every length) and on Apple GPUs
-// up to 32K positions (the library's top-k kernels) the first ones, in window order;
-// elsewhere as MLX's `argpartition` breaks ties.
+// which of them are taken depends on the device: on CUDA and Apple GPUs (the library's top-k
+// kernels) the first ones, in window order; elsewhere as MLX's `argpartition` breaks ties.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`k` is 0), `BACKEND`.
 latent_cache_status latent_cache_donor_select(const latent_cache_donor *donor,
                                               mlx_array scores,

@@ -21,10 +21,8 @@ fn function(name: &str, template: &str, inputs: &[(&str, &str)], outputs: &[(&st
     params.extend(outputs.iter().map(|(n, t)| format!("{t}* {n}")));
     params.push("const Attributes& lc_attributes".into());
     let body = body.display();
-    format!(
-        "template <{template}>\nvoid {name}({}) {{\n  LC_ATTRIBUTES(lc_attributes)\n#include \"{body}\"\n}}\n",
-        params.join(", ")
-    )
+    let template = if template.is_empty() { String::new() } else { format!("template <{template}>\n") };
+    format!("{template}void {name}({}) {{\n  LC_ATTRIBUTES(lc_attributes)\n#include \"{body}\"\n}}\n", params.join(", "))
 }
 
 #[test]
@@ -58,9 +56,15 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
             &sources.join("mla_decode_combine.metal")
         ),
     ) + &format!(
-        "#include \"{}\"\n{}",
+        "#include \"{}\"\n{}\n",
         sources.join("dsa_topk.h.metal").display(),
-        function("lc_topk", "int K", &[("scores", "float")], &[("top", "int")], &sources.join("dsa_topk.metal"))
+        function("lc_topk_hist", "", &[("scores", "float")], &[("hist", "uint")], &sources.join("dsa_topk_hist.metal")),
+    ) + &function(
+        "lc_topk",
+        "int K, int CAP",
+        &[("scores", "float"), ("hist", "uint")],
+        &[("top", "int"), ("bits", "uint")],
+        &sources.join("dsa_topk.metal"),
     ) + &function(
         "lc_scores",
         "int HI, int W, int LQ, bool RANGES, bool CAUSAL, typename TQ, typename TW, typename TK",
@@ -86,6 +90,6 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
     let report = String::from_utf8_lossy(&ran.stdout);
     println!("{report}");
     assert!(ran.status.success(), "every case agrees with float64:\n{report}{}", String::from_utf8_lossy(&ran.stderr));
-    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 12, "twelve cases ran:\n{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 14, "fourteen cases ran:\n{report}");
     std::fs::remove_dir_all(&dir).ok();
 }

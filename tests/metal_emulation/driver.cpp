@@ -102,7 +102,7 @@ double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges
 // few) with some -inf, read through a strided view (every other value of a wider buffer): the
 // kernel's positions against the host's (positions above the K-th largest score in order, then
 // the first ties at it). Returns the number of positions that differ.
-template <int K>
+template <int K, int CAP = 2048>
 double top_k(int B, int LQ, int T, int levels, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> draw(0, levels);
@@ -114,7 +114,18 @@ double top_k(int B, int LQ, int T, int levels, uint32_t seed) {
   const int shape[3] = {B, LQ, T};
   const int64_t strides[3] = {int64_t(LQ) * T * 2, int64_t(T) * 2, 2};
   std::vector<int> top(size_t(B) * LQ * K, -1);
-  dispatch({1, uint(LQ), uint(B)}, 512, [&](const Attributes& a) { lc_topk<K>(wide.data(), shape, strides, top.data(), a); });
+  // The two kernels as the library launches them: the histogram (its output zeroed, as MLX
+  // zeroes it), then the selection, whose bitmaps are a scratch output of unknown contents.
+  std::vector<uint> hist(size_t(B) * LQ * 2048, 0u);
+  const int words = (T + 31) / 32;
+  std::vector<uint> bits(size_t(B) * LQ * 2 * words, 0xdeadbeefu);
+  const int hist_shape[3] = {B, LQ, 2048};
+  const int64_t hist_strides[3] = {int64_t(LQ) * 2048, 2048, 1};
+  dispatch({uint((T + 4095) / 4096), uint(LQ), uint(B)}, 256,
+           [&](const Attributes& a) { lc_topk_hist(wide.data(), shape, strides, hist.data(), a); });
+  dispatch({1, uint(LQ), uint(B)}, 512, [&](const Attributes& a) {
+    lc_topk<K, CAP>(wide.data(), shape, strides, hist.data(), hist_shape, hist_strides, top.data(), bits.data(), a);
+  });
   double wrong = 0;
   for (int r = 0; r < B * LQ; r++) {
     std::vector<float> row(T);
@@ -211,6 +222,11 @@ int main() {
       {"top-3 of 100 scores (fewer than the threads) from 4 values", top_k<3>(1, 1, 100, 4, 8)},
       {"top-2048 of 9001 distinct-ish scores", top_k<2048>(1, 1, 9001, 1 << 20, 9)},
       {"top-699 of 700 scores from 3 values", top_k<699>(1, 2, 700, 3, 10)},
+      // Bins of more keys than the list holds: narrowed by a further read of the row (a list of
+      // 64 for 6000 scores of 400 values), and to a tie at the K-th where even that is too few
+      // (20000 scores of 3 values).
+      {"top-100 of 6000 scores from 400 values, a list of 64", top_k<100, 64>(1, 2, 6000, 400, 11)},
+      {"top-2048 of 20000 scores from 3 values", top_k<2048>(1, 1, 20000, 3, 12)},
   };
   for (const auto& c : selections) {
     const bool ok = c.error == 0;

@@ -55,7 +55,8 @@ struct bfloat16_t {
 };
 typedef _Float16 float16_t;
 
-enum class mem_flags { mem_none, mem_device, mem_threadgroup };
+enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 };
+inline mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(int(a) | int(b)); }
 
 struct SimdGroup {
   std::barrier<> bar{32};
@@ -97,12 +98,28 @@ inline uint lc_simd_total(uint v, bool below) {
 inline uint simd_sum(uint v) { return lc_simd_total(v, false); }
 inline uint simd_prefix_exclusive_sum(uint v) { return lc_simd_total(v, true); }
 
-// Threadgroup atomics (the emulation's threadgroup memory is shared by its threads).
+// The bitwise OR of `v` over the SIMD group's lanes.
+inline uint simd_or(uint v) {
+  SimdGroup& g = *lc_lane.simd;
+  g.uslot[lc_lane.lane] = v;
+  g.bar.arrive_and_wait();
+  uint all = 0;
+  for (uint l = 0; l < 32u; l++) all |= g.uslot[l];
+  g.bar.arrive_and_wait();
+  return all;
+}
+
+inline uint popcount(uint x) { return uint(__builtin_popcount(x)); }
+inline uint ctz(uint x) { return x == 0 ? 32u : uint(__builtin_ctz(x)); }
+
+// Threadgroup and device atomics (the emulation's threadgroup memory is shared by its threads;
+// a device `uint` buffer is viewed as atomics by a cast, as Metal allows).
 typedef std::atomic<uint> atomic_uint;
 constexpr std::memory_order memory_order_relaxed = std::memory_order_relaxed;
 inline void atomic_store_explicit(atomic_uint* a, uint v, std::memory_order o) { a->store(v, o); }
 inline uint atomic_load_explicit(atomic_uint* a, std::memory_order o) { return a->load(o); }
 inline uint atomic_fetch_add_explicit(atomic_uint* a, uint v, std::memory_order o) { return a->fetch_add(v, o); }
+inline uint atomic_fetch_or_explicit(atomic_uint* a, uint v, std::memory_order o) { return a->fetch_or(v, o); }
 
 // Metal's bit reinterpretation.
 template <typename T, typename F>

@@ -278,10 +278,9 @@ impl Donor {
         cuda::mla_decode::attend(q_latent, q_rope, latent, rope, &whole, scale, false).map(Some)
     }
 
-    /// `select` by the library's radix-select kernel (`kernels::cuda::dsa_topk` on CUDA,
-    /// `kernels::metal::dsa_topk` on Apple GPUs, up to `kernels::dsa::TOPK_MAX_POSITIONS`),
-    /// in two operations on CUDA and one on Apple GPUs where MLX's `argpartition` sorts each
-    /// row and then takes a slice and a cast. `None` where neither applies.
+    /// `select` by the library's radix-select kernels (`kernels::cuda::dsa_topk` on CUDA,
+    /// `kernels::metal::dsa_topk` on Apple GPUs), in two operations where MLX's `argpartition`
+    /// sorts each row and then takes a slice and a cast. `None` where neither applies.
     pub(super) fn kernel_select(&self, scores: &Array, k: usize) -> Result<Option<Array>> {
         let s = scores.shape();
         let (batch, queries, positions) = (s[0] as usize, s[1] as usize, s[2] as usize);

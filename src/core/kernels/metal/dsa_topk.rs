@@ -1,9 +1,11 @@
-//! DSA's top-k selection on MLX's Metal backend (Apple GPUs): a radix select (one threadgroup
-//! per row and query, three counting passes, then each SIMD group's stretch counted and
-//! written), so a selection costs a few reads of the scores where MLX's `argpartition` sorts
-//! every row. The same positions as the CUDA kernels (`kernels::cuda::dsa_topk`, which count
-//! the top digit in parallel blocks and then read a row once in most cases): those above the
-//! k-th largest score in order, then the first ties at it in order.
+//! DSA's top-k selection on MLX's Metal backend (Apple GPUs): `kernels::cuda::dsa_topk`'s radix
+//! select in the same two kernels, threadgroups and SIMD groups in place of blocks and warps.
+//! `hist` counts every row's keys by their top 11 bits in threadgroups of 4096 positions
+//! (device atomics into a zeroed histogram); `select`, one threadgroup per row and query, finds
+//! the k-th largest key's bin and reads the row once where that bin holds at most `CAP` keys
+//! (2048 here: Apple GPUs give a threadgroup 32 KiB), into bitmaps of positions (a scratch
+//! output) and a list of the bin's keys in threadgroup memory. The same positions as the CUDA
+//! kernels: those above the k-th largest score in order, then the first ties at it in order.
 //!
 //! **Untested on Apple hardware** (these machines have none): its source runs in the C++
 //! emulation of Metal (`tests/attention/metal_emulation.rs`) against a host reference, and before
@@ -17,32 +19,57 @@ use once_cell::sync::Lazy;
 
 use super::probe_values::Draws;
 use crate::core::error::Result;
-use crate::core::kernels::dsa::topk_fits;
+use crate::core::kernels::dsa::topk_sizes_fit;
 use crate::core::kernels::launch::{Launch, Source, Switch};
-use crate::core::kernels::metal::launch::{apply, kernel, on_metal};
+use crate::core::kernels::metal::launch::{apply, apply_zeroed, kernel, on_metal};
 use crate::core::mlx::ops;
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
 pub static KERNEL: Switch = Switch::new();
 
-/// Threads per threadgroup (as in the source).
+/// Threads of a `select` threadgroup (as in its source).
 const THREADS: i32 = 512;
 
-static TOPK_KERNEL: Source = Source {
-    name: "latent_cache_dsa_topk_metal",
+/// Positions a `hist` threadgroup counts (256 threads, 16 each).
+const HIST_POSITIONS: usize = 4096;
+const HIST_THREADS: i32 = 256;
+
+/// The most keys of the k-th largest key's bin that `select` lists in threadgroup memory (beside
+/// its 8 KiB histogram: 24 KiB in all, within Apple GPUs' 32 KiB).
+const CAP: i32 = 2048;
+
+const HEADER: &str = include_str!("src/dsa_topk.h.metal");
+
+/// Input `scores [B, Lq, T]` float32 (a view, any strides); output `hist [B, Lq, 2048]` uint32.
+static HIST_KERNEL: Source = Source {
+    name: "latent_cache_dsa_topk_hist_metal",
     inputs: &["scores"],
-    outputs: &["top"],
-    header: include_str!("src/dsa_topk.h.metal"),
+    outputs: &["hist"],
+    header: HEADER,
+    body: include_str!("src/dsa_topk_hist.metal"),
+    contiguous: false,
+};
+
+/// Template `K`, `CAP`. Inputs `scores` (as `hist`'s) and its `hist`; outputs `top [B, Lq, K]`
+/// int32 and `bits [B, Lq, 2 * ceil(T / 32)]` uint32 (the bitmaps, scratch).
+static SELECT_KERNEL: Source = Source {
+    name: "latent_cache_dsa_topk_metal",
+    inputs: &["scores", "hist"],
+    outputs: &["top", "bits"],
+    header: HEADER,
     body: include_str!("src/dsa_topk.metal"),
     contiguous: false,
 };
 
-/// Whether the kernel selects `k` of `positions` float32 scores for `batch` rows of `queries`
-/// queries: an Apple GPU, the sizes `dsa::topk_fits` takes (at most `dsa::TOPK_MAX_POSITIONS`
-/// positions: one threadgroup reads a row five times), and the kernel having passed its probe
-/// for `k`.
+/// Whether the kernels select `k` of `positions` float32 scores for `batch` rows of `queries`
+/// queries: an Apple GPU, the sizes both backends take (`dsa::topk_sizes_fit`, rows of any
+/// length), and the kernels having passed their probe for `k`.
 pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k: usize) -> bool {
-    KERNEL.enabled() && on_metal() && topk_fits(scores, batch, queries, positions, k) && probed(k)
+    KERNEL.enabled()
+        && on_metal()
+        && topk_sizes_fit(scores, batch, queries, positions, k)
+        && positions.div_ceil(HIST_POSITIONS) * HIST_THREADS as usize <= i32::MAX as usize
+        && probed(k)
 }
 
 /// The `k` positions of highest score per query, `[B, Lq, k]` int32, lazily. Callers check
@@ -55,18 +82,31 @@ pub(crate) fn top_k(scores: &Array, k: usize) -> Result<Array> {
 
 fn launch(scores: &Array, k: usize) -> Result<Array> {
     let s = scores.shape();
-    let out = apply(
-        kernel(&TOPK_KERNEL)?,
+    let (batch, queries, positions) = (s[0], s[1], s[2] as usize);
+    let hist = apply_zeroed(
+        kernel(&HIST_KERNEL)?,
         &[scores],
         Launch {
-            outputs: &[(&[s[0], s[1], k as i32], Dtype::Int32)],
-            grid: [THREADS, s[1], s[0]],
-            block: [THREADS, 1, 1],
-            ints: &[("K", k as i32)],
+            outputs: &[(&[batch, queries, 2048], Dtype::Uint32)],
+            grid: [positions.div_ceil(HIST_POSITIONS) as i32 * HIST_THREADS, queries, batch],
+            block: [HIST_THREADS, 1, 1],
+            ints: &[],
             bools: &[],
         },
     )?;
-    Ok(out.into_iter().next().expect("one output"))
+    let words = positions.div_ceil(32) as i32;
+    let out = apply(
+        kernel(&SELECT_KERNEL)?,
+        &[scores, &hist[0]],
+        Launch {
+            outputs: &[(&[batch, queries, k as i32], Dtype::Int32), (&[batch, queries, 2 * words], Dtype::Uint32)],
+            grid: [THREADS, queries, batch],
+            block: [THREADS, 1, 1],
+            ints: &[("K", k as i32), ("CAP", CAP)],
+            bools: &[],
+        },
+    )?;
+    Ok(out.into_iter().next().expect("two outputs"))
 }
 
 /// The values of `k` probed so far and whether each passed.

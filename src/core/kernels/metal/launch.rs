@@ -58,6 +58,16 @@ pub(crate) fn kernel(source: &'static Source) -> Result<&'static Kernel> {
 /// Applies a kernel lazily on the library's stream. `launch.grid` counts threads (Metal's
 /// `dispatchThreads`), `launch.block` is the threadgroup.
 pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array>> {
+    apply_with(kernel, inputs, launch, None)
+}
+
+/// `apply` with every output filled with zeros before the kernel runs (MLX fills them as part
+/// of the same operation), for kernels that add into their outputs.
+pub(crate) fn apply_zeroed(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Result<Vec<Array>> {
+    apply_with(kernel, inputs, launch, Some(0.0))
+}
+
+fn apply_with(kernel: &Kernel, inputs: &[&Array], launch: Launch, init: Option<f32>) -> Result<Vec<Array>> {
     // SAFETY: the config and vectors are made here and freed on every path below; arrays are
     // borrowed for the call (mlx-c copies them into its vector) and the outputs copied out.
     unsafe {
@@ -70,6 +80,9 @@ pub(crate) fn apply(kernel: &Kernel, inputs: &[&Array], launch: Launch) -> Resul
         let ([gx, gy, gz], [tx, ty, tz]) = (launch.grid, launch.block);
         rc |= mlx_sys::mlx_fast_metal_kernel_config_set_grid(config, gx, gy, gz);
         rc |= mlx_sys::mlx_fast_metal_kernel_config_set_thread_group(config, tx, ty, tz);
+        if let Some(value) = init {
+            rc |= mlx_sys::mlx_fast_metal_kernel_config_set_init_value(config, value);
+        }
         for (n, v) in launch.ints {
             rc |= mlx_sys::mlx_fast_metal_kernel_config_add_template_arg_int(config, cstr(n).as_ptr(), *v);
         }
