@@ -19,19 +19,11 @@ use mlx_rs::{Array, Dtype};
 use crate::core::error::Result;
 use crate::core::kernels::cuda::launch;
 use crate::core::kernels::cuda::launch::{apply, apply_zeroed, kernel};
-use crate::core::kernels::dsa::topk_sizes_fit;
-use crate::core::kernels::launch::{Launch, Source, Switch};
+use crate::core::kernels::dsa::{top_k_in_two, topk_sizes_fit};
+use crate::core::kernels::launch::{Source, Switch};
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
 pub static KERNEL: Switch = Switch::new();
-
-/// Threads of a `select` block (as in its source): 1024 ask more registers than a
-/// multiprocessor has.
-const THREADS: i32 = 512;
-
-/// Positions a `hist` block counts (256 threads, 16 each).
-const HIST_POSITIONS: usize = 4096;
-const HIST_THREADS: i32 = 256;
 
 /// The most keys of the k-th largest key's bin that `select` lists in shared memory (beside its
 /// 8 KiB histogram: 40 KiB in all, within a block's static shared memory).
@@ -45,7 +37,6 @@ pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k:
     KERNEL.enabled()
         && launch::on_cuda()
         && topk_sizes_fit(scores, batch, queries, positions, k)
-        && positions.div_ceil(HIST_POSITIONS) * HIST_THREADS as usize <= i32::MAX as usize
 }
 
 const HEADER: &str = include_str!("src/dsa_topk.cuh");
@@ -74,31 +65,13 @@ static SELECT_KERNEL: Source = Source {
 /// The `k` positions of highest score per query, `[B, Lq, k]` int32, lazily. Callers check
 /// `applies` first.
 pub(crate) fn top_k(scores: &Array, k: usize) -> Result<Array> {
-    let s = scores.shape();
-    let (batch, queries, positions) = (s[0], s[1], s[2] as usize);
-    let hist = apply_zeroed(
-        kernel(&HIST_KERNEL, 0)?,
-        &[scores],
-        Launch {
-            outputs: &[(&[batch, queries, 2048], Dtype::Uint32)],
-            grid: [positions.div_ceil(HIST_POSITIONS) as i32 * HIST_THREADS, queries, batch],
-            block: [HIST_THREADS, 1, 1],
-            ints: &[],
-            bools: &[],
-        },
-    )?;
-    let words = positions.div_ceil(32) as i32;
-    let out = apply(
-        kernel(&SELECT_KERNEL, 0)?,
-        &[scores, &hist[0]],
-        Launch {
-            outputs: &[(&[batch, queries, k as i32], Dtype::Int32), (&[batch, queries, 2 * words], Dtype::Uint32)],
-            grid: [THREADS, queries, batch],
-            block: [THREADS, 1, 1],
-            ints: &[("K", k as i32), ("CAP", CAP)],
-            bools: &[],
-        },
+    let out = top_k_in_two(
+        scores,
+        k,
+        CAP,
+        |inputs, launch| apply_zeroed(kernel(&HIST_KERNEL, 0)?, inputs, launch),
+        |inputs, launch| apply(kernel(&SELECT_KERNEL, 0)?, inputs, launch),
     )?;
     KERNEL.launched();
-    Ok(out.into_iter().next().expect("one output"))
+    Ok(out)
 }

@@ -19,20 +19,13 @@ use once_cell::sync::Lazy;
 
 use super::probe_values::Draws;
 use crate::core::error::Result;
-use crate::core::kernels::dsa::topk_sizes_fit;
-use crate::core::kernels::launch::{Launch, Source, Switch};
+use crate::core::kernels::dsa::{top_k_in_two, topk_sizes_fit};
+use crate::core::kernels::launch::{Source, Switch};
 use crate::core::kernels::metal::launch::{apply, apply_zeroed, kernel, on_metal};
 use crate::core::mlx::ops;
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
 pub static KERNEL: Switch = Switch::new();
-
-/// Threads of a `select` threadgroup (as in its source).
-const THREADS: i32 = 512;
-
-/// Positions a `hist` threadgroup counts (256 threads, 16 each).
-const HIST_POSITIONS: usize = 4096;
-const HIST_THREADS: i32 = 256;
 
 /// The most keys of the k-th largest key's bin that `select` lists in threadgroup memory (beside
 /// its 8 KiB histogram: 24 KiB in all, within Apple GPUs' 32 KiB).
@@ -68,7 +61,6 @@ pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k:
     KERNEL.enabled()
         && on_metal()
         && topk_sizes_fit(scores, batch, queries, positions, k)
-        && positions.div_ceil(HIST_POSITIONS) * HIST_THREADS as usize <= i32::MAX as usize
         && probed(k)
 }
 
@@ -81,32 +73,14 @@ pub(crate) fn top_k(scores: &Array, k: usize) -> Result<Array> {
 }
 
 fn launch(scores: &Array, k: usize) -> Result<Array> {
-    let s = scores.shape();
-    let (batch, queries, positions) = (s[0], s[1], s[2] as usize);
-    let hist = apply_zeroed(
-        kernel(&HIST_KERNEL)?,
-        &[scores],
-        Launch {
-            outputs: &[(&[batch, queries, 2048], Dtype::Uint32)],
-            grid: [positions.div_ceil(HIST_POSITIONS) as i32 * HIST_THREADS, queries, batch],
-            block: [HIST_THREADS, 1, 1],
-            ints: &[],
-            bools: &[],
-        },
+    let out = top_k_in_two(
+        scores,
+        k,
+        CAP,
+        |inputs, launch| apply_zeroed(kernel(&HIST_KERNEL)?, inputs, launch),
+        |inputs, launch| apply(kernel(&SELECT_KERNEL)?, inputs, launch),
     )?;
-    let words = positions.div_ceil(32) as i32;
-    let out = apply(
-        kernel(&SELECT_KERNEL)?,
-        &[scores, &hist[0]],
-        Launch {
-            outputs: &[(&[batch, queries, k as i32], Dtype::Int32), (&[batch, queries, 2 * words], Dtype::Uint32)],
-            grid: [THREADS, queries, batch],
-            block: [THREADS, 1, 1],
-            ints: &[("K", k as i32), ("CAP", CAP)],
-            bools: &[],
-        },
-    )?;
-    Ok(out.into_iter().next().expect("two outputs"))
+    Ok(out)
 }
 
 /// The values of `k` probed so far and whether each passed.
