@@ -344,6 +344,34 @@ fn selection_over_a_long_window_takes_the_k_largest() {
     }
 }
 
+/// Scores are the caller's: rows of NaN (every bit set, and the quiet NaN), of -inf alone and of
+/// one value, read through a strided view, still select `k` distinct positions of the window on
+/// every path (the kernels' order keys count every position), and the same ones again.
+#[test]
+fn selection_over_degenerate_scores_stays_in_the_window() {
+    let _counting = COUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (batch, queries, positions, k) = (2usize, 2usize, 9000usize, 2048usize);
+    let mut cache = LatentCache::new(geometry([64, 32, 64], LayoutKind::RightJustified)).unwrap();
+    let n = batch * positions;
+    cache.append_host(batch, positions, &vec![0.5; n * 64], &vec![0.5; n * 32], Some(&vec![0.5; n * 64])).unwrap();
+    let donor = cache.capture_donor_rows().unwrap();
+    let rows: [f32; 4] = [f32::from_bits(0xffff_ffff), f32::NAN, f32::NEG_INFINITY, 1.5];
+    // `[B, T, Lq]` seen as `[B, Lq, T]`: a strided view (positions `queries` values apart).
+    let stored: Vec<f32> =
+        (0..batch * positions * queries).map(|i| rows[(i / (positions * queries)) * queries + i % queries]).collect();
+    let stored = Array::from_slice(&stored, &[batch as i32, positions as i32, queries as i32]);
+    let scores = latent_cache::core::mlx::math::swapaxes(&stored, 1, 2).unwrap();
+    let before = cuda::dsa_topk::KERNEL.launches();
+    let got = host(&donor.select(&scores, k).unwrap().unwrap());
+    assert_eq!(cuda::dsa_topk::KERNEL.launches() - before, launch::on_cuda() as usize, "the kernel on CUDA");
+    assert_eq!(host(&donor.select(&scores, k).unwrap().unwrap()), got, "the same positions again");
+    for r in 0..batch * queries {
+        let chosen: BTreeSet<i64> = got[r * k..][..k].iter().map(|&p| p as i64).collect();
+        assert_eq!(chosen.len(), k, "row-query {r} ({}): k distinct positions", rows[r]);
+        assert!(chosen.iter().all(|&p| (0..positions as i64).contains(&p)), "row-query {r}: in the window");
+    }
+}
+
 /// `x` rounded to the nearest bfloat16 (ties to even), as a float32.
 fn bf16(x: f32) -> f32 {
     let bits = x.to_bits();

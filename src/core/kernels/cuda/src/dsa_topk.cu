@@ -81,8 +81,9 @@
         unsigned int first = 0;
         if (lane == 0) first = atomicAdd(&s_n, __popc(eq));
         first = __shfl_sync(0xffffffffu, first, 0);
-        if ((eq >> lane) & 1u) {
-          const unsigned int i = first + __popc(eq & below);
+        // (The bin holds at most CAP keys: the histogram counted them; the bound is kept anyway.)
+        const unsigned int i = first + __popc(eq & below);
+        if (((eq >> lane) & 1u) && i < CAP) {
           ckey[i] = k[u];
           cpos[i] = t;
         }
@@ -93,7 +94,7 @@
 
   // The remaining digits among the candidates alone (shared memory), then their bits.
   if (!exact) {
-    const unsigned int n = s_n;
+    const unsigned int n = min(s_n, static_cast<unsigned int>(CAP));
     #pragma unroll 1
     for (; level < 3; level++) {
       const int shift = lc_digit_shift(level), digit = (1 << lc_digit_bits(level)) - 1;

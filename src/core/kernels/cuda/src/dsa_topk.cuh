@@ -12,11 +12,14 @@ __device__ __forceinline__ int lc_digit_shift(int level) { return level == 0 ? 2
 __device__ __forceinline__ int lc_digit_bits(int level) { return level == 2 ? 10 : 11; }
 
 // A score as an unsigned key in the same order (negative floats' bits reversed, positive ones'
-// sign set), so that -inf (a position the query does not see) is below every finite score and
-// key 0 (which no score gives but NaN with every bit set) can mark "no position".
+// sign set), so that -inf (a position the query does not see) is below every finite score. Key
+// 0 marks "no position" (past the row): the one score it would be (NaN with every bit set, which
+// a caller's scores may hold) takes key 1, so every position of a row counts and the k-th
+// largest key is always found.
 __device__ __forceinline__ unsigned int lc_key(float s) {
   const unsigned int u = __float_as_uint(s);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  const unsigned int k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return k | (k == 0u);
 }
 
 // Warp 0 of a block finds, in `hist` (2048 bins), the bin where the count from the top reaches

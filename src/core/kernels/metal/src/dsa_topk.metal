@@ -53,7 +53,7 @@
           }
         }
       } else {
-        const int n = static_cast<int>(atomic_load_explicit(&n_cand, memory_order_relaxed));
+        const int n = min(static_cast<int>(atomic_load_explicit(&n_cand, memory_order_relaxed)), CAP);
         for (int i = tid; i < n; i += THREADS) {
           if ((ckey[i] & mask) == prefix) atomic_fetch_add_explicit(&hist_tg[(ckey[i] >> shift) & digit], 1u, memory_order_relaxed);
         }
@@ -111,8 +111,9 @@
           uint first = 0;
           if (lane == 0) first = atomic_fetch_add_explicit(&n_cand, popcount(ew), memory_order_relaxed);
           first = simd_sum(first);
+          // (The bin holds at most CAP keys: the histogram counted them; the bound is kept anyway.)
           const uint i = first + simd_prefix_exclusive_sum(eq ? 1u : 0u);
-          if (eq) {
+          if (eq && i < uint(CAP)) {
             ckey[i] = k[u];
             cpos[i] = t;
           }
@@ -124,7 +125,7 @@
   // The list's keys above the K-th largest key, and its ties, into the bitmaps.
   if (!exact) {
     device atomic_uint* map = (device atomic_uint*)above;
-    const int n = static_cast<int>(atomic_load_explicit(&n_cand, memory_order_relaxed));
+    const int n = min(static_cast<int>(atomic_load_explicit(&n_cand, memory_order_relaxed)), CAP);
     for (int i = tid; i < n; i += THREADS) {
       const uint word = 1u << (cpos[i] & 31);
       if (ckey[i] > prefix) atomic_fetch_or_explicit(&map[cpos[i] >> 5], word, memory_order_relaxed);
