@@ -34,9 +34,7 @@ const CAP: i32 = 4096;
 /// within a launch. Rows of any length: a row's extra reads are the bins' doing, not its
 /// length's.
 pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k: usize) -> bool {
-    KERNEL.enabled()
-        && launch::on_cuda()
-        && topk_sizes_fit(scores, batch, queries, positions, k)
+    KERNEL.enabled() && launch::on_cuda() && topk_sizes_fit(scores, batch, queries, positions, k)
 }
 
 const HEADER: &str = include_str!("src/dsa_topk.cuh");

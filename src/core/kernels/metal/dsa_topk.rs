@@ -58,10 +58,7 @@ static SELECT_KERNEL: Source = Source {
 /// queries: an Apple GPU, the sizes both backends take (`dsa::topk_sizes_fit`, rows of any
 /// length), and the kernels having passed their probe for `k`.
 pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k: usize) -> bool {
-    KERNEL.enabled()
-        && on_metal()
-        && topk_sizes_fit(scores, batch, queries, positions, k)
-        && probed(k)
+    KERNEL.enabled() && on_metal() && topk_sizes_fit(scores, batch, queries, positions, k) && probed(k)
 }
 
 /// The `k` positions of highest score per query, `[B, Lq, k]` int32, lazily. Callers check
