@@ -80,6 +80,9 @@ check-header:
 	cargo run --quiet --release -p gen-header -- . target/header/latent_cache.h
 	@cmp include/latent_cache.h target/header/latent_cache.h || \
 	  { echo "include/latent_cache.h is stale: run 'make header' and commit it"; exit 1; }
+	@# Every macro the header defines is the library's (the include guard and mlx-c's guard aside).
+	@! grep -E '^#define ' include/latent_cache.h | grep -vE '^#define (LATENT_CACHE_|MLX_ARRAY_H)' || \
+	  { echo "include/latent_cache.h defines unprefixed macros: exclude them in cbindgen.toml"; exit 1; }
 
 # House style: the scripts `make test` runs keep to bash 3.2 (macOS's /bin/bash;
 # tools/bash32-lint.py), the floor plan (tools/floor-plan.py: rooms import only the rooms below them, no

@@ -115,12 +115,6 @@ typedef struct mlx_array_ {
 #endif
 
 
-// Positions a boundary moves by at once.
-#define CONVERSION_BLOCK 64
-
-// GLM-5.2's target layers.
-#define GLM52_TARGET_LAYERS 78
-
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
 typedef enum {

@@ -208,6 +208,16 @@ fn what_the_format_cannot_hold_is_refused_on_save() {
     bf16.append_host(1, 2, &rng.floats(2 * 32), &rng.floats(2 * 8), None).unwrap();
     assert_eq!(save(&[&bf16]), ErrorKind::InvalidArgument, "bf16 storage");
     assert_eq!(save(&[&LatentCache::new(g).unwrap()]), ErrorKind::InvalidArgument, "an empty cache");
+    assert_eq!(save(&[]), ErrorKind::InvalidArgument, "no layers");
+    // To bytes, the same refusals: a buffer a reader would refuse is never made.
+    let to_bytes = |layers: &[&LatentCache]| mlxbun::save_to_bytes(layers, &MlxbunInfo::default()).unwrap_err().kind;
+    assert_eq!(to_bytes(&[]), ErrorKind::InvalidArgument, "no layers, to bytes");
+    assert_eq!(to_bytes(&[&uneven]), ErrorKind::InvalidArgument, "padded rows, to bytes");
+    assert_eq!(to_bytes(&[&bf16]), ErrorKind::InvalidArgument, "bf16 storage, to bytes");
+    let mut one = LatentCache::new(g).unwrap();
+    one.append_host(1, 2, &rng.floats(2 * 32), &rng.floats(2 * 8), None).unwrap();
+    let too_many: Vec<&LatentCache> = std::iter::repeat_n(&one, 4097).collect();
+    assert_eq!(to_bytes(&too_many), ErrorKind::InvalidArgument, "more layers than a reader takes, to bytes");
     assert!(!path.exists());
     let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
         .unwrap()

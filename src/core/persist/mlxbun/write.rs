@@ -208,11 +208,10 @@ pub fn save_blocks(layers: &[&LatentCache], info: &MlxbunInfo, path: &Path, bloc
     })
 }
 
-/// Saves to bytes (the same layout as a file).
+/// Saves to bytes (the same layout as a file), refused as `save` is (a file of no layers or of
+/// more than a reader takes included).
 pub fn save_to_bytes(layers: &[&LatentCache], info: &MlxbunInfo) -> Result<Vec<u8>> {
-    for (i, layer) in layers.iter().enumerate() {
-        check_savable(i, layer)?;
-    }
+    check_file(layers)?;
     let mut out = Vec::new();
     write_to(&mut out, layers, info)?;
     Ok(out)
