@@ -146,3 +146,15 @@ fn attach_and_fork_check_what_they_are_given() {
     want.append(&mut on_short, &mut rng, 2);
     assert_rows(&on_short, &want, "over a cut prefix");
 }
+
+/// A prefix cut inside another's piece is a view of that piece's buffer: it reports the bytes
+/// that buffer holds (what keeping the prefix keeps alive), not none.
+#[test]
+fn a_prefix_cut_inside_a_piece_reports_the_buffer_it_keeps() {
+    let mut rng = Rng::new(23);
+    let (cache, _, source) = attached(LayoutKind::RightJustified, &mut rng, 1, 2);
+    let whole = source.share_prefix(0, PREFIX).unwrap();
+    let cut = cache.share_prefix(0, PREFIX - 1).unwrap();
+    assert!(whole.held_bytes() > 0);
+    assert_eq!(cut.held_bytes(), whole.held_bytes(), "the cut keeps the piece's buffer");
+}

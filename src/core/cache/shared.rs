@@ -100,7 +100,8 @@ impl LatentCache {
             })?;
             // A view evaluates to the same buffer; evaluated now, so no reader ever evaluates it.
             eval(parts.iter().flatten())?;
-            pieces.push(Arc::new(Piece { len: left, parts, held_bytes: 0 }));
+            // The view keeps the piece's whole buffer alive: it holds what the piece holds.
+            pieces.push(Arc::new(Piece { len: left, parts, held_bytes: piece.held_bytes }));
             break;
         }
         Ok(SharedPrefix::new(*base.geometry(), pieces))
