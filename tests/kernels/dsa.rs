@@ -345,8 +345,9 @@ fn selection_over_a_long_window_takes_the_k_largest() {
 }
 
 /// Scores are the caller's: rows of NaN (every bit set, and the quiet NaN), of -inf alone and of
-/// one value, read through a strided view, still select `k` distinct positions of the window on
-/// every path (the kernels' order keys count every position), and the same ones again.
+/// zeros of both signs, read through a strided view, still select `k` distinct positions of the
+/// window on every path (the kernels' order keys count every position), and the same ones again;
+/// on CUDA the zeros are one tie (-0 is +0), so the kernel takes the first `k` positions.
 #[test]
 fn selection_over_degenerate_scores_stays_in_the_window() {
     let _counting = COUNTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -355,10 +356,19 @@ fn selection_over_degenerate_scores_stays_in_the_window() {
     let n = batch * positions;
     cache.append_host(batch, positions, &vec![0.5; n * 64], &vec![0.5; n * 32], Some(&vec![0.5; n * 64])).unwrap();
     let donor = cache.capture_donor_rows().unwrap();
-    let rows: [f32; 4] = [f32::from_bits(0xffff_ffff), f32::NAN, f32::NEG_INFINITY, 1.5];
+    let rows: [f32; 4] = [f32::from_bits(0xffff_ffff), f32::NAN, f32::NEG_INFINITY, 0.0];
     // `[B, T, Lq]` seen as `[B, Lq, T]`: a strided view (positions `queries` values apart).
-    let stored: Vec<f32> =
-        (0..batch * positions * queries).map(|i| rows[(i / (positions * queries)) * queries + i % queries]).collect();
+    let stored: Vec<f32> = (0..batch * positions * queries)
+        .map(|i| {
+            let (r, t) = ((i / (positions * queries)) * queries + i % queries, i / queries % positions);
+            // The zeros' row alternates their signs.
+            if r == 3 && t % 2 == 1 {
+                -0.0
+            } else {
+                rows[r]
+            }
+        })
+        .collect();
     let stored = Array::from_slice(&stored, &[batch as i32, positions as i32, queries as i32]);
     let scores = latent_cache::core::mlx::math::swapaxes(&stored, 1, 2).unwrap();
     let before = cuda::dsa_topk::KERNEL.launches();
@@ -369,6 +379,10 @@ fn selection_over_degenerate_scores_stays_in_the_window() {
         let chosen: BTreeSet<i64> = got[r * k..][..k].iter().map(|&p| p as i64).collect();
         assert_eq!(chosen.len(), k, "row-query {r} ({}): k distinct positions", rows[r]);
         assert!(chosen.iter().all(|&p| (0..positions as i64).contains(&p)), "row-query {r}: in the window");
+    }
+    if launch::on_cuda() {
+        let zeros: Vec<i64> = got[3 * k..][..k].iter().map(|&p| p as i64).collect();
+        assert_eq!(zeros, (0..k as i64).collect::<Vec<_>>(), "zeros of both signs: one tie, the first k positions");
     }
 }
 

@@ -301,7 +301,7 @@ impl Donor {
         let s = q_index.shape();
         let (batch, heads, queries, width) = (s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize);
         let float = matches!(self.geometry.storage(Family::IndexKeys).float_dtype(), Some(Dtype::Bfloat16 | Dtype::Float16));
-        if !float || !cuda::dsa_scores::applies(keys.dtype(), 1, heads, batch * queries, width, piece.offset) {
+        if !float || !cuda::dsa_scores::applies(keys.dtype(), q_index.dtype(), 1, heads, batch * queries, width, piece.offset) {
             return Ok(None);
         }
         let folded = ops::reshape(&ops::contiguous(&math::swapaxes(q_index, 0, 1)?)?, &[1, heads, batch * queries, width])?;
@@ -327,7 +327,7 @@ impl Donor {
             return Ok(None);
         }
         let (ranges, causal) = (self.row_ranges(), mode == MaskMode::Causal);
-        if cuda::dsa_scores::applies(keys.dtype(), batch, heads, queries, width, positions) {
+        if cuda::dsa_scores::applies(keys.dtype(), q_index.dtype(), batch, heads, queries, width, positions) {
             return cuda::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal).map(Some);
         }
         let ranged = ranges.iter().any(|&r| r != (0, positions));

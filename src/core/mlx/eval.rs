@@ -139,12 +139,15 @@ pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
     eval_with(arrays, false)
 }
 
-/// `eval`, then waits until MLX has let go of every buffer the evaluation's kernels read. On
-/// MLX's GPU backends a kernel's inputs stay referenced after `eval` returns, until the
-/// backend's completion handler for its work has run (on another thread); a write evaluated
-/// while such a reference lives cannot take the buffer over and copies all of it. Callers that
-/// read part of a buffer and then write into it in place (`prepare_move`'s copy-out, then its
-/// writes) use this so the writes stay in place.
+/// `eval`, then a wait on the library's stream, so that MLX lets go of the buffers the
+/// evaluation's kernels read. On MLX's GPU backends a kernel's inputs stay referenced after
+/// `eval` returns, until the backend's completion handler for its work has run (on another
+/// thread); a write evaluated while such a reference lives cannot take the buffer over and copies
+/// all of it. Callers that read part of a buffer and then write into it in place
+/// (`prepare_move`'s copy-out, then its writes) use this so the writes stay in place. On CUDA the
+/// wait runs behind every earlier completion handler (MLX 0.32 queues it on the same worker;
+/// measured on the H200); on Metal it waits for the GPU's work, and a handler still running then
+/// costs a copy, never a wrong value.
 pub fn eval_settled<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
     eval_with(arrays, true)
 }

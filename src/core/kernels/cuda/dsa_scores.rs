@@ -42,12 +42,25 @@ fn shared_bytes(heads: usize, width: usize) -> usize {
 }
 
 /// Whether the kernel scores `queries` queries of `heads` heads and width `width` over
-/// `positions` keys stored in `storage`, for `batch` rows: on CUDA, 16-bit float storage, the
-/// queries fitting shared memory and a width of at most `MAX_WIDTH`, sizes within a launch.
+/// `positions` keys stored in `storage`, for `batch` rows: on CUDA, 16-bit float storage (queries
+/// of `q_dtype`: any over bfloat16 keys, float16 over float16 keys), the queries fitting shared
+/// memory and a width of at most `MAX_WIDTH`, sizes within a launch.
 /// Float32 keys stay with MLX's ops: they need no converted copy there, and MLX's matmul (TF32
 /// on its CUDA backend) was faster than the earlier float32-arithmetic kernel over them.
-pub fn applies(storage: Dtype, batch: usize, heads: usize, queries: usize, width: usize, positions: usize) -> bool {
-    KERNEL.enabled()
+pub fn applies(
+    storage: Dtype,
+    q_dtype: Dtype,
+    batch: usize,
+    heads: usize,
+    queries: usize,
+    width: usize,
+    positions: usize,
+) -> bool {
+    // Over float16 keys the queries are multiplied as float16, whose range (65504) other
+    // dtypes' values exceed: those stay with MLX's ops.
+    let in_range = storage != Dtype::Float16 || q_dtype == Dtype::Float16;
+    in_range
+        && KERNEL.enabled()
         && launch::on_cuda()
         && scores_fit(storage, batch, heads, queries, width, positions)
         && width <= MAX_WIDTH

@@ -31,8 +31,8 @@
     qhi[h * PAIRS + p] = lc_pack(h0, h1);
     if (SPLIT) qlo[h * PAIRS + p] = lc_pack(static_cast<E>(v[0] - static_cast<float>(h0)), static_cast<E>(v[1] - static_cast<float>(h1)));
   }
-  if (tid < HP) {
-    sw[tid] = tid < HI ? static_cast<float>(weights[b * weights_strides[0] + qi * weights_strides[1] + tid * weights_strides[2]]) : 0.f;
+  for (int h = tid; h < HP; h += THREADS) {
+    sw[h] = h < HI ? static_cast<float>(weights[b * weights_strides[0] + qi * weights_strides[1] + h * weights_strides[2]]) : 0.f;
   }
   __syncthreads();
   const int* rp = reinterpret_cast<const int*>(ranges);

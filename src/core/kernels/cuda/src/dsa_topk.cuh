@@ -17,7 +17,8 @@ __device__ __forceinline__ int lc_digit_bits(int level) { return level == 2 ? 10
 // a caller's scores may hold) takes key 1, so every position of a row counts and the k-th
 // largest key is always found.
 __device__ __forceinline__ unsigned int lc_key(float s) {
-  const unsigned int u = __float_as_uint(s);
+  // -0 is +0 (as float comparison has them): ties at zero stay ties.
+  const unsigned int u = __float_as_uint(s) == 0x80000000u ? 0u : __float_as_uint(s);
   const unsigned int k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return k | (k == 0u);
 }
