@@ -148,6 +148,31 @@ impl Switch {
 mod tests {
     use super::minified;
 
+    /// `minified` reads `//` comments and string literals alone: every kernel source keeps to
+    /// what it handles (no block comments, no character literals, no comment continued by a
+    /// trailing backslash), so minifying never changes a source's meaning.
+    #[test]
+    fn every_kernel_source_keeps_to_what_minified_handles() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/core/kernels");
+        let mut checked = 0;
+        for backend in ["cuda/src", "metal/src"] {
+            for entry in std::fs::read_dir(root.join(backend)).unwrap() {
+                let path = entry.unwrap().path();
+                let text = std::fs::read_to_string(&path).unwrap();
+                let name = path.display();
+                assert!(!text.contains("/*"), "{name}: a block comment");
+                for (i, line) in text.lines().enumerate() {
+                    let code = super::without_comment(line);
+                    assert!(!code.contains('\''), "{name}:{}: a character literal", i + 1);
+                    let comment = line.len() != code.len();
+                    assert!(!(comment && line.trim_end().ends_with('\\')), "{name}:{}: a comment continued", i + 1);
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked >= 20, "the kernel sources were found ({checked})");
+    }
+
     #[test]
     fn minified_keeps_code_and_drops_comments_indentation_and_blank_lines() {
         let source = "//! A kernel.\n\n  #define A(x) \"a//b\" \\\n    x // the value\n\n  const int y = 1;  // one\n    asm(\"{%0}\\n\" :: \"r\"(y)); // \"quoted\"\n";
