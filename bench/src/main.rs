@@ -414,8 +414,8 @@ fn main() {
             true => modes::MODE_SETS.iter().filter(|s| s.storage[0] != latent_cache::StorageMode::Q4).collect(),
             false => modes::MODE_SETS[..2].iter().collect(),
         };
+        let earlier = !std::env::args().any(|a| a == "--no-earlier");
         for set in sets.into_iter().filter(chosen) {
-            let earlier = !std::env::args().any(|a| a == "--no-earlier");
             out.extend(model_step::run(set, &points, cfg.quick, ops_only, earlier));
         }
         if let Some(dir) = std::path::Path::new(&cfg.out).parent() {

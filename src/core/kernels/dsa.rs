@@ -33,13 +33,12 @@ pub(crate) fn scores_fit(storage: Dtype, batch: usize, heads: usize, queries: us
 
 /// Whether a top-k kernel selects `k` of `positions` float32 scores for `batch` rows of
 /// `queries` queries: `k` below the positions (the caller attends densely otherwise), sizes
-/// within a launch (the histogram's blocks along the grid's x, and the kernels' position
-/// arithmetic in 32-bit integers, which runs up to two blocks past the row).
+/// within a launch (the kernels' position arithmetic in 32-bit integers runs up to two
+/// histogram blocks past the row; the histogram's grid, a sixteenth of that, fits with it).
 pub(crate) fn topk_sizes_fit(scores: Dtype, batch: usize, queries: usize, positions: usize, k: usize) -> bool {
     scores == Dtype::Float32
         && (1..positions).contains(&k)
         && positions <= i32::MAX as usize - 2 * HIST_POSITIONS
-        && positions.div_ceil(HIST_POSITIONS) * HIST_THREADS as usize <= i32::MAX as usize
         && (1..=65535).contains(&batch)
         && (1..=65535).contains(&queries)
 }

@@ -21,7 +21,7 @@ pub(crate) fn cstr(s: &str) -> CString {
 /// work over a source recurs at every launch (its CUDA backend copies the whole source into each
 /// operation built and hashes it at each evaluation to find the compiled module), so it runs over
 /// the code alone. Lines stay lines (the preprocessor's directives and continued macros need them).
-pub(crate) fn minified(source: &str) -> String {
+fn minified(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     for line in source.lines() {
         let code = without_comment(line).trim();
@@ -67,15 +67,27 @@ pub(crate) struct Source {
     pub contiguous: bool,
 }
 
+/// What MLX's kernel constructors take of a `Source`: its name, its body and header as MLX is
+/// given them (`minified`), mlx-c vectors of its input and output names, and whether inputs are
+/// made row-contiguous first.
+pub(crate) struct Texts {
+    pub name: CString,
+    pub body: CString,
+    pub header: CString,
+    pub inputs: mlx_sys::mlx_vector_string,
+    pub outputs: mlx_sys::mlx_vector_string,
+    pub contiguous: bool,
+}
+
 /// The kernel object of `source` with `shared` bytes of dynamic shared memory from `made`, or
-/// made by `make` (given mlx-c vectors of the input and output names; `None` where MLX made no
-/// kernel) and kept for the process: making one copies its source, and MLX compiles each source
-/// once however many objects name it.
+/// made by `make` (given the source's `Texts`; `None` where MLX made no kernel) and kept for the
+/// process: making one copies its source, and MLX compiles each source once however many
+/// objects name it.
 pub(crate) fn made_once<K: Sync>(
     made: &Made<K>,
     source: &'static Source,
     shared: usize,
-    make: impl FnOnce(mlx_sys::mlx_vector_string, mlx_sys::mlx_vector_string) -> Option<K>,
+    make: impl FnOnce(&Texts) -> Option<K>,
 ) -> Result<&'static K> {
     let mut kernels = made.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some((_, _, k)) = kernels.iter().find(|(n, s, _)| *n == source.name && *s == shared) {
@@ -84,15 +96,23 @@ pub(crate) fn made_once<K: Sync>(
     // SAFETY: the vectors are made, filled with copies of the names, and freed once `make`,
     // whose constructor copies them, returns.
     let k = unsafe {
-        let names = [source.inputs, source.outputs].map(|list| {
+        let [inputs, outputs] = [source.inputs, source.outputs].map(|list| {
             let v = mlx_sys::mlx_vector_string_new();
             for n in list {
                 mlx_sys::mlx_vector_string_append_value(v, cstr(n).as_ptr());
             }
             v
         });
-        let k = make(names[0], names[1]);
-        for v in names {
+        let texts = Texts {
+            name: cstr(source.name),
+            body: cstr(&minified(source.body)),
+            header: cstr(&minified(source.header)),
+            inputs,
+            outputs,
+            contiguous: source.contiguous,
+        };
+        let k = make(&texts);
+        for v in [inputs, outputs] {
             mlx_sys::mlx_vector_string_free(v);
         }
         k

@@ -8,7 +8,7 @@ use mlx_rs::Array;
 use once_cell::sync::Lazy;
 
 use crate::core::error::{fail, Result};
-use crate::core::kernels::launch::{cstr, made_once, minified, Launch, Made, Source};
+use crate::core::kernels::launch::{cstr, made_once, Launch, Made, Source};
 use crate::core::mlx::{device, ops};
 
 /// The GPU's compute capability when the library runs on a GPU driven by MLX's CUDA backend.
@@ -86,17 +86,16 @@ static KERNELS: Lazy<Made<Kernel>> = Lazy::new(|| Mutex::new(Vec::new()));
 
 /// The kernel of `source` with `shared` bytes of dynamic shared memory, made on first use.
 pub(crate) fn kernel(source: &'static Source, shared: usize) -> Result<&'static Kernel> {
-    let Source { name, header, body, contiguous, .. } = *source;
-    made_once(&KERNELS, source, shared, |ins, outs| {
+    made_once(&KERNELS, source, shared, |t| {
         // SAFETY: a plain mlx-c constructor; it copies the names and strings it is given.
         let k = unsafe {
             mlx_sys::mlx_fast_cuda_kernel_new(
-                cstr(name).as_ptr(),
-                ins,
-                outs,
-                cstr(&minified(body)).as_ptr(),
-                cstr(&minified(header)).as_ptr(),
-                contiguous,
+                t.name.as_ptr(),
+                t.inputs,
+                t.outputs,
+                t.body.as_ptr(),
+                t.header.as_ptr(),
+                t.contiguous,
                 shared as i32,
             )
         };
