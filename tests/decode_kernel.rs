@@ -5,7 +5,7 @@
 //! head count, with padded and ragged rows, lengths that do not fill a tile, and head-query
 //! pairs past one 64-row block. On MLX's CUDA backend this is the split-K
 //! kernel's test (each case checks that the kernel ran, and on a compute capability 9.0 GPU runs
-//! with its wgmma partial pass and with the mma.sync one); on an Apple GPU it is the Metal
+//! with the one-pass decode where it applies, with the wgmma partial pass and with the mma.sync one); on an Apple GPU it is the Metal
 //! kernel's test for float storage that is not composed (`metal::mla_decode`; each such case checks
 //! that it ran); elsewhere the same cases check the MLX-ops path, which the kernels fall back to.
 //! (Its own test binary: it counts process-wide kernel launches, flips the process-wide wgmma
@@ -203,11 +203,15 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         && launch::compute_capability() == Some((9, 0))
         && case.rank % 128 == 0
         && case.rope % 32 == 0;
+    // Few positions over 16-bit float storage that is not composed: the one-pass decode there.
+    let one_pass =
+        wgmma && case.hot_window == 0 && cuda::mla_decode_wgmma::one_pass_applies(case.rank, case.rope, sizes.positions);
     for mode in [MaskMode::None, MaskMode::Causal] {
         let kernel = on_cuda || metal(mode);
         let tolerance = if kernel { KERNEL_TOLERANCE } else { FALLBACK_TOLERANCE };
         let (before, before_metal) = (cuda::mla_decode::KERNEL.launches(), metal::mla_decode::KERNEL.launches());
         let before_wgmma = cuda::mla_decode_wgmma::KERNEL.launches();
+        let before_one_pass = cuda::mla_decode_wgmma::ONE_PASS.launches();
         let out = donor.attend(&arr(&q_latent, case.rank), &arr(&q_rope, case.rope), scale, mode, None).unwrap();
         let got = ops::to_host(&out).unwrap();
         let what = format!(
@@ -233,6 +237,10 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
             wgmma as usize,
             "{what}: the wgmma pass where it applies"
         );
+        if case.hot_window == 0 {
+            let ran = cuda::mla_decode_wgmma::ONE_PASS.launches() - before_one_pass;
+            assert_eq!(ran, one_pass as usize, "{what}: the one-pass decode where it applies");
+        }
         assert_eq!(out.shape(), &shape(case.rank));
         for b in 0..batch {
             let row = &model.rows[b];
@@ -327,18 +335,28 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         churned(case(Bf16, 512, 64, (64, 1), Ragged, &[0, 0], 300, 9)),
         churned(composed(64, case(Fp8, 512, 64, (64, 1), RightJustified, &[0, 9], 300, 9))),
     ];
-    // On a compute capability 9.0 GPU, every case with the same values twice: with the wgmma
-    // partial pass (where it applies), then with the mma.sync one. (This file's only test: the
-    // process-wide switch is not shared with another test.)
-    let passes: &[bool] = if launch::compute_capability() == Some((9, 0)) { &[true, false] } else { &[true] };
-    for &wgmma in passes {
+    // On a compute capability 9.0 GPU, every case with the same values three times: with the
+    // one-pass decode and the wgmma partial pass (where they apply), with the wgmma pass and the
+    // combine, then with the mma.sync pass and the combine. (This file's only test: the
+    // process-wide switches are not shared with another test.)
+    let passes: &[(bool, bool)] = if launch::compute_capability() == Some((9, 0)) {
+        &[(true, true), (true, false), (false, false)]
+    } else {
+        &[(true, true)]
+    };
+    let started = std::time::Instant::now();
+    for &(wgmma, one_pass) in passes {
         cuda::mla_decode_wgmma::KERNEL.set_enabled(wgmma);
+        cuda::mla_decode_wgmma::ONE_PASS.set_enabled(one_pass);
         rng = Rng::new(91);
-        for c in &cases {
+        for (i, c) in cases.iter().enumerate() {
             run(c, &mut rng);
+            // Progress, for a run on a GPU whose kernels compile as they are first used.
+            eprintln!("wgmma {wgmma} one pass {one_pass}: case {i} done at {:.1} s", started.elapsed().as_secs_f64());
         }
     }
     cuda::mla_decode_wgmma::KERNEL.set_enabled(true);
+    cuda::mla_decode_wgmma::ONE_PASS.set_enabled(true);
     // The scale is compiled into the kernel, for a few scales per process: attentions with
     // further scales run MLX's ops, as exactly as the fallback does.
     let mut scales: Vec<usize> = cases.iter().map(|c| c.rank + c.rope).collect();

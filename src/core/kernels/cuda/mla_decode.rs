@@ -17,6 +17,10 @@
 //!   and the tiles streamed in by a warpgroup of their own.
 //! - `combine`: each output channel sums the splits, weighted by `exp(max_s - max)`.
 //!
+//! Over a few positions (a DSA step's 2048 selected ones) on Hopper GPUs the two are one
+//! operation: `mla_decode_wgmma`'s one-pass decode combines its splits in a thread block cluster.
+//! The host's cost per operation, not the GPU's work, bounds a whole model's sparse decode step.
+//!
 //! Taken by `Donor::attend` where it applies (see `applies`); the MLX-ops path is the fallback
 //! and the reference it is tested against (`tests/decode_kernel.rs`, run on an H200). Its Metal
 //! counterpart is `metal::mla_decode`.
@@ -248,18 +252,30 @@ pub(crate) fn attend_passes(q_latent: &Array, q_rope: &Array, passes: &[Pass<'_>
     let qs = q_latent.shape();
     let (batch, heads, queries, rank) = (qs[0] as usize, qs[1] as usize, qs[2] as usize, qs[3] as usize);
     remember_scale(scale);
+    if let [pass] = passes {
+        // Few positions (a DSA step's selection, a short window): one pass, its splits combined
+        // in a thread block cluster, one operation fewer (Hopper GPUs; `mla_decode_wgmma`).
+        if !pass.shared && matches!(pass.latent, Latent::Float(_)) {
+            let rope_dim = q_rope.shape()[3] as usize;
+            if mla_decode_wgmma::one_pass_applies(rank, rope_dim, pass.positions()) {
+                let out = partial(q_latent, q_rope, pass, scale, Splits::OnePass)?;
+                KERNEL.launched();
+                return Ok(out.into_iter().next().expect("one output"));
+            }
+        }
+    }
     let total: usize = passes.iter().map(Pass::positions).sum();
     let mut partials = Vec::with_capacity(passes.len());
     for pass in passes {
         let target = (TARGET_BLOCKS * pass.positions()).div_ceil(total.max(1)).max(1);
         if !pass.shared {
-            partials.push(partial(q_latent, q_rope, pass, scale, target)?);
+            partials.push(two(partial(q_latent, q_rope, pass, scale, Splits::About(target))?));
             continue;
         }
         // One row for all: `[1, S, B * H * Lq, ...]` partials laid out as the other passes'
         // `[B, S, H * Lq, ...]` (a copy of the partials, never of the positions).
         let fold = |q: &Array| ops::reshape(q, &[1, batch * heads, queries, q.shape()[3] as usize]);
-        let [o, ml] = partial(&fold(q_latent)?, &fold(q_rope)?, pass, scale, target)?;
+        let [o, ml] = two(partial(&fold(q_latent)?, &fold(q_rope)?, pass, scale, Splits::About(target))?);
         let unfold = |x: &Array| -> Result<Array> {
             let s = x.shape();
             let per_row = ops::reshape(x, &[s[1] as usize, batch, heads * queries, s[3] as usize])?;
@@ -292,9 +308,23 @@ pub(crate) fn attend_passes(q_latent: &Array, q_rope: &Array, passes: &[Pass<'_>
     Ok(out.into_iter().next().expect("one output"))
 }
 
-/// One pass's partial kernel, in about `target` blocks: each split's unnormalized output `[B,
-/// S, H * Lq, R]` and running max and sum `[B, S, H * Lq, 2]`.
-fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, target: usize) -> Result<[Array; 2]> {
+/// How a partial pass splits its positions.
+enum Splits {
+    /// In about this many blocks: each split's unnormalized output `[B, S, H * Lq, R]` and
+    /// running max and sum `[B, S, H * Lq, 2]`, for `combine`.
+    About(usize),
+    /// The one-pass decode's cluster of splits: the attention's output, as `combine`'s.
+    OnePass,
+}
+
+/// A two-pass partial's two outputs.
+fn two(out: Vec<Array>) -> [Array; 2] {
+    let mut out = out.into_iter();
+    [out.next().expect("two outputs"), out.next().expect("two outputs")]
+}
+
+/// One pass's partial kernel (see `Splits`).
+fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, splits: Splits) -> Result<Vec<Array>> {
     let qs = q_latent.shape();
     let (batch, heads, queries, rank) = (qs[0] as usize, qs[1] as usize, qs[2] as usize, qs[3] as usize);
     let rope_dim = q_rope.shape()[3] as usize;
@@ -318,9 +348,16 @@ fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, target
     // The wgmma pass reads 16-bit floats only.
     let wgmma = packing.is_none() && mla_decode_wgmma::applies(rank, rope_dim);
     let min_tiles = if wgmma { mla_decode_wgmma::MIN_TILES_PER_SPLIT } else { MIN_TILES_PER_SPLIT };
-    let splits = (target / (batch * groups)).clamp(1, (tiles / min_tiles).max(1));
-    let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
-    let splits = positions.div_ceil(chunk).max(1);
+    let one_pass = matches!(splits, Splits::OnePass);
+    let splits = match splits {
+        Splits::About(target) => {
+            let splits = (target / (batch * groups)).clamp(1, (tiles / min_tiles).max(1));
+            let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
+            positions.div_ceil(chunk).max(1)
+        }
+        // Every split of the cluster runs (those past the positions see none).
+        Splits::OnePass => mla_decode_wgmma::CLUSTER_SIZE,
+    };
     // Without a ranges array (rows spanning the window) the queries stand in for the unread input.
     let bounds = launch::ranges_array(&pass.ranges, positions);
     let whole = bounds.is_none();
@@ -337,7 +374,11 @@ fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, target
     let (b, s, h, r) = (batch as i32, splits as i32, rows as i32, rank as i32);
     // Without a selection the queries stand in for the unread `sel`.
     let inputs = [q_latent, q_rope, stored, pass.rope, &bounds, pass.selected.unwrap_or(q_latent), scales, biases];
-    let outputs: [(&[i32], Dtype); 2] = [(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)];
+    let combined = [batch as i32, heads as i32, queries as i32, r];
+    let outputs: &[(&[i32], Dtype)] = match one_pass {
+        true => &[(&combined, Dtype::Float32)],
+        false => &[(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)],
+    };
     // With one query, causal sees the whole row: one compiled kernel serves both.
     let bools = [
         ("BF16", bf16),
@@ -346,16 +387,13 @@ fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, target
         ("GATHER", pass.selected.is_some()),
         ("FP8", packing == Some(Packing::Fp8)),
     ];
-    let out = match wgmma {
-        true => {
-            mla_decode_wgmma::partial(&inputs[..6], &outputs, [s, b, groups as i32], &ints[..5], &bools[..4], rank + rope_dim)?
-        }
+    let blocks = [s, b, groups as i32];
+    match wgmma {
+        true => mla_decode_wgmma::partial(&inputs[..6], outputs, blocks, &ints[..5], &bools[..4], rank + rope_dim, one_pass),
         false => apply(
             kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim, rank, packing))?,
             &inputs,
-            Launch { outputs: &outputs, grid: [s * 512, b, groups as i32], block: [512, 1, 1], ints: &ints, bools: &bools },
-        )?,
-    };
-    let mut out = out.into_iter();
-    Ok([out.next().expect("two outputs"), out.next().expect("two outputs")])
+            Launch { outputs, grid: [s * 512, b, groups as i32], block: [512, 1, 1], ints: &ints, bools: &bools },
+        ),
+    }
 }

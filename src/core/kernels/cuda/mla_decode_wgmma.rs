@@ -14,6 +14,13 @@
 //! registers; then it releases the buffer. Operands sit in shared memory as 8 x 8 core matrices
 //! of 128 contiguous bytes (wgmma's layout without swizzling). The outputs are the `partial`
 //! kernel's, for the same `combine`.
+//!
+//! The one-pass decode (`one_pass_applies`: up to 4096 positions, as a DSA step's 2048 selected
+//! ones) is this pass in eight splits that form a thread block cluster: after the last tile each
+//! block puts its unnormalized output and running max and sum in the key buffers, and each block
+//! then combines its eighth of the channels of every row from the eight blocks' shared memory
+//! (`combine`'s arithmetic) and writes the attention's output. One operation where the two
+//! passes are two: a whole model's sparse step is bound by the host's cost per operation.
 use mlx_rs::{Array, Dtype};
 
 use crate::core::error::Result;
@@ -49,11 +56,13 @@ pub(crate) fn fits(rank: usize, rope: usize) -> bool {
 
 const HEADER: &str = include_str!("src/mla_decode_wgmma.cuh");
 
-/// The partial pass (template arguments and inputs as `mla_decode`'s `PARTIAL`).
+/// The partial pass (template arguments and inputs as `mla_decode`'s `PARTIAL`, and `CLUSTER`
+/// 0).
 const PARTIAL: &str = concat!(
     include_str!("src/mla_decode_wgmma_layout.cu"),
     partial_prologue!(),
     include_str!("src/mla_decode_wgmma_partial.cu"),
+    include_str!("src/mla_decode_wgmma_store.cu"),
 );
 
 static PARTIAL_KERNEL: Source = Source {
@@ -64,6 +73,51 @@ static PARTIAL_KERNEL: Source = Source {
     body: PARTIAL,
     contiguous: false,
 };
+
+/// The one-pass decode: the partial pass over `CLUSTER_SIZE` splits that form a thread block
+/// cluster and combine their outputs in it (template `CLUSTER` = `CLUSTER_SIZE`). Output `out
+/// [B, H, R]` float32, as `combine`'s.
+const ONE_PASS_BODY: &str = concat!(
+    include_str!("src/mla_decode_wgmma_layout.cu"),
+    partial_prologue!(),
+    include_str!("src/mla_decode_wgmma_partial.cu"),
+    include_str!("src/mla_decode_wgmma_cluster.cu"),
+);
+
+static ONE_PASS_KERNEL: Source = Source {
+    name: "latent_cache_mla_decode_wgmma_one_pass",
+    inputs: PARTIAL_INPUTS,
+    outputs: &["out"],
+    header: concat!(include_str!("src/mla_decode_wgmma.cuh"), include_str!("src/mla_decode_wgmma_cluster.cuh")),
+    body: ONE_PASS_BODY,
+    contiguous: false,
+};
+
+/// The splits of the one-pass decode, one thread block cluster (as `LC_CLUSTER_SIZE` in its
+/// header; eight blocks is the cluster size every Hopper GPU runs).
+pub(crate) const CLUSTER_SIZE: usize = 8;
+
+/// The most positions the one-pass decode reads: sixteen tiles a split. A DSA decode step's
+/// 2048 selected positions take eight a split, as the two-pass decode splits them; a longer
+/// window needs more blocks than a cluster has (the two passes spread it over the GPU).
+const ONE_PASS_MAX_POSITIONS: usize = CLUSTER_SIZE * 16 * POSITIONS_PER_TILE;
+
+/// The one-pass decode's switch and launch count (on by default where it applies; tests turn it
+/// off to run the two passes on the same GPU). Its launches count as `KERNEL`'s too.
+pub static ONE_PASS: Switch = Switch::new();
+
+/// Whether one pass computes a decode of `positions` positions at widths `rank` and `rope`
+/// (where `applies`): few enough positions for a cluster's blocks, and the splits' outputs
+/// fitting the key buffers they take over after the last tile (rows of `rank + 8` floats, and
+/// five floats a row for the running max and sum, the splits' weights and the inverse sum).
+#[doc(hidden)]
+pub fn one_pass_applies(rank: usize, rope: usize, positions: usize) -> bool {
+    let outputs = ROWS * (rank + 8) * 4 + ROWS * (3 + CLUSTER_SIZE) * 4;
+    ONE_PASS.enabled()
+        && applies(rank, rope)
+        && positions <= ONE_PASS_MAX_POSITIONS
+        && outputs <= STAGES * POSITIONS_PER_TILE * (rank + rope) * 2
+}
 
 /// This kernel's switch and launch count (on by default where it applies; tests and benchmarks
 /// turn it off to run the `mma.sync` kernel on the same GPU).
@@ -80,7 +134,8 @@ pub fn applies(rank: usize, rope: usize) -> bool {
 }
 
 /// Applies the partial pass over `splits` x `batch` x `groups` blocks, with `mla_decode`'s
-/// inputs, outputs and template arguments.
+/// inputs, outputs and template arguments; with `one_pass`, the one-pass decode (`splits` is
+/// `CLUSTER_SIZE`, the output `combine`'s).
 pub(crate) fn partial(
     inputs: &[&Array],
     outputs: &[(&[i32], Dtype)],
@@ -88,12 +143,18 @@ pub(crate) fn partial(
     ints: &[(&str, i32)],
     bools: &[(&str, bool)],
     width: usize,
+    one_pass: bool,
 ) -> Result<Vec<Array>> {
-    let k = kernel(&PARTIAL_KERNEL, shared_bytes(width))?;
-    let ints: Vec<(&str, i32)> = ints.iter().copied().chain([("STAGES", STAGES as i32)]).collect();
+    let source = if one_pass { &ONE_PASS_KERNEL } else { &PARTIAL_KERNEL };
+    let k = kernel(source, shared_bytes(width))?;
+    let cluster = if one_pass { CLUSTER_SIZE as i32 } else { 0 };
+    let ints: Vec<(&str, i32)> = ints.iter().copied().chain([("STAGES", STAGES as i32), ("CLUSTER", cluster)]).collect();
     let [splits, batch, groups] = blocks;
     let launch = Launch { outputs, grid: [splits * THREADS, batch, groups], block: [THREADS, 1, 1], ints: &ints, bools };
     let out = apply(k, inputs, launch)?;
     KERNEL.launched();
+    if one_pass {
+        ONE_PASS.launched();
+    }
     Ok(out)
 }

@@ -65,6 +65,11 @@
       }
     }
     asm volatile("cp.async.wait_all;\n" ::);
+    // In a cluster the producers join the epilogue's two cluster barriers (`..._cluster.cu`).
+    if (CLUSTER) {
+      cg::this_cluster().sync();
+      cg::this_cluster().sync();
+    }
     return;
   }
 
@@ -161,27 +166,4 @@
     // This warp is done reading the buffer.
     __syncwarp();
     if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(lc_smem_addr(empty + st)));
-  }
-
-  #pragma unroll
-  for (int j = 0; j < NC / 8; j++) {
-    #pragma unroll
-    for (int k = 0; k < 2; k++) {
-      const int h = h0 + r0 + 8 * k, c = wg * NC + 8 * j + 2 * t;
-      if (h < H) {
-        *reinterpret_cast<float2*>(o_part + ((static_cast<int64_t>(b) * S + split) * H + h) * R + c) =
-            make_float2(o[4 * j + 2 * k], o[4 * j + 2 * k + 1]);
-      }
-    }
-  }
-  if (wg == 0 && t == 0) {
-    #pragma unroll
-    for (int k = 0; k < 2; k++) {
-      const int h = h0 + r0 + 8 * k;
-      if (h < H) {
-        const int64_t at = ((static_cast<int64_t>(b) * S + split) * H + h) * 2;
-        ml[at] = m[k];
-        ml[at + 1] = l[k];
-      }
-    }
   }
