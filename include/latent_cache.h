@@ -1570,6 +1570,19 @@ latent_cache_status latent_cache_donor_select(const latent_cache_donor *donor,
                                               size_t k,
                                               mlx_array *out);
 
+// DSA's selection in one call: `latent_cache_donor_select` of `latent_cache_donor_index_scores`
+// (same arguments, checked as there; `*out` as `latent_cache_donor_select` gives it, the same
+// positions). For an engine that needs the selection and not the scores: on CUDA the index-score
+// kernel also counts what the top-k kernel's first pass would, one MLX operation fewer per
+// indexer layer. Lazy; `*out` is the caller's.
+// Returns what `latent_cache_donor_index_scores` and `latent_cache_donor_select` return.
+latent_cache_status latent_cache_donor_index_select(const latent_cache_donor *donor,
+                                                    mlx_array q_index,
+                                                    mlx_array weights,
+                                                    uint32_t mode,
+                                                    size_t k,
+                                                    mlx_array *out);
+
 // Attention over the selected positions alone: `latent_cache_donor_attend`'s formula with each
 // query reading only its `k` positions from `indices` (`[B, Lq, k]` int32, from
 // `latent_cache_donor_select`); selected positions the query does not see are masked out.

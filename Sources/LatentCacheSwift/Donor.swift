@@ -66,6 +66,12 @@ public final class Donor: @unchecked Sendable {
     try output { latent_cache_donor_select(handle, scores.handle, k, $0) }
   }
 
+  /// `select(scores: indexScores(...), k:)` in one call (the same positions, or nil); on CUDA
+  /// one MLX operation fewer per indexer layer.
+  public func indexSelect(qIndex: MLXArray, weights: MLXArray, mode: MaskMode, k: Int) throws -> MLXArray? {
+    try output { latent_cache_donor_index_select(handle, qIndex.handle, weights.handle, mode.cValue, k, $0) }
+  }
+
   /// Attention over the positions in `indices` alone (`[B, H, Lq, kvLoraRank]` float32).
   public func attendSelected(qLatent: MLXArray, qRope: MLXArray, scale: Float, mode: MaskMode, indices: MLXArray) throws
     -> MLXArray

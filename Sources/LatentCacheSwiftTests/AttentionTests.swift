@@ -192,6 +192,12 @@ final class AttentionTests: XCTestCase {
         }
       }
     }
+    // The selection in one call: the same positions (both from the same scores).
+    let qIndexArray = try MLXArray(qIndex, shape: [b, hi, lq, 8])
+    let weightsArray = try MLXArray(weights, shape: [b, lq, hi])
+    let direct = try XCTUnwrap(try donor.indexSelect(qIndex: qIndexArray, weights: weightsArray, mode: .causal, k: k))
+    XCTAssertEqual(try direct.toHost().map { Int($0) }, chosen, "indexSelect picks what select of indexScores picks")
+    XCTAssertNil(try donor.indexSelect(qIndex: qIndexArray, weights: weightsArray, mode: .causal, k: tokens))
     let selected = try donor.attendSelected(qLatent: ql, qRope: qr, scale: scale, mode: .causal, indices: indices)
     try assertClose(
       selected,

@@ -124,8 +124,7 @@ fn build_layers(layers: &mut [LatentCache], q: &Queries, sparse: bool, take: imp
         let donor: Donor = cache.capture_donor_rows().unwrap();
         let out = if sparse {
             if glm52_selects(l) {
-                let scores = donor.index_scores(&q.index, &q.weights, MaskMode::None).unwrap();
-                selections[l] = donor.select(&scores, TOPK).unwrap();
+                selections[l] = donor.index_select(&q.index, &q.weights, MaskMode::None, TOPK).unwrap();
             }
             match &selections[glm52_selection_source(l)] {
                 Some(indices) => donor.attend_selected(&q.latent, &q.rope, scale, MaskMode::None, indices).unwrap(),

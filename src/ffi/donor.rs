@@ -239,6 +239,31 @@ pub unsafe extern "C" fn latent_cache_donor_select(
     }
 }
 
+/// DSA's selection in one call: `latent_cache_donor_select` of `latent_cache_donor_index_scores`
+/// (same arguments, checked as there; `*out` as `latent_cache_donor_select` gives it, the same
+/// positions). For an engine that needs the selection and not the scores: on CUDA the index-score
+/// kernel also counts what the top-k kernel's first pass would, one MLX operation fewer per
+/// indexer layer. Lazy; `*out` is the caller's.
+/// Returns what `latent_cache_donor_index_scores` and `latent_cache_donor_select` return.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_donor_index_select(
+    donor: *const latent_cache_donor,
+    q_index: mlx_array,
+    weights: mlx_array,
+    mode: u32,
+    k: usize,
+    out: *mut mlx_array,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let out = out_ptr(out, "out")?;
+        let mode = mask_mode(mode)?;
+        let (q_index, weights) = unsafe { (borrow(q_index, "q_index")?, borrow(weights, "weights")?) };
+        let selected = with_donor(donor, |d| Ok(d.index_select(&q_index, &weights, mode, k)?))?;
+        unsafe { write(out, give_optional(selected)) };
+        Ok(())
+    }
+}
+
 /// Attention over the selected positions alone: `latent_cache_donor_attend`'s formula with each
 /// query reading only its `k` positions from `indices` (`[B, Lq, k]` int32, from
 /// `latent_cache_donor_select`); selected positions the query does not see are masked out.

@@ -718,6 +718,19 @@ static void test_donor_attention(void) {
       CHECK(better < 2);
     }
   }
+  { /* the selection in one call: the same positions; k covering the window gives none; k 0 refused */
+    mlx_array direct = {NULL}, none = {NULL};
+    float dk[B * 2];
+    OK(latent_cache_donor_index_select(dsa, q_index, weights, LATENT_CACHE_MASK_NONE, 2, &direct));
+    OK(latent_cache_array_to_host(direct, dk, B * 2, &n));
+    CHECK(n == B * 2 && memcmp(dk, pk, sizeof dk) == 0);
+    OK(latent_cache_donor_index_select(dsa, q_index, weights, LATENT_CACHE_MASK_NONE, 5, &none));
+    CHECK(none.ctx == NULL);
+    CHECK(latent_cache_donor_index_select(dsa, q_index, weights, LATENT_CACHE_MASK_NONE, 0, &none) ==
+          LATENT_CACHE_STATUS_INVALID_ARGUMENT);
+    CHECK(none.ctx == NULL);
+    latent_cache_array_free(direct);
+  }
   OK(latent_cache_array_from_host_shape(ql, B * H * R, shape_l, 4, &q_latent));
   OK(latent_cache_array_from_host_shape(qr, B * H * P, shape_r, 4, &q_rope));
   OK(latent_cache_donor_attend_selected(dsa, q_latent, q_rope, 0.5f, LATENT_CACHE_MASK_NONE, picked, &sparse));

@@ -89,6 +89,18 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                     let got_scores = host(&scores);
                     let indices = donor.select(&scores, k).unwrap().expect("the window holds more than k positions");
                     let got_indices = host(&indices);
+                    // The selection in one call picks the same positions (on CUDA, from the
+                    // index-score kernel's own count of the top-k histogram).
+                    let direct = donor
+                        .index_select(
+                            &array(&q_index, &[batch, heads, queries, WIDTHS[2]]),
+                            &array(&weights, &[batch, queries, heads]),
+                            mode,
+                            k,
+                        )
+                        .unwrap()
+                        .expect("the window holds more than k positions");
+                    assert_eq!(host(&direct), got_indices, "{what}: index_select as select of index_scores");
                     let q_latent = positive(&mut rng, batch * heads * queries * WIDTHS[0]);
                     let q_rope = positive(&mut rng, batch * heads * queries * WIDTHS[1]);
                     let out = donor
@@ -427,6 +439,19 @@ fn index_scores_at_the_glm52_indexer_shape_match_a_float64_reference() {
         let scores = donor.index_scores(&q_array, &array(&w, &[batch, queries, heads]), mode).unwrap();
         let got = host(&scores);
         assert_eq!(cuda::dsa_scores::KERNEL.launches() - before, launch::on_cuda() as usize, "{what}: the kernel on CUDA");
+        // The selection in one call (on CUDA the scores kernel counts the top-k's histogram over
+        // its blocks): the k highest of these scores, the first positions among ties.
+        let k = 100;
+        let direct = donor.index_select(&q_array, &array(&w, &[batch, queries, heads]), mode, k).unwrap().expect("k < T");
+        let picked = host(&direct);
+        for row in 0..batch * queries {
+            let scores = &got[row * positions..][..positions];
+            let mut order: Vec<usize> = (0..positions).collect();
+            order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+            let want: BTreeSet<usize> = order[..k].iter().copied().collect();
+            let got: BTreeSet<usize> = picked[row * k..][..k].iter().map(|&p| p as usize).collect();
+            assert_eq!(got, want, "{what}: row {row}'s top {k}");
+        }
         for b in 0..batch {
             for i in 0..queries {
                 let seen = seen(positions, queries, i, mode == MaskMode::Causal);

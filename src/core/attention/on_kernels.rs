@@ -312,14 +312,17 @@ impl Donor {
 
     /// `index_scores` by the library's kernel on CUDA (`kernels::cuda::dsa_scores`) or on Apple
     /// GPUs (`kernels::metal::dsa_scores`), from the stored keys as they are: 16-bit float
-    /// storage without composed hot values. `None` where neither applies.
+    /// storage without composed hot values. `None` where neither applies. With `count` (the
+    /// top-k's `k`), on CUDA where the top-k kernel selects `k` of them, also the scores' top-k
+    /// histogram, counted by the same kernel.
     pub(super) fn kernel_index_scores(
         &self,
         q_index: &Array,
         weights: &Array,
         mode: MaskMode,
         (heads, queries, width): (usize, usize, usize),
-    ) -> Result<Option<Array>> {
+        count: Option<usize>,
+    ) -> Result<Option<(Array, Option<Array>)>> {
         let keys = &self.parts(Family::IndexKeys)[0];
         let float = matches!(self.geometry.storage(Family::IndexKeys).float_dtype(), Some(Dtype::Bfloat16 | Dtype::Float16));
         let (batch, positions) = (self.batch_size(), self.offset);
@@ -327,13 +330,21 @@ impl Donor {
             return Ok(None);
         }
         let (ranges, causal) = (self.row_ranges(), mode == MaskMode::Causal);
+        let counted = count.is_some_and(|k| {
+            cuda::dsa_topk::applies(Dtype::Float32, batch, queries, positions, k)
+                && cuda::dsa_scores::counted_applies(keys.dtype(), q_index.dtype(), batch, heads, queries, width, positions)
+        });
+        if counted {
+            let [scores, counts] = cuda::dsa_scores::index_scores_counted(q_index, weights, keys, &ranges, causal)?;
+            return Ok(Some((scores, Some(counts))));
+        }
         if cuda::dsa_scores::applies(keys.dtype(), q_index.dtype(), batch, heads, queries, width, positions) {
-            return cuda::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal).map(Some);
+            return Ok(Some((cuda::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal)?, None)));
         }
         let ranged = ranges.iter().any(|&r| r != (0, positions));
         let dtypes = (q_index.dtype(), weights.dtype());
         if metal::dsa_scores::applies(keys.dtype(), dtypes, batch, heads, queries, width, positions, (ranged, causal)) {
-            return metal::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal).map(Some);
+            return Ok(Some((metal::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal)?, None)));
         }
         Ok(None)
     }

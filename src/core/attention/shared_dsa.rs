@@ -32,7 +32,7 @@ impl Donor {
         let prefix = math::concatenate(&prefix.iter().collect::<Vec<_>>(), -1)?;
         let own = match self.offset {
             0 => None,
-            _ if let Some(sc) = self.kernel_index_scores(q_index, weights, mode, (heads, lq, width))? => Some(sc),
+            _ if let Some((sc, _)) = self.kernel_index_scores(q_index, weights, mode, (heads, lq, width), None)? => Some(sc),
             t => {
                 let sc = scores(&self.decoded(Family::IndexKeys)?)?;
                 Some(match self.masks(mode, lq) {

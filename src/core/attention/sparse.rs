@@ -6,6 +6,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::{Donor, MaskMode};
 use crate::core::error::{fail, Result};
+use crate::core::kernels::cuda;
 use crate::core::mlx::{math, ops};
 use crate::core::model::geometry::Family;
 use crate::core::storage::hot::same_dtype;
@@ -56,6 +57,34 @@ impl Donor {
     /// `q_index` is `[B, Hi, Lq, index_head_dim]`, `weights` `[B, Lq, Hi]` (scaled as the model
     /// scales them).
     pub fn index_scores(&self, q_index: &Array, weights: &Array, mode: MaskMode) -> Result<Array> {
+        Ok(self.scores_counted(q_index, weights, mode, None)?.0)
+    }
+
+    /// DSA's selection in one call: `select(index_scores(q_index, weights, mode), k)`, each
+    /// checking its arguments as there, with the same result. On CUDA, where both kernels apply,
+    /// the index-score kernel also counts the histogram the top-k's first kernel would: two
+    /// operations where the two calls make three (a decode step's indexer layers are bound by
+    /// the host's cost per operation).
+    pub fn index_select(&self, q_index: &Array, weights: &Array, mode: MaskMode, k: usize) -> Result<Option<Array>> {
+        if k == 0 {
+            return fail!(InvalidArgument, "top-k needs k of at least 1");
+        }
+        let (scores, counts) = self.scores_counted(q_index, weights, mode, Some(k))?;
+        match counts {
+            Some(counts) if self.offset() > k => cuda::dsa_topk::top_k_counted(&scores, &counts, k).map(Some),
+            _ => self.select(&scores, k),
+        }
+    }
+
+    /// `index_scores`, and with `count` (the top-k's `k`) the scores' top-k histogram where the
+    /// CUDA kernels count it (see `index_select`).
+    fn scores_counted(
+        &self,
+        q_index: &Array,
+        weights: &Array,
+        mode: MaskMode,
+        count: Option<usize>,
+    ) -> Result<(Array, Option<Array>)> {
         let Some(width) = self.geometry.width(Family::IndexKeys) else {
             return fail!(InvalidArgument, "this layer has no DSA index keys");
         };
@@ -67,18 +96,18 @@ impl Donor {
             return fail!(InvalidArgument, "index scores take the NONE or CAUSAL mask mode");
         }
         if self.shared.is_some() {
-            return self.shared_index_scores(q_index, weights, mode);
+            return Ok((self.shared_index_scores(q_index, weights, mode)?, None));
         }
         self.check_rows(mode, queries as usize)?;
         let (h, lq) = (heads as usize, queries as usize);
-        if let Some(scores) = self.kernel_index_scores(q_index, weights, mode, (h, lq, width))? {
-            return Ok(scores);
+        if let Some(scored) = self.kernel_index_scores(q_index, weights, mode, (h, lq, width), count)? {
+            return Ok(scored);
         }
         let keys = ops::astype(&self.decoded(Family::IndexKeys)?, Dtype::Float32)?;
         let scores = Self::index_products(q_index, weights, &keys)?;
         match self.masks(mode, lq) {
-            true => math::add(&scores, &self.query_mask(mode, lq)?),
-            false => Ok(scores),
+            true => Ok((math::add(&scores, &self.query_mask(mode, lq)?)?, None)),
+            false => Ok((scores, None)),
         }
     }
 

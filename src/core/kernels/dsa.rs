@@ -73,9 +73,23 @@ pub(crate) fn top_k_in_two(
             bools: &[],
         },
     )?;
+    select_counted(scores, &counts[0], k, cap, select)
+}
+
+/// `top_k_in_two`'s second launch alone, over `scores` and their histogram `counts` (`[B, Lq,
+/// 2048]` uint32, as `hist` counts them; CUDA's counting index-score kernel gives both).
+pub(crate) fn select_counted(
+    scores: &Array,
+    counts: &Array,
+    k: usize,
+    cap: i32,
+    select: impl FnOnce(&[&Array], Launch) -> Result<Vec<Array>>,
+) -> Result<Array> {
+    let s = scores.shape();
+    let (batch, queries, positions) = (s[0], s[1], s[2] as usize);
     let words = positions.div_ceil(32) as i32;
     let out = select(
-        &[scores, &counts[0]],
+        &[scores, counts],
         Launch {
             outputs: &[(&[batch, queries, k as i32], Dtype::Int32), (&[batch, queries, 2 * words], Dtype::Uint32)],
             grid: [SELECT_THREADS, queries, batch],

@@ -16,7 +16,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::core::error::Result;
 use crate::core::kernels::cuda::launch;
-use crate::core::kernels::cuda::launch::{apply, kernel};
+use crate::core::kernels::cuda::launch::{apply, apply_zeroed, kernel};
 use crate::core::kernels::dsa::scores_fit;
 use crate::core::kernels::launch::{Launch, Source, Switch};
 
@@ -86,6 +86,41 @@ static SCORES_KERNEL: Source = Source {
     contiguous: false,
 };
 
+/// The kernel that also counts its scores' top-k histogram (`dsa_topk`'s first kernel's output,
+/// `hist [B, Lq, 2048]` uint32, as a second output, zeroed by MLX first): DSA's selection is
+/// then the scores and the top-k's second kernel, two operations where it was three.
+static COUNTED_KERNEL: Source = Source {
+    name: "latent_cache_dsa_index_scores_counted",
+    inputs: &["q_index", "weights", "keys", "ranges"],
+    outputs: &["scores", "hist"],
+    header: concat!(
+        include_str!("src/dsa_scores_counted.cuh"),
+        include_str!("src/mma.cuh"),
+        include_str!("src/dsa_scores.cuh"),
+        include_str!("src/dsa_topk.cuh")
+    ),
+    body: SCORES,
+    contiguous: false,
+};
+
+/// Bytes of the histogram the counting kernel keeps in shared memory.
+const COUNTS_BYTES: usize = 2048 * 4;
+
+/// Whether the counting kernel scores these sizes (as `applies`, with its histogram in shared
+/// memory too).
+pub fn counted_applies(
+    storage: Dtype,
+    q_dtype: Dtype,
+    batch: usize,
+    heads: usize,
+    queries: usize,
+    width: usize,
+    positions: usize,
+) -> bool {
+    applies(storage, q_dtype, batch, heads, queries, width, positions)
+        && shared_bytes(heads, width) + COUNTS_BYTES <= STATIC_SHARED
+}
+
 /// The index scores `[B, Lq, T]` float32, lazily: `q_index [B, Hi, Lq, W]`, `weights [B, Lq,
 /// Hi]`, `keys [B, T, W]` (the stored part), `ranges` each row's visible window positions,
 /// `causal` the bottom-right aligned causal band. Callers check `applies` first.
@@ -96,6 +131,32 @@ pub(crate) fn index_scores(
     ranges: &[(usize, usize)],
     causal: bool,
 ) -> Result<Array> {
+    let out = scores(q_index, weights, keys, ranges, causal, false)?;
+    Ok(out.into_iter().next().expect("one output"))
+}
+
+/// `index_scores` and the scores' top-k histogram (for `dsa_topk::top_k_counted`), lazily.
+/// Callers check `counted_applies` first.
+pub(crate) fn index_scores_counted(
+    q_index: &Array,
+    weights: &Array,
+    keys: &Array,
+    ranges: &[(usize, usize)],
+    causal: bool,
+) -> Result<[Array; 2]> {
+    let mut out = scores(q_index, weights, keys, ranges, causal, true)?.into_iter();
+    Ok([out.next().expect("the scores"), out.next().expect("their histogram")])
+}
+
+/// Either kernel's launch.
+fn scores(
+    q_index: &Array,
+    weights: &Array,
+    keys: &Array,
+    ranges: &[(usize, usize)],
+    causal: bool,
+    counted: bool,
+) -> Result<Vec<Array>> {
     let qs = q_index.shape();
     let (batch, heads, queries, width) = (qs[0], qs[1], qs[2], qs[3]);
     let positions = keys.shape()[1];
@@ -104,12 +165,18 @@ pub(crate) fn index_scores(
     let whole = bounds.is_none();
     let bounds = bounds.unwrap_or_else(|| weights.clone());
     let tag = |d: Dtype| d as i32;
-    let k = kernel(&SCORES_KERNEL, 0)?;
-    let out = apply(
+    let scores = (&[batch, queries, positions][..], Dtype::Float32);
+    let counts = (&[batch, queries, 2048][..], Dtype::Uint32);
+    let (launch, outputs): (fn(_, _, _) -> _, &[_]) = match counted {
+        true => (apply_zeroed, &[scores, counts]),
+        false => (apply, &[scores]),
+    };
+    let k = kernel(if counted { &COUNTED_KERNEL } else { &SCORES_KERNEL }, 0)?;
+    let out = launch(
         k,
         &[q_index, weights, keys, &bounds],
         Launch {
-            outputs: &[(&[batch, queries, positions], Dtype::Float32)],
+            outputs,
             grid: [((positions as usize).div_ceil(POSITIONS_PER_BLOCK) * THREADS) as i32, queries, batch],
             block: [THREADS as i32, 1, 1],
             ints: &[
@@ -124,5 +191,5 @@ pub(crate) fn index_scores(
         },
     )?;
     KERNEL.launched();
-    Ok(out.into_iter().next().expect("one output"))
+    Ok(out)
 }

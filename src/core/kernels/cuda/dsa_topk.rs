@@ -19,7 +19,7 @@ use mlx_rs::{Array, Dtype};
 use crate::core::error::Result;
 use crate::core::kernels::cuda::launch;
 use crate::core::kernels::cuda::launch::{apply, apply_zeroed, kernel};
-use crate::core::kernels::dsa::{top_k_in_two, topk_sizes_fit};
+use crate::core::kernels::dsa::{select_counted, top_k_in_two, topk_sizes_fit};
 use crate::core::kernels::launch::{Source, Switch};
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
@@ -70,6 +70,14 @@ pub(crate) fn top_k(scores: &Array, k: usize) -> Result<Array> {
         |inputs, launch| apply_zeroed(kernel(&HIST_KERNEL, 0)?, inputs, launch),
         |inputs, launch| apply(kernel(&SELECT_KERNEL, 0)?, inputs, launch),
     )?;
+    KERNEL.launched();
+    Ok(out)
+}
+
+/// `top_k` over scores whose histogram is already counted (`dsa_scores::index_scores_counted`):
+/// the second kernel alone. Callers check `applies` first.
+pub(crate) fn top_k_counted(scores: &Array, counts: &Array, k: usize) -> Result<Array> {
+    let out = select_counted(scores, counts, k, CAP, |inputs, launch| apply(kernel(&SELECT_KERNEL, 0)?, inputs, launch))?;
     KERNEL.launched();
     Ok(out)
 }

@@ -17,6 +17,11 @@
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c4 = lane & 3;
   const int qi = blockIdx.y, b = blockIdx.z;
   const int T = keys_shape[1];
+#if LC_SCORES_COUNT
+  // The top-k's histogram of this block's scores, as `dsa_topk_hist.cu` counts them.
+  __shared__ unsigned int counts[2048];
+  for (int i = tid; i < 2048; i += THREADS) counts[i] = 0;
+#endif
   for (int i = tid; i < HP * (WP / 2); i += THREADS) {
     const int h = i / (WP / 2), p = i % (WP / 2);
     float v[2];
@@ -88,11 +93,21 @@
       s0 += __shfl_xor_sync(0xffffffffu, s0, off);
       s8 += __shfl_xor_sync(0xffffffffu, s8, off);
     }
-    if (c4 == 0) {
-      #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        const int t = t0 + g + 8 * r;
-        if (t < T) row[t] = t < lo || t >= hi ? __int_as_float(0xff800000) : (r == 0 ? s0 : s8);
-      }
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int t = t0 + g + 8 * r;
+      const bool mine = c4 == 0 && t < T;
+      const float v = t < lo || t >= hi ? __int_as_float(0xff800000) : (r == 0 ? s0 : s8);
+      if (mine) row[t] = v;
+#if LC_SCORES_COUNT
+      lc_count(counts, mine ? lc_key(v) >> 21 : 0xffffffffu, lane);
+#endif
     }
   }
+#if LC_SCORES_COUNT
+  __syncthreads();
+  unsigned int* out = hist + (static_cast<long long>(b) * LQ + qi) * 2048;
+  for (int i = tid; i < 2048; i += THREADS) {
+    if (counts[i] != 0) atomicAdd(&out[i], counts[i]);
+  }
+#endif
