@@ -192,15 +192,21 @@ fn selection_falls_back_to_dense_and_refuses_misuse() {
     assert_eq!(donor.index_scores(&q, &w, MaskMode::Array).unwrap_err().kind, latent_cache::ErrorKind::InvalidArgument);
     let bad_w = Array::from_slice(&[1f32; 6], &[3, 1, 2]);
     assert_eq!(donor.index_scores(&q, &bad_w, MaskMode::None).unwrap_err().kind, latent_cache::ErrorKind::Shape);
+    // The selection in one call refuses what either call refuses, and gives none where the
+    // window holds no more than k positions.
+    use latent_cache::ErrorKind::{InvalidArgument, Shape};
+    assert_eq!(donor.index_select(&q, &w, MaskMode::None, 0).unwrap_err().kind, InvalidArgument);
+    assert_eq!(donor.index_select(&q, &w, MaskMode::Array, 4).unwrap_err().kind, InvalidArgument);
+    assert_eq!(donor.index_select(&q, &bad_w, MaskMode::None, 4).unwrap_err().kind, Shape);
+    assert!(donor.index_select(&q, &w, MaskMode::None, donor.offset()).unwrap().is_none(), "no more positions than k");
     // A layer without index keys has no index scores.
     let mut plain = LatentCache::new(geometry([64, 32, 0], LayoutKind::RightJustified)).unwrap();
     plain.append_host(1, 2, &vec![0.5; 128], &vec![0.5; 64], None).unwrap();
     let q1 = Array::from_slice(&vec![0.5f32; 64], &[1, 1, 1, 64]);
     let w1 = Array::from_slice(&[1f32], &[1, 1, 1]);
-    assert_eq!(
-        plain.capture_donor_rows().unwrap().index_scores(&q1, &w1, MaskMode::None).unwrap_err().kind,
-        latent_cache::ErrorKind::InvalidArgument
-    );
+    let plain = plain.capture_donor_rows().unwrap();
+    assert_eq!(plain.index_scores(&q1, &w1, MaskMode::None).unwrap_err().kind, InvalidArgument);
+    assert_eq!(plain.index_select(&q1, &w1, MaskMode::None, 1).unwrap_err().kind, InvalidArgument);
 }
 
 /// Attention over selected positions in a decode step (one query per row) over float, 16-bit and
