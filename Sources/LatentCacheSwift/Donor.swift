@@ -66,8 +66,8 @@ public final class Donor: @unchecked Sendable {
     try output { latent_cache_donor_select(handle, scores.handle, k, $0) }
   }
 
-  /// `select(scores: indexScores(...), k:)` in one call (the same positions, or nil); on CUDA
-  /// one MLX operation fewer per indexer layer.
+  /// `select(scores: indexScores(...), k:)` in one call (the same positions, or nil); where the
+  /// library's kernels run, one MLX operation fewer per indexer layer.
   public func indexSelect(qIndex: MLXArray, weights: MLXArray, mode: MaskMode, k: Int) throws -> MLXArray? {
     try output { latent_cache_donor_index_select(handle, qIndex.handle, weights.handle, mode.cValue, k, $0) }
   }

@@ -241,9 +241,9 @@ pub unsafe extern "C" fn latent_cache_donor_select(
 
 /// DSA's selection in one call: `latent_cache_donor_select` of `latent_cache_donor_index_scores`
 /// (same arguments, checked as there; `*out` as `latent_cache_donor_select` gives it, the same
-/// positions). For an engine that needs the selection and not the scores: on CUDA the index-score
-/// kernel also counts what the top-k kernel's first pass would, one MLX operation fewer per
-/// indexer layer. Lazy; `*out` is the caller's.
+/// positions). For an engine that needs the selection and not the scores: where the library's
+/// kernels run (CUDA, Apple GPUs) the index-score kernel also counts what the top-k kernel's
+/// first pass would, one MLX operation fewer per indexer layer. Lazy; `*out` is the caller's.
 /// Returns what `latent_cache_donor_index_scores` and `latent_cache_donor_select` return.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_donor_index_select(

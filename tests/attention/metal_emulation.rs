@@ -3,8 +3,9 @@
 //! threadgroups and SIMD groups (`tests/metal_emulation/`): the split-K decode against a float64
 //! computation (padded, ragged and causal rows, strided views, empty splits, every float storage
 //! dtype, GLM-5.2's widths, selected positions read through their indices), DSA's top-k against
-//! the host's selection (ties, unseen positions, strided scores) and its index scores against a
-//! float64 computation (padded rows, causal queries, strided keys). These machines have no Apple GPU; this is the kernels' logic
+//! the host's selection (ties, unseen positions, strided scores), its index scores against a
+//! float64 computation (padded rows, causal queries, strided keys), and the index scores that
+//! count the top-k's histogram against the scores kernel and the histogram kernel. These machines have no Apple GPU; this is the kernels' logic
 //! checked, not Metal's compiler (`tests/decode_kernel.rs` runs them on an Apple GPU).
 use std::path::Path;
 use std::process::Command;
@@ -71,7 +72,15 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
         &[("q_index", "TQ"), ("weights", "TW"), ("keys", "TK"), ("ranges", "int")],
         &[("scores", "float")],
         &sources.join("dsa_scores.metal"),
-    );
+    ) + "#define LC_SCORES_COUNT 1\n"
+        + &function(
+            "lc_scores_counted",
+            "int HI, int W, int LQ, bool RANGES, bool CAUSAL, typename TQ, typename TW, typename TK",
+            &[("q_index", "TQ"), ("weights", "TW"), ("keys", "TK"), ("ranges", "int")],
+            &[("scores", "float"), ("hist", "uint")],
+            &sources.join("dsa_scores.metal"),
+        )
+        + "#undef LC_SCORES_COUNT\n";
     std::fs::write(dir.join("kernels.inc"), source).unwrap();
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/metal_emulation");
     let binary = dir.join("driver");
@@ -90,6 +99,6 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
     let report = String::from_utf8_lossy(&ran.stdout);
     println!("{report}");
     assert!(ran.status.success(), "every case agrees with float64:\n{report}{}", String::from_utf8_lossy(&ran.stderr));
-    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 14, "fourteen cases ran:\n{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 16, "sixteen cases ran:\n{report}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -186,6 +186,41 @@ double scores(int B, int T, int cap, const std::vector<std::pair<int, int>>& ran
   return worst / largest;
 }
 
+// The index scores that count the top-k's histogram, over `scores`' inputs: the same scores as
+// the scores kernel, bit for bit, and the histogram the histogram kernel counts of them (both
+// outputs zeroed first, as MLX zeroes them). Returns the number of values that differ.
+template <typename TQ, typename TK, int HEADS, int W, int LQ, bool RANGES, bool CAUSAL>
+double counted(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const auto q = values(size_t(B) * HEADS * LQ * W, rng), w = values(size_t(B) * LQ * HEADS, rng);
+  const auto k = values(size_t(B) * cap * W, rng);
+  const auto qt = as<TQ>(q), kt = as<TK>(k);
+  const int qs[4] = {B, HEADS, LQ, W}, ws[3] = {B, LQ, HEADS}, ks[3] = {B, T, W}, rs[1] = {2 * B};
+  const int64_t qst[4] = {int64_t(HEADS) * LQ * W, int64_t(LQ) * W, W, 1}, wst[3] = {int64_t(LQ) * HEADS, HEADS, 1};
+  const int64_t kst[3] = {int64_t(cap) * W, W, 1}, one[1] = {1};
+  std::vector<int> bounds;
+  for (auto [lo, hi] : ranges) bounds.insert(bounds.end(), {lo, hi});
+  std::vector<float> plain(size_t(B) * LQ * T, NAN), scores(size_t(B) * LQ * T, 0.f);
+  std::vector<uint> hist(size_t(B) * LQ * 2048, 0u), want(size_t(B) * LQ * 2048, 0u);
+  const uint3 grid{uint((T + 127) / 128), uint(LQ), uint(B)};
+  dispatch(grid, 128, [&](const Attributes& a) {
+    lc_scores<HEADS, W, LQ, RANGES, CAUSAL, TQ, float, TK>(qt.data(), qs, qst, w.data(), ws, wst, kt.data(), ks, kst,
+                                                           bounds.data(), rs, one, plain.data(), a);
+  });
+  dispatch(grid, 128, [&](const Attributes& a) {
+    lc_scores_counted<HEADS, W, LQ, RANGES, CAUSAL, TQ, float, TK>(qt.data(), qs, qst, w.data(), ws, wst, kt.data(), ks, kst,
+                                                                   bounds.data(), rs, one, scores.data(), hist.data(), a);
+  });
+  const int shape[3] = {B, LQ, T};
+  const int64_t strides[3] = {int64_t(LQ) * T, T, 1};
+  dispatch({uint((T + 4095) / 4096), uint(LQ), uint(B)}, 256,
+           [&](const Attributes& a) { lc_topk_hist(plain.data(), shape, strides, want.data(), a); });
+  double wrong = 0;
+  for (size_t i = 0; i < plain.size(); i++) wrong += std::memcmp(&plain[i], &scores[i], sizeof(float)) != 0;
+  for (size_t i = 0; i < hist.size(); i++) wrong += hist[i] != want[i];
+  return wrong;
+}
+
 }  // namespace
 
 int main() {
@@ -231,6 +266,18 @@ int main() {
   for (const auto& c : selections) {
     const bool ok = c.error == 0;
     std::printf("%s: %s (%g positions differ from the host's)\n", ok ? "ok" : "FAILED", c.what, c.error);
+    failed += !ok;
+  }
+  // The scores kernel counting the histogram: padded, ragged and causal rows over threadgroups.
+  const Case counts[] = {
+      {"counted index scores: bfloat16 keys of a wider buffer, 4 heads x 2 causal queries, padded rows",
+       counted<bfloat16_t, bfloat16_t, 4, 32, 2, true, true>(2, 300, 320, {{0, 300}, {7, 290}}, 13)},
+      {"counted index scores: float16, GLM-5.2's 32 heads of 128, one query, 3 rows of 700",
+       counted<float16_t, float16_t, 32, 128, 1, false, false>(3, 700, 700, {{0, 700}, {0, 700}, {0, 700}}, 14)},
+  };
+  for (const auto& c : counts) {
+    const bool ok = c.error == 0;
+    std::printf("%s: %s (%g scores or counts differ)\n", ok ? "ok" : "FAILED", c.what, c.error);
     failed += !ok;
   }
   return failed ? 1 : 0;

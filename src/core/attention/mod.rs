@@ -14,6 +14,7 @@
 //!
 //! May import: `error`, `layout`, `mlx`, `model`, `kernels`, `storage`, `cache`.
 mod dense;
+mod dsa_kernels;
 mod masks;
 mod on_kernels;
 mod shared;

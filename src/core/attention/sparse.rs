@@ -6,7 +6,6 @@ use mlx_rs::{Array, Dtype};
 
 use super::{Donor, MaskMode};
 use crate::core::error::{fail, Result};
-use crate::core::kernels::cuda;
 use crate::core::mlx::{math, ops};
 use crate::core::model::geometry::Family;
 use crate::core::storage::hot::same_dtype;
@@ -61,8 +60,8 @@ impl Donor {
     }
 
     /// DSA's selection in one call: `select(index_scores(q_index, weights, mode), k)`, each
-    /// checking its arguments as there, with the same result. On CUDA, where both kernels apply,
-    /// the index-score kernel also counts the histogram the top-k's first kernel would: two
+    /// checking its arguments as there, with the same result. Where both kernels apply (CUDA,
+    /// Apple GPUs) the index-score kernel also counts the histogram the top-k's first kernel would: two
     /// operations where the two calls make three (a decode step's indexer layers are bound by
     /// the host's cost per operation).
     pub fn index_select(&self, q_index: &Array, weights: &Array, mode: MaskMode, k: usize) -> Result<Option<Array>> {
@@ -71,7 +70,7 @@ impl Donor {
         }
         let (scores, counts) = self.scores_counted(q_index, weights, mode, Some(k))?;
         match counts {
-            Some(counts) if self.offset() > k => cuda::dsa_topk::top_k_counted(&scores, &counts, k).map(Some),
+            Some(counts) if self.offset() > k => self.kernel_select_counted(&scores, &counts, k).map(Some),
             _ => self.select(&scores, k),
         }
     }

@@ -3,7 +3,10 @@
 //! x ReLU(query . key), positions the query does not see at -inf), read straight from 16-bit
 //! stored keys, where MLX's operations take eight graph operations and a float32 copy of every
 //! stored key. One thread scores one position for every head, the threadgroup's queries and
-//! weights in threadgroup memory.
+//! weights in threadgroup memory. Its counting form (`index_scores_counted`, for
+//! `Donor::index_select`) also counts the top-k's histogram of its scores in threadgroup memory,
+//! added into the zeroed output, so the selection is two operations, not three; its probe also
+//! checks that histogram against the host's count of the scores it returned.
 //!
 //! **Untested on Apple hardware** (these machines have none): its source runs in the C++
 //! emulation of Metal (`tests/attention/metal_emulation.rs`) against a float64 computation, and
@@ -17,10 +20,10 @@ use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
 
 use super::probe_values::Draws;
-use crate::core::error::Result;
+use crate::core::error::{fail, Result};
 use crate::core::kernels::dsa::{scores_fit, SCORE_THREADS};
 use crate::core::kernels::launch::{Launch, Source, Switch};
-use crate::core::kernels::metal::launch::{apply, kernel, on_metal};
+use crate::core::kernels::metal::launch::{apply, apply_zeroed, kernel, on_metal};
 use crate::core::mlx::ops;
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
@@ -35,9 +38,26 @@ static SCORES_KERNEL: Source = Source {
     contiguous: false,
 };
 
-/// What a compiled form is: the keys', queries' and weights' dtypes, heads, width, queries, and
-/// whether it reads ranges and masks causally.
-type Form = (Dtype, Dtype, Dtype, usize, usize, usize, bool, bool);
+/// The kernel that also counts its scores' top-k histogram (`dsa_topk`'s first kernel's output,
+/// `hist [B, Lq, 2048]` uint32, zeroed by MLX first), as the CUDA one does.
+static COUNTED_KERNEL: Source = Source {
+    name: "latent_cache_dsa_index_scores_counted_metal",
+    inputs: &["q_index", "weights", "keys", "ranges"],
+    outputs: &["scores", "hist"],
+    header: concat!(include_str!("src/dsa_scores_counted.h.metal"), include_str!("src/dsa_topk.h.metal")),
+    body: include_str!("src/dsa_scores.metal"),
+    contiguous: false,
+};
+
+/// What a compiled form is: the keys', queries' and weights' dtypes, heads, width, queries,
+/// whether it reads ranges and masks causally, and whether it counts the histogram.
+type Form = (Dtype, Dtype, Dtype, usize, usize, usize, bool, bool, bool);
+
+/// Threadgroup memory a threadgroup of the counting kernel takes: the queries and weights in
+/// float32 and its histogram, within Apple GPUs' 32 KiB.
+fn counted_fits(heads: usize, width: usize) -> bool {
+    (heads * width + heads + 2048) * 4 <= 32 * 1024
+}
 
 /// Whether the kernel scores `queries` queries (`q`, `weights` dtypes) of `heads` heads and
 /// width `width` over `positions` keys stored in `storage`, for `batch` rows: an Apple GPU,
@@ -55,7 +75,24 @@ pub fn applies(
     (ranges, causal): (bool, bool),
 ) -> bool {
     let fits = KERNEL.enabled() && on_metal() && scores_fit(storage, batch, heads, queries, width, positions);
-    fits && probed((storage, q, w, heads, width, queries, ranges, causal && queries > 1))
+    fits && probed((storage, q, w, heads, width, queries, ranges, causal && queries > 1, false))
+}
+
+/// Whether the counting kernel scores these sizes: as `applies`, with its histogram in
+/// threadgroup memory, and its own probe passed (scores and histogram).
+#[allow(clippy::too_many_arguments)]
+pub fn counted_applies(
+    storage: Dtype,
+    (q, w): (Dtype, Dtype),
+    batch: usize,
+    heads: usize,
+    queries: usize,
+    width: usize,
+    positions: usize,
+    (ranges, causal): (bool, bool),
+) -> bool {
+    let fits = KERNEL.enabled() && on_metal() && scores_fit(storage, batch, heads, queries, width, positions);
+    fits && counted_fits(heads, width) && probed((storage, q, w, heads, width, queries, ranges, causal && queries > 1, true))
 }
 
 /// The index scores `[B, Lq, T]` float32, lazily (the CUDA kernel's arguments). Callers check
@@ -72,7 +109,59 @@ pub(crate) fn index_scores(
     Ok(out)
 }
 
+/// `index_scores` and the scores' top-k histogram (for `dsa_topk::top_k_counted`), lazily.
+/// Callers check `counted_applies` first.
+pub(crate) fn index_scores_counted(
+    q_index: &Array,
+    weights: &Array,
+    keys: &Array,
+    ranges: &[(usize, usize)],
+    causal: bool,
+) -> Result<[Array; 2]> {
+    let mut out = launch_with(q_index, weights, keys, ranges, causal, true)?.into_iter();
+    KERNEL.launched();
+    Ok([out.next().expect("the scores"), out.next().expect("their histogram")])
+}
+
 fn launch(q_index: &Array, weights: &Array, keys: &Array, ranges: &[(usize, usize)], causal: bool) -> Result<Array> {
+    let out = launch_with(q_index, weights, keys, ranges, causal, false)?;
+    Ok(out.into_iter().next().expect("one output"))
+}
+
+/// The counting kernel's scores, its histogram checked against the host's count of them (the
+/// probe's stand-in for `launch`).
+fn launch_counted(q_index: &Array, weights: &Array, keys: &Array, ranges: &[(usize, usize)], causal: bool) -> Result<Array> {
+    let mut out = launch_with(q_index, weights, keys, ranges, causal, true)?.into_iter();
+    let (scores, counts) = (out.next().expect("the scores"), out.next().expect("their histogram"));
+    let got = ops::to_host(&ops::astype(&counts, Dtype::Float32)?)?;
+    let host = ops::to_host(&scores)?;
+    let mut want = vec![0f32; got.len()];
+    for (row, values) in host.chunks(keys.shape()[1] as usize).enumerate() {
+        for &v in values {
+            want[row * 2048 + (order_key(v) >> 21) as usize] += 1.0;
+        }
+    }
+    match got == want {
+        true => Ok(scores),
+        false => fail!(Backend, "the counted histogram differs from the host's count of the scores"),
+    }
+}
+
+/// The top-k kernels' order key of a score (`lc_order_key` in `dsa_topk.h.metal`).
+fn order_key(score: f32) -> u32 {
+    let u = if score.to_bits() == 0x8000_0000 { 0 } else { score.to_bits() };
+    let k = if u & 0x8000_0000 != 0 { !u } else { u | 0x8000_0000 };
+    k.max(1)
+}
+
+fn launch_with(
+    q_index: &Array,
+    weights: &Array,
+    keys: &Array,
+    ranges: &[(usize, usize)],
+    causal: bool,
+    counted: bool,
+) -> Result<Vec<Array>> {
     let qs = q_index.shape();
     let (batch, heads, queries, width) = (qs[0], qs[1], qs[2], qs[3]);
     let positions = keys.shape()[1];
@@ -82,18 +171,23 @@ fn launch(q_index: &Array, weights: &Array, keys: &Array, ranges: &[(usize, usiz
     let mut bounds: Vec<i32> = ranges.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect();
     bounds.resize(bounds.len().max(8), 0);
     let bounds = ops::indices(&bounds, &[bounds.len()]);
-    let out = apply(
-        kernel(&SCORES_KERNEL)?,
+    let scores = (&[batch, queries, positions][..], Dtype::Float32);
+    let counts = (&[batch, queries, 2048][..], Dtype::Uint32);
+    let (run, source, outputs): (fn(_, _, _) -> _, _, &[_]) = match counted {
+        true => (apply_zeroed, &COUNTED_KERNEL, &[scores, counts]),
+        false => (apply, &SCORES_KERNEL, &[scores]),
+    };
+    run(
+        kernel(source)?,
         &[q_index, weights, keys, &bounds],
         Launch {
-            outputs: &[(&[batch, queries, positions], Dtype::Float32)],
+            outputs,
             grid: [(positions as usize).div_ceil(SCORE_THREADS) as i32 * SCORE_THREADS as i32, queries, batch],
             block: [SCORE_THREADS as i32, 1, 1],
             ints: &[("HI", heads), ("W", width), ("LQ", queries)],
             bools: &[("RANGES", !whole), ("CAUSAL", causal && queries > 1)],
         },
-    )?;
-    Ok(out.into_iter().next().expect("one output"))
+    )
 }
 
 /// The forms probed so far and whether each passed.
@@ -111,7 +205,7 @@ fn probed(form: Form) -> bool {
     if let Some(&(_, passed)) = probes.iter().find(|(f, _)| *f == form) {
         return passed;
     }
-    let passed = matches!(probe(form, launch), Ok(true));
+    let passed = matches!(probe(form, if form.8 { launch_counted } else { launch }), Ok(true));
     if !passed {
         eprintln!("latent-cache: the Metal index-score kernel is off for {form:?} (its check against the host failed); MLX's operations score instead");
     }
@@ -122,7 +216,7 @@ fn probed(form: Form) -> bool {
 /// `launch`'s signature: the kernel, or a stand-in in tests.
 type Score = fn(&Array, &Array, &Array, &[(usize, usize)], bool) -> Result<Array>;
 
-fn probe((storage, q_dtype, w_dtype, heads, width, queries, ranged, causal): Form, run: Score) -> Result<bool> {
+fn probe((storage, q_dtype, w_dtype, heads, width, queries, ranged, causal, _): Form, run: Score) -> Result<bool> {
     let (batch, positions) = (2usize, 300usize);
     let ranges = match ranged {
         true => vec![(0, positions), (7, 290)],
@@ -228,7 +322,7 @@ mod tests {
     #[test]
     fn probe_tells_right_scores_from_wrong() {
         for dtype in [Dtype::Bfloat16, Dtype::Float16] {
-            let form = (dtype, dtype, Dtype::Float32, 3, 16, 2, true, true);
+            let form = (dtype, dtype, Dtype::Float32, 3, 16, 2, true, true, false);
             assert!(probe(form, right).unwrap(), "{dtype:?}: right scores pass");
             assert!(!probe(form, no_relu).unwrap(), "{dtype:?}: scores without the ReLU fail");
             assert!(!probe(form, unmasked).unwrap(), "{dtype:?}: unmasked positions fail");

@@ -19,7 +19,7 @@ use once_cell::sync::Lazy;
 
 use super::probe_values::Draws;
 use crate::core::error::Result;
-use crate::core::kernels::dsa::{top_k_in_two, topk_sizes_fit};
+use crate::core::kernels::dsa::{select_counted, top_k_in_two, topk_sizes_fit};
 use crate::core::kernels::launch::{Source, Switch};
 use crate::core::kernels::metal::launch::{apply, apply_zeroed, kernel, on_metal};
 use crate::core::mlx::ops;
@@ -65,6 +65,14 @@ pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k:
 /// `applies` first.
 pub(crate) fn top_k(scores: &Array, k: usize) -> Result<Array> {
     let out = launch(scores, k)?;
+    KERNEL.launched();
+    Ok(out)
+}
+
+/// `top_k` over scores whose histogram is already counted (`dsa_scores::index_scores_counted`):
+/// the second kernel alone. Callers check `applies` first.
+pub(crate) fn top_k_counted(scores: &Array, counts: &Array, k: usize) -> Result<Array> {
+    let out = select_counted(scores, counts, k, CAP, |inputs, launch| apply(kernel(&SELECT_KERNEL)?, inputs, launch))?;
     KERNEL.launched();
     Ok(out)
 }
