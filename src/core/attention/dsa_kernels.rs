@@ -56,8 +56,8 @@ impl Donor {
     /// `index_scores` by the library's kernel on CUDA (`kernels::cuda::dsa_scores`) or on Apple
     /// GPUs (`kernels::metal::dsa_scores`), from the stored keys as they are: 16-bit float
     /// storage without composed hot values. `None` where neither applies. With `count` (the
-    /// top-k's `k`), on CUDA where the top-k kernel selects `k` of them, also the scores' top-k
-    /// histogram, counted by the same kernel.
+    /// top-k's `k`), where that backend's top-k kernel selects `k` of them, also the scores'
+    /// top-k histogram, counted by the same kernel.
     pub(super) fn kernel_index_scores(
         &self,
         q_index: &Array,

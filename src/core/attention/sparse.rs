@@ -65,10 +65,11 @@ impl Donor {
     /// operations where the two calls make three (a decode step's indexer layers are bound by
     /// the host's cost per operation).
     pub fn index_select(&self, q_index: &Array, weights: &Array, mode: MaskMode, k: usize) -> Result<Option<Array>> {
+        // The scores' checks first, then the selection's, as the two calls make them.
+        let (scores, counts) = self.scores_counted(q_index, weights, mode, Some(k))?;
         if k == 0 {
             return fail!(InvalidArgument, "top-k needs k of at least 1");
         }
-        let (scores, counts) = self.scores_counted(q_index, weights, mode, Some(k))?;
         match counts {
             Some(counts) if self.offset() > k => self.kernel_select_counted(&scores, &counts, k).map(Some),
             _ => self.select(&scores, k),

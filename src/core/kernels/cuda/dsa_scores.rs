@@ -94,10 +94,10 @@ static COUNTED_KERNEL: Source = Source {
     inputs: &["q_index", "weights", "keys", "ranges"],
     outputs: &["scores", "hist"],
     header: concat!(
-        include_str!("src/dsa_scores_counted.cuh"),
         include_str!("src/mma.cuh"),
         include_str!("src/dsa_scores.cuh"),
-        include_str!("src/dsa_topk.cuh")
+        include_str!("src/dsa_topk.cuh"),
+        include_str!("src/dsa_scores_counted.cuh")
     ),
     body: SCORES,
     contiguous: false,

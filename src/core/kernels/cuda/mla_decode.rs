@@ -345,10 +345,10 @@ fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, splits
     // `MIN_TILES_PER_SPLIT` tiles of positions each (the wgmma pass's own minimum where it
     // runs; the kernel derives each split's share from their count and the window).
     let tiles = positions.div_ceil(POSITIONS_PER_TILE).max(1);
-    // The wgmma pass reads 16-bit floats only.
-    let wgmma = packing.is_none() && mla_decode_wgmma::applies(rank, rope_dim);
-    let min_tiles = if wgmma { mla_decode_wgmma::MIN_TILES_PER_SPLIT } else { MIN_TILES_PER_SPLIT };
+    // The wgmma pass reads 16-bit floats only; the one pass is its form (the caller decided).
     let one_pass = matches!(splits, Splits::OnePass);
+    let wgmma = one_pass || (packing.is_none() && mla_decode_wgmma::applies(rank, rope_dim));
+    let min_tiles = if wgmma { mla_decode_wgmma::MIN_TILES_PER_SPLIT } else { MIN_TILES_PER_SPLIT };
     let splits = match splits {
         Splits::About(target) => {
             let splits = (target / (batch * groups)).clamp(1, (tiles / min_tiles).max(1));

@@ -1,5 +1,5 @@
-//! The decode kernel's partial pass for Hopper GPUs (compute capability 9.0): the same split-K
-//! flash decoding as `mla_decode`'s `partial`, with the products in warpgroup `wgmma`
+//! The decode kernel's partial pass for Hopper GPUs (compute capability 9.0), and its one-pass
+//! form (below): the same split-K flash decoding as `mla_decode`'s `partial`, with the products in warpgroup `wgmma`
 //! instructions that read their operands straight from shared memory, and the tiles streamed in
 //! by warps of their own. The `mma.sync` kernel reads every query and key fragment into
 //! registers, four warps to each stored value, and its threads both copy and compute, so the
@@ -109,7 +109,9 @@ pub static ONE_PASS: Switch = Switch::new();
 /// Whether one pass computes a decode of `positions` positions at widths `rank` and `rope`
 /// (where `applies`): few enough positions for a cluster's blocks, and the splits' outputs
 /// fitting the key buffers they take over after the last tile (rows of `rank + 8` floats, and
-/// five floats a row for the running max and sum, the splits' weights and the inverse sum).
+/// eleven floats a row: the running max and sum, the eight splits' weights, the inverse sum).
+/// (A GPU partitioned so that eight multiprocessors of one cluster cannot run together would
+/// refuse the launch: MLX's evaluation reports it; `ONE_PASS` turns this form off.)
 #[doc(hidden)]
 pub fn one_pass_applies(rank: usize, rope: usize, positions: usize) -> bool {
     let outputs = ROWS * (rank + 8) * 4 + ROWS * (3 + CLUSTER_SIZE) * 4;

@@ -66,7 +66,7 @@
     }
     asm volatile("cp.async.wait_all;\n" ::);
     // In a cluster the producers join the epilogue's two cluster barriers (`..._cluster.cu`).
-    if (CLUSTER) {
+    if constexpr (CLUSTER != 0) {
       cg::this_cluster().sync();
       cg::this_cluster().sync();
     }
@@ -158,8 +158,8 @@
     for (int kk = 0; kk < 2; kk++) {
       #pragma unroll
       for (int nn = 0; nn < NC / 64; nn++) {
-        const int cg = (wg * NC + nn * 64) / 8;
-        lc_wg_rs(o + nn * 32, pa[kk], lc_desc(sk + cg * CS + 2 * kk * 64, 128, CS * 2), BF16);
+        const int group = (wg * NC + nn * 64) / 8;
+        lc_wg_rs(o + nn * 32, pa[kk], lc_desc(sk + group * CS + 2 * kk * 64, 128, CS * 2), BF16);
       }
     }
     asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::);
