@@ -146,21 +146,38 @@ double top_k(int B, int LQ, int T, int levels, uint32_t seed) {
 // against float64, every unseen position -inf. Returns the largest difference relative to the
 // largest score (infinite where a seen position is not finite or an unseen one not -inf).
 template <typename TQ, typename TK, int HEADS, int W, int LQ, bool RANGES, bool CAUSAL>
-double scores(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const auto q = values(size_t(B) * HEADS * LQ * W, rng), w = values(size_t(B) * LQ * HEADS, rng);
-  const auto k = values(size_t(B) * cap * W, rng);
-  const auto qt = as<TQ>(q), kt = as<TK>(k);
-  const int qs[4] = {B, HEADS, LQ, W}, ws[3] = {B, LQ, HEADS}, ks[3] = {B, T, W}, rs[1] = {2 * B};
-  const int64_t qst[4] = {int64_t(HEADS) * LQ * W, int64_t(LQ) * W, W, 1}, wst[3] = {int64_t(LQ) * HEADS, HEADS, 1};
-  const int64_t kst[3] = {int64_t(cap) * W, W, 1}, one[1] = {1};
+struct ScoreInputs {
+  const int B, T;
+  std::mt19937 rng;
+  const std::vector<float> q, w, k;
+  const std::vector<TQ> qt;
+  const std::vector<TK> kt;
   std::vector<int> bounds;
-  for (auto [lo, hi] : ranges) bounds.insert(bounds.end(), {lo, hi});
+  const int qs[4], ws[3], ks[3], rs[1];
+  const int64_t qst[4], wst[3], kst[3], one[1] = {1};
+  ScoreInputs(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges, uint32_t seed)
+      : B(B), T(T), rng(seed), q(values(size_t(B) * HEADS * LQ * W, rng)), w(values(size_t(B) * LQ * HEADS, rng)),
+        k(values(size_t(B) * cap * W, rng)), qt(as<TQ>(q)), kt(as<TK>(k)), qs{B, HEADS, LQ, W}, ws{B, LQ, HEADS},
+        ks{B, T, W}, rs{2 * B}, qst{int64_t(HEADS) * LQ * W, int64_t(LQ) * W, W, 1}, wst{int64_t(LQ) * HEADS, HEADS, 1},
+        kst{int64_t(cap) * W, W, 1} {
+    for (auto [lo, hi] : ranges) bounds.insert(bounds.end(), {lo, hi});
+  }
+  uint3 grid() const { return {uint((T + 127) / 128), uint(LQ), uint(B)}; }
+  // The scores kernel into `out`.
+  void score(std::vector<float>& out) const {
+    dispatch(grid(), 128, [&](const Attributes& a) {
+      lc_scores<HEADS, W, LQ, RANGES, CAUSAL, TQ, float, TK>(qt.data(), qs, qst, w.data(), ws, wst, kt.data(), ks, kst,
+                                                             bounds.data(), rs, one, out.data(), a);
+    });
+  }
+};
+
+template <typename TQ, typename TK, int HEADS, int W, int LQ, bool RANGES, bool CAUSAL>
+double scores(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges, uint32_t seed) {
+  const ScoreInputs<TQ, TK, HEADS, W, LQ, RANGES, CAUSAL> in(B, T, cap, ranges, seed);
+  const auto &q = in.q, &w = in.w, &k = in.k;
   std::vector<float> out(size_t(B) * LQ * T, NAN);
-  dispatch({uint((T + 127) / 128), uint(LQ), uint(B)}, 128, [&](const Attributes& a) {
-    lc_scores<HEADS, W, LQ, RANGES, CAUSAL, TQ, float, TK>(qt.data(), qs, qst, w.data(), ws, wst, kt.data(), ks, kst,
-                                                           bounds.data(), rs, one, out.data(), a);
-  });
+  in.score(out);
   double worst = 0, largest = 1e-30;
   for (int b = 0; b < B; b++) {
     for (int i = 0; i < LQ; i++) {
@@ -191,25 +208,14 @@ double scores(int B, int T, int cap, const std::vector<std::pair<int, int>>& ran
 // outputs zeroed first, as MLX zeroes them). Returns the number of values that differ.
 template <typename TQ, typename TK, int HEADS, int W, int LQ, bool RANGES, bool CAUSAL>
 double counted(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const auto q = values(size_t(B) * HEADS * LQ * W, rng), w = values(size_t(B) * LQ * HEADS, rng);
-  const auto k = values(size_t(B) * cap * W, rng);
-  const auto qt = as<TQ>(q), kt = as<TK>(k);
-  const int qs[4] = {B, HEADS, LQ, W}, ws[3] = {B, LQ, HEADS}, ks[3] = {B, T, W}, rs[1] = {2 * B};
-  const int64_t qst[4] = {int64_t(HEADS) * LQ * W, int64_t(LQ) * W, W, 1}, wst[3] = {int64_t(LQ) * HEADS, HEADS, 1};
-  const int64_t kst[3] = {int64_t(cap) * W, W, 1}, one[1] = {1};
-  std::vector<int> bounds;
-  for (auto [lo, hi] : ranges) bounds.insert(bounds.end(), {lo, hi});
+  const ScoreInputs<TQ, TK, HEADS, W, LQ, RANGES, CAUSAL> in(B, T, cap, ranges, seed);
   std::vector<float> plain(size_t(B) * LQ * T, NAN), scores(size_t(B) * LQ * T, 0.f);
   std::vector<uint> hist(size_t(B) * LQ * 2048, 0u), want(size_t(B) * LQ * 2048, 0u);
-  const uint3 grid{uint((T + 127) / 128), uint(LQ), uint(B)};
-  dispatch(grid, 128, [&](const Attributes& a) {
-    lc_scores<HEADS, W, LQ, RANGES, CAUSAL, TQ, float, TK>(qt.data(), qs, qst, w.data(), ws, wst, kt.data(), ks, kst,
-                                                           bounds.data(), rs, one, plain.data(), a);
-  });
-  dispatch(grid, 128, [&](const Attributes& a) {
-    lc_scores_counted<HEADS, W, LQ, RANGES, CAUSAL, TQ, float, TK>(qt.data(), qs, qst, w.data(), ws, wst, kt.data(), ks, kst,
-                                                                   bounds.data(), rs, one, scores.data(), hist.data(), a);
+  in.score(plain);
+  dispatch(in.grid(), 128, [&](const Attributes& a) {
+    lc_scores_counted<HEADS, W, LQ, RANGES, CAUSAL, TQ, float, TK>(in.qt.data(), in.qs, in.qst, in.w.data(), in.ws, in.wst,
+                                                                   in.kt.data(), in.ks, in.kst, in.bounds.data(), in.rs,
+                                                                   in.one, scores.data(), hist.data(), a);
   });
   const int shape[3] = {B, LQ, T};
   const int64_t strides[3] = {int64_t(LQ) * T, T, 1};
