@@ -44,12 +44,14 @@ impl Donor {
         let s = q_index.shape();
         let (batch, heads, queries, width) = (s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize);
         let float = matches!(self.geometry.storage(Family::IndexKeys).float_dtype(), Some(Dtype::Bfloat16 | Dtype::Float16));
-        if !float || !cuda::dsa_scores::applies(keys.dtype(), q_index.dtype(), 1, heads, batch * queries, width, piece.offset) {
+        if !float
+            || !cuda::dsa_scores::applies((keys.dtype(), q_index.dtype()), 1, heads, batch * queries, width, piece.offset, false)
+        {
             return Ok(None);
         }
         let folded = ops::reshape(&ops::contiguous(&math::swapaxes(q_index, 0, 1)?)?, &[1, heads, batch * queries, width])?;
         let weights = ops::reshape(weights, &[1, batch * queries, heads])?;
-        let scores = cuda::dsa_scores::index_scores(&folded, &weights, keys, &[(0, piece.offset)], false)?;
+        let (scores, _) = cuda::dsa_scores::index_scores(&folded, &weights, keys, &[(0, piece.offset)], false, false)?;
         Ok(Some(ops::reshape(&scores, &[batch, queries, piece.offset])?))
     }
 
@@ -73,38 +75,23 @@ impl Donor {
             return Ok(None);
         }
         let (ranges, causal) = (self.row_ranges(), mode == MaskMode::Causal);
-        let counted = count.is_some_and(|k| {
-            cuda::dsa_topk::applies(Dtype::Float32, batch, queries, positions, k)
-                && cuda::dsa_scores::counted_applies(keys.dtype(), q_index.dtype(), batch, heads, queries, width, positions)
-        });
-        if counted {
-            let [scores, counts] = cuda::dsa_scores::index_scores_counted(q_index, weights, keys, &ranges, causal)?;
-            return Ok(Some((scores, Some(counts))));
-        }
-        if cuda::dsa_scores::applies(keys.dtype(), q_index.dtype(), batch, heads, queries, width, positions) {
-            return Ok(Some((cuda::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal)?, None)));
-        }
-        let ranged = ranges.iter().any(|&r| r != (0, positions));
         let dtypes = (q_index.dtype(), weights.dtype());
-        let counted = count.is_some_and(|k| {
-            metal::dsa_topk::applies(Dtype::Float32, batch, queries, positions, k)
-                && metal::dsa_scores::counted_applies(
-                    keys.dtype(),
-                    dtypes,
-                    batch,
-                    heads,
-                    queries,
-                    width,
-                    positions,
-                    (ranged, causal),
-                )
-        });
-        if counted {
-            let [scores, counts] = metal::dsa_scores::index_scores_counted(q_index, weights, keys, &ranges, causal)?;
-            return Ok(Some((scores, Some(counts))));
+        let ranged = ranges.iter().any(|&r| r != (0, positions));
+        let top_k = |applies: fn(Dtype, usize, usize, usize, usize) -> bool| {
+            count.is_some_and(|k| applies(Dtype::Float32, batch, queries, positions, k))
+        };
+        // The scores kernel counts the top-k's histogram where that backend's top-k selects (and
+        // scores alone where its histogram does not fit).
+        for counted in [top_k(cuda::dsa_topk::applies), false] {
+            if cuda::dsa_scores::applies((keys.dtype(), dtypes.0), batch, heads, queries, width, positions, counted) {
+                return cuda::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal, counted).map(Some);
+            }
         }
-        if metal::dsa_scores::applies(keys.dtype(), dtypes, batch, heads, queries, width, positions, (ranged, causal)) {
-            return Ok(Some((metal::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal)?, None)));
+        for counted in [top_k(metal::dsa_topk::applies), false] {
+            let form = (ranged, causal, counted);
+            if metal::dsa_scores::applies(keys.dtype(), dtypes, batch, heads, queries, width, positions, form) {
+                return metal::dsa_scores::index_scores(q_index, weights, keys, &ranges, causal, counted).map(Some);
+            }
         }
         Ok(None)
     }

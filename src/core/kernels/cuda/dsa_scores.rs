@@ -47,14 +47,15 @@ fn shared_bytes(heads: usize, width: usize) -> usize {
 /// memory and a width of at most `MAX_WIDTH`, sizes within a launch.
 /// Float32 keys stay with MLX's ops: they need no converted copy there, and MLX's matmul (TF32
 /// on its CUDA backend) was faster than the earlier float32-arithmetic kernel over them.
+/// With `counted`, the kernel that also counts the scores' top-k histogram (in shared memory too).
 pub fn applies(
-    storage: Dtype,
-    q_dtype: Dtype,
+    (storage, q_dtype): (Dtype, Dtype),
     batch: usize,
     heads: usize,
     queries: usize,
     width: usize,
     positions: usize,
+    counted: bool,
 ) -> bool {
     // Over float16 keys the queries are multiplied as float16, whose range (65504) other
     // dtypes' values exceed: those stay with MLX's ops.
@@ -64,7 +65,7 @@ pub fn applies(
         && launch::on_cuda()
         && scores_fit(storage, batch, heads, queries, width, positions)
         && width <= MAX_WIDTH
-        && shared_bytes(heads, width) <= STATIC_SHARED
+        && shared_bytes(heads, width) + if counted { COUNTS_BYTES } else { 0 } <= STATIC_SHARED
         && positions.div_ceil(POSITIONS_PER_BLOCK) * THREADS <= i32::MAX as usize
 }
 
@@ -106,57 +107,18 @@ static COUNTED_KERNEL: Source = Source {
 /// Bytes of the histogram the counting kernel keeps in shared memory.
 const COUNTS_BYTES: usize = 2048 * 4;
 
-/// Whether the counting kernel scores these sizes (as `applies`, with its histogram in shared
-/// memory too).
-pub fn counted_applies(
-    storage: Dtype,
-    q_dtype: Dtype,
-    batch: usize,
-    heads: usize,
-    queries: usize,
-    width: usize,
-    positions: usize,
-) -> bool {
-    applies(storage, q_dtype, batch, heads, queries, width, positions)
-        && shared_bytes(heads, width) + COUNTS_BYTES <= STATIC_SHARED
-}
-
 /// The index scores `[B, Lq, T]` float32, lazily: `q_index [B, Hi, Lq, W]`, `weights [B, Lq,
 /// Hi]`, `keys [B, T, W]` (the stored part), `ranges` each row's visible window positions,
-/// `causal` the bottom-right aligned causal band. Callers check `applies` first.
+/// `causal` the bottom-right aligned causal band; with `counted`, also their top-k histogram
+/// (for `dsa_topk::top_k_counted`). Callers check `applies` first.
 pub(crate) fn index_scores(
     q_index: &Array,
     weights: &Array,
     keys: &Array,
     ranges: &[(usize, usize)],
     causal: bool,
-) -> Result<Array> {
-    let out = scores(q_index, weights, keys, ranges, causal, false)?;
-    Ok(out.into_iter().next().expect("one output"))
-}
-
-/// `index_scores` and the scores' top-k histogram (for `dsa_topk::top_k_counted`), lazily.
-/// Callers check `counted_applies` first.
-pub(crate) fn index_scores_counted(
-    q_index: &Array,
-    weights: &Array,
-    keys: &Array,
-    ranges: &[(usize, usize)],
-    causal: bool,
-) -> Result<[Array; 2]> {
-    let mut out = scores(q_index, weights, keys, ranges, causal, true)?.into_iter();
-    Ok([out.next().expect("the scores"), out.next().expect("their histogram")])
-}
-
-/// Either kernel's launch.
-fn scores(
-    q_index: &Array,
-    weights: &Array,
-    keys: &Array,
-    ranges: &[(usize, usize)],
-    causal: bool,
     counted: bool,
-) -> Result<Vec<Array>> {
+) -> Result<(Array, Option<Array>)> {
     let qs = q_index.shape();
     let (batch, heads, queries, width) = (qs[0], qs[1], qs[2], qs[3]);
     let positions = keys.shape()[1];
@@ -191,5 +153,6 @@ fn scores(
         },
     )?;
     KERNEL.launched();
-    Ok(out)
+    let mut out = out.into_iter();
+    Ok((out.next().expect("the scores"), out.next()))
 }

@@ -74,7 +74,7 @@ pub(crate) fn top_k(scores: &Array, k: usize) -> Result<Array> {
     Ok(out)
 }
 
-/// `top_k` over scores whose histogram is already counted (`dsa_scores::index_scores_counted`):
+/// `top_k` over scores whose histogram is already counted (`dsa_scores::index_scores` with `counted`):
 /// the second kernel alone. Callers check `applies` first.
 pub(crate) fn top_k_counted(scores: &Array, counts: &Array, k: usize) -> Result<Array> {
     let out = select_counted(scores, counts, k, CAP, |inputs, launch| apply(kernel(&SELECT_KERNEL, 0)?, inputs, launch))?;

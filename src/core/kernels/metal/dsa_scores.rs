@@ -3,7 +3,7 @@
 //! x ReLU(query . key), positions the query does not see at -inf), read straight from 16-bit
 //! stored keys, where MLX's operations take eight graph operations and a float32 copy of every
 //! stored key. One thread scores one position for every head, the threadgroup's queries and
-//! weights in threadgroup memory. Its counting form (`index_scores_counted`, for
+//! weights in threadgroup memory. Its counting form (`index_scores` with `counted`, for
 //! `Donor::index_select`) also counts the top-k's histogram of its scores in threadgroup memory,
 //! added into the zeroed output, so the selection is two operations, not three; its probe also
 //! checks that histogram against the host's count of the scores it returned.
@@ -62,7 +62,8 @@ fn counted_fits(heads: usize, width: usize) -> bool {
 /// Whether the kernel scores `queries` queries (`q`, `weights` dtypes) of `heads` heads and
 /// width `width` over `positions` keys stored in `storage`, for `batch` rows: an Apple GPU,
 /// 16-bit float keys (as the CUDA kernel), the queries fitting threadgroup memory, sizes within a
-/// launch, and the kernel having passed its probe for this form.
+/// launch, and the kernel having passed its probe for this form (with `counted`, the form that
+/// also counts the top-k histogram, its histogram in threadgroup memory too).
 #[allow(clippy::too_many_arguments)]
 pub fn applies(
     storage: Dtype,
@@ -72,55 +73,26 @@ pub fn applies(
     queries: usize,
     width: usize,
     positions: usize,
-    (ranges, causal): (bool, bool),
+    (ranges, causal, counted): (bool, bool, bool),
 ) -> bool {
     let fits = KERNEL.enabled() && on_metal() && scores_fit(storage, batch, heads, queries, width, positions);
-    fits && probed((storage, q, w, heads, width, queries, ranges, causal && queries > 1, false))
+    let memory = !counted || counted_fits(heads, width);
+    fits && memory && probed((storage, q, w, heads, width, queries, ranges, causal && queries > 1, counted))
 }
 
-/// Whether the counting kernel scores these sizes: as `applies`, with its histogram in
-/// threadgroup memory, and its own probe passed (scores and histogram).
-#[allow(clippy::too_many_arguments)]
-pub fn counted_applies(
-    storage: Dtype,
-    (q, w): (Dtype, Dtype),
-    batch: usize,
-    heads: usize,
-    queries: usize,
-    width: usize,
-    positions: usize,
-    (ranges, causal): (bool, bool),
-) -> bool {
-    let fits = KERNEL.enabled() && on_metal() && scores_fit(storage, batch, heads, queries, width, positions);
-    fits && counted_fits(heads, width) && probed((storage, q, w, heads, width, queries, ranges, causal && queries > 1, true))
-}
-
-/// The index scores `[B, Lq, T]` float32, lazily (the CUDA kernel's arguments). Callers check
-/// `applies` first.
+/// The index scores `[B, Lq, T]` float32, lazily, and with `counted` their top-k histogram (the
+/// CUDA kernel's arguments). Callers check `applies` first.
 pub(crate) fn index_scores(
     q_index: &Array,
     weights: &Array,
     keys: &Array,
     ranges: &[(usize, usize)],
     causal: bool,
-) -> Result<Array> {
-    let out = launch(q_index, weights, keys, ranges, causal)?;
+    counted: bool,
+) -> Result<(Array, Option<Array>)> {
+    let mut out = launch_with(q_index, weights, keys, ranges, causal, counted)?.into_iter();
     KERNEL.launched();
-    Ok(out)
-}
-
-/// `index_scores` and the scores' top-k histogram (for `dsa_topk::top_k_counted`), lazily.
-/// Callers check `counted_applies` first.
-pub(crate) fn index_scores_counted(
-    q_index: &Array,
-    weights: &Array,
-    keys: &Array,
-    ranges: &[(usize, usize)],
-    causal: bool,
-) -> Result<[Array; 2]> {
-    let mut out = launch_with(q_index, weights, keys, ranges, causal, true)?.into_iter();
-    KERNEL.launched();
-    Ok([out.next().expect("the scores"), out.next().expect("their histogram")])
+    Ok((out.next().expect("the scores"), out.next()))
 }
 
 fn launch(q_index: &Array, weights: &Array, keys: &Array, ranges: &[(usize, usize)], causal: bool) -> Result<Array> {
