@@ -15,7 +15,7 @@
 //! of 128 contiguous bytes (wgmma's layout without swizzling). The outputs are the `partial`
 //! kernel's, for the same `combine`.
 //!
-//! The one-pass decode (`one_pass_applies`: up to 4096 positions, as a DSA step's 2048 selected
+//! The one-pass decode (`one_pass_applies`: up to 2048 positions, as a DSA step's 2048 selected
 //! ones) is this pass in eight splits that form a thread block cluster: after the last tile each
 //! block puts its unnormalized output and running max and sum in the key buffers, and each block
 //! then combines its eighth of the channels of every row from the eight blocks' shared memory
@@ -97,10 +97,11 @@ static ONE_PASS_KERNEL: Source = Source {
 /// header; eight blocks is the cluster size every Hopper GPU runs).
 pub(crate) const CLUSTER_SIZE: usize = 8;
 
-/// The most positions the one-pass decode reads: sixteen tiles a split. A DSA decode step's
-/// 2048 selected positions take eight a split, as the two-pass decode splits them; a longer
-/// window needs more blocks than a cluster has (the two passes spread it over the GPU).
-const ONE_PASS_MAX_POSITIONS: usize = CLUSTER_SIZE * 16 * POSITIONS_PER_TILE;
+/// The most positions the one-pass decode reads: eight tiles a split (`MIN_TILES_PER_SPLIT`), a
+/// DSA decode step's 2048 selected positions. Up to there the two passes would split the
+/// positions into eight splits or fewer, so one cluster has as many blocks as they would; past it
+/// the two passes spread more blocks over the GPU than a cluster holds.
+const ONE_PASS_MAX_POSITIONS: usize = CLUSTER_SIZE * MIN_TILES_PER_SPLIT * POSITIONS_PER_TILE;
 
 /// The one-pass decode's switch and launch count (on by default where it applies; tests turn it
 /// off to run the two passes on the same GPU). Its launches count as `KERNEL`'s too.
