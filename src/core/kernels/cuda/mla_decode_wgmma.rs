@@ -22,6 +22,7 @@
 //! (`combine`'s arithmetic) and writes the attention's output. One operation where the two
 //! passes are two: a whole model's sparse step is bound by the host's cost per operation.
 use mlx_rs::{Array, Dtype};
+use once_cell::sync::Lazy;
 
 use crate::core::error::Result;
 use crate::core::kernels::cuda::launch;
@@ -107,16 +108,25 @@ const ONE_PASS_MAX_POSITIONS: usize = CLUSTER_SIZE * MIN_TILES_PER_SPLIT * POSIT
 /// off to run the two passes on the same GPU). Its launches count as `KERNEL`'s too.
 pub static ONE_PASS: Switch = Switch::new();
 
+/// Whether the environment allows the one-pass form (read once): all but `LATENT_CACHE_ONE_PASS=0`.
+static ONE_PASS_ALLOWED: Lazy<bool> = Lazy::new(|| allowed(std::env::var("LATENT_CACHE_ONE_PASS").ok().as_deref()));
+
+fn allowed(setting: Option<&str>) -> bool {
+    setting.map(str::trim) != Some("0")
+}
+
 /// Whether one pass computes a decode of `positions` positions at widths `rank` and `rope`
 /// (where `applies`): few enough positions for a cluster's blocks, and the splits' outputs
 /// fitting the key buffers they take over after the last tile (rows of `rank + 8` floats, and
 /// eleven floats a row: the running max and sum, the eight splits' weights, the inverse sum).
 /// (A GPU partitioned so that eight multiprocessors of one cluster cannot run together would
-/// refuse the launch: MLX's evaluation reports it; `ONE_PASS` turns this form off.)
+/// refuse the launch: MLX's evaluation reports it; `LATENT_CACHE_ONE_PASS=0` in the environment
+/// turns this form off for the process, as `ONE_PASS` does.)
 #[doc(hidden)]
 pub fn one_pass_applies(rank: usize, rope: usize, positions: usize) -> bool {
     let outputs = ROWS * (rank + 8) * 4 + ROWS * (3 + CLUSTER_SIZE) * 4;
     ONE_PASS.enabled()
+        && *ONE_PASS_ALLOWED
         && applies(rank, rope)
         && positions <= ONE_PASS_MAX_POSITIONS
         && outputs <= STAGES * POSITIONS_PER_TILE * (rank + rope) * 2
@@ -160,4 +170,18 @@ pub(crate) fn partial(
         ONE_PASS.launched();
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// `LATENT_CACHE_ONE_PASS=0` (spaces aside) turns the one-pass form off; unset or any other
+    /// value leaves it on.
+    #[test]
+    fn the_environment_turns_the_one_pass_form_off_with_0_only() {
+        assert!(super::allowed(None));
+        assert!(!super::allowed(Some("0")));
+        assert!(!super::allowed(Some(" 0 ")));
+        assert!(super::allowed(Some("1")));
+        assert!(super::allowed(Some("")));
+    }
 }
