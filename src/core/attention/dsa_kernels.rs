@@ -14,26 +14,19 @@ use crate::core::model::geometry::Family;
 impl Donor {
     /// `select` by the library's radix-select kernels (`kernels::cuda::dsa_topk` on CUDA,
     /// `kernels::metal::dsa_topk` on Apple GPUs), in two operations where MLX's `argpartition`
-    /// sorts each row and then takes a slice and a cast. `None` where neither applies.
-    pub(super) fn kernel_select(&self, scores: &Array, k: usize) -> Result<Option<Array>> {
+    /// sorts each row and then takes a slice and a cast; one where the scores' histogram is
+    /// already `counted` (by that backend's index-score kernel: `kernel_index_scores`). `None`
+    /// where neither applies.
+    pub(super) fn kernel_select(&self, scores: &Array, counted: Option<&Array>, k: usize) -> Result<Option<Array>> {
         let s = scores.shape();
         let (batch, queries, positions) = (s[0] as usize, s[1] as usize, s[2] as usize);
         if cuda::dsa_topk::applies(scores.dtype(), batch, queries, positions, k) {
-            return cuda::dsa_topk::top_k(scores, k).map(Some);
+            return cuda::dsa_topk::top_k(scores, counted, k).map(Some);
         }
         if metal::dsa_topk::applies(scores.dtype(), batch, queries, positions, k) {
-            return metal::dsa_topk::top_k(scores, k).map(Some);
+            return metal::dsa_topk::top_k(scores, counted, k).map(Some);
         }
         Ok(None)
-    }
-
-    /// The top-k's second kernel over `scores` and their `counts` (from `kernel_index_scores`
-    /// with `count`: on the backend whose kernels counted them).
-    pub(super) fn kernel_select_counted(&self, scores: &Array, counts: &Array, k: usize) -> Result<Array> {
-        match metal::on_metal() {
-            true => metal::dsa_topk::top_k_counted(scores, counts, k),
-            false => cuda::dsa_topk::top_k_counted(scores, counts, k),
-        }
     }
 
     /// `index_scores` of a shared prefix's piece (one row, `keys [1, len, w]`) for every row's

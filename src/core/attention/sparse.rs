@@ -61,23 +61,17 @@ impl Donor {
 
     /// DSA's selection in one call: `select(index_scores(q_index, weights, mode), k)`, each
     /// checking its arguments as there, with the same result. Where both kernels apply (CUDA,
-    /// Apple GPUs) the index-score kernel also counts the histogram the top-k's first kernel would: two
-    /// operations where the two calls make three (a decode step's indexer layers are bound by
-    /// the host's cost per operation).
+    /// Apple GPUs) the index-score kernel also counts the histogram the top-k's first kernel
+    /// would: two operations where the two calls make three (a decode step's indexer layers are
+    /// bound by the host's cost per operation).
     pub fn index_select(&self, q_index: &Array, weights: &Array, mode: MaskMode, k: usize) -> Result<Option<Array>> {
         // The scores' checks first, then the selection's, as the two calls make them.
         let (scores, counts) = self.scores_counted(q_index, weights, mode, Some(k))?;
-        if k == 0 {
-            return fail!(InvalidArgument, "top-k needs k of at least 1");
-        }
-        match counts {
-            Some(counts) if self.offset() > k => self.kernel_select_counted(&scores, &counts, k).map(Some),
-            _ => self.select(&scores, k),
-        }
+        self.select_counted(&scores, counts.as_ref(), k)
     }
 
     /// `index_scores`, and with `count` (the top-k's `k`) the scores' top-k histogram where the
-    /// CUDA kernels count it (see `index_select`).
+    /// library's kernels count it (see `index_select`).
     fn scores_counted(
         &self,
         q_index: &Array,
@@ -149,6 +143,12 @@ impl Donor {
     /// at the k-th score go to the first positions), elsewhere MLX's `argpartition` (ties as it
     /// breaks them).
     pub fn select(&self, scores: &Array, k: usize) -> Result<Option<Array>> {
+        self.select_counted(scores, None, k)
+    }
+
+    /// `select`, the scores' top-k histogram already `counted` where the index-score kernel
+    /// counted it (`index_select`).
+    fn select_counted(&self, scores: &Array, counted: Option<&Array>, k: usize) -> Result<Option<Array>> {
         if k == 0 {
             return fail!(InvalidArgument, "top-k needs k of at least 1");
         }
@@ -160,7 +160,7 @@ impl Donor {
         if t <= k {
             return Ok(None);
         }
-        if let Some(top) = self.kernel_select(scores, k)? {
+        if let Some(top) = self.kernel_select(scores, counted, k)? {
             return Ok(Some(top));
         }
         // The last k of a partition at T - k are the k largest (no negated copy of the scores).

@@ -53,9 +53,12 @@ const SELECT_THREADS: i32 = 512;
 /// output zeroed) counts each row's keys of `scores [B, Lq, T]` by their top digit into `[B, Lq,
 /// 2048]` uint32; `select` (template `K`, `CAP`: the most keys of a bin it lists) reads the
 /// scores and that histogram into `top [B, Lq, k]` int32 and its bitmaps (`[B, Lq, 2 ceil(T /
-/// 32)]` uint32, scratch). Each backend applies them with its own kernels.
+/// 32)]` uint32, scratch). Each backend applies them with its own kernels. Where the histogram is
+/// already `counted` (the counting index-score kernels give it with the scores), `hist` is not
+/// launched.
 pub(crate) fn top_k_in_two(
     scores: &Array,
+    counted: Option<&Array>,
     k: usize,
     cap: i32,
     hist: impl FnOnce(&[&Array], Launch) -> Result<Vec<Array>>,
@@ -63,30 +66,23 @@ pub(crate) fn top_k_in_two(
 ) -> Result<Array> {
     let s = scores.shape();
     let (batch, queries, positions) = (s[0], s[1], s[2] as usize);
-    let counts = hist(
-        &[scores],
-        Launch {
-            outputs: &[(&[batch, queries, 2048], Dtype::Uint32)],
-            grid: [positions.div_ceil(HIST_POSITIONS) as i32 * HIST_THREADS, queries, batch],
-            block: [HIST_THREADS, 1, 1],
-            ints: &[],
-            bools: &[],
-        },
-    )?;
-    select_counted(scores, &counts[0], k, cap, select)
-}
-
-/// `top_k_in_two`'s second launch alone, over `scores` and their histogram `counts` (`[B, Lq,
-/// 2048]` uint32, as `hist` counts them; CUDA's counting index-score kernel gives both).
-pub(crate) fn select_counted(
-    scores: &Array,
-    counts: &Array,
-    k: usize,
-    cap: i32,
-    select: impl FnOnce(&[&Array], Launch) -> Result<Vec<Array>>,
-) -> Result<Array> {
-    let s = scores.shape();
-    let (batch, queries, positions) = (s[0], s[1], s[2] as usize);
+    let launched;
+    let counts = match counted {
+        Some(counts) => counts,
+        None => {
+            launched = hist(
+                &[scores],
+                Launch {
+                    outputs: &[(&[batch, queries, 2048], Dtype::Uint32)],
+                    grid: [positions.div_ceil(HIST_POSITIONS) as i32 * HIST_THREADS, queries, batch],
+                    block: [HIST_THREADS, 1, 1],
+                    ints: &[],
+                    bools: &[],
+                },
+            )?;
+            &launched[0]
+        }
+    };
     let words = positions.div_ceil(32) as i32;
     let out = select(
         &[scores, counts],

@@ -110,7 +110,7 @@ const COUNTS_BYTES: usize = 2048 * 4;
 /// The index scores `[B, Lq, T]` float32, lazily: `q_index [B, Hi, Lq, W]`, `weights [B, Lq,
 /// Hi]`, `keys [B, T, W]` (the stored part), `ranges` each row's visible window positions,
 /// `causal` the bottom-right aligned causal band; with `counted`, also their top-k histogram
-/// (for `dsa_topk::top_k_counted`). Callers check `applies` first.
+/// (for `dsa_topk::top_k`). Callers check `applies` first.
 pub(crate) fn index_scores(
     q_index: &Array,
     weights: &Array,

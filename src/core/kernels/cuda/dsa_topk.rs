@@ -19,7 +19,7 @@ use mlx_rs::{Array, Dtype};
 use crate::core::error::Result;
 use crate::core::kernels::cuda::launch;
 use crate::core::kernels::cuda::launch::{apply, apply_zeroed, kernel};
-use crate::core::kernels::dsa::{select_counted, top_k_in_two, topk_sizes_fit};
+use crate::core::kernels::dsa::{top_k_in_two, topk_sizes_fit};
 use crate::core::kernels::launch::{Source, Switch};
 
 /// This kernel's switch and launch count (see `kernels::launch::Switch`).
@@ -60,24 +60,18 @@ static SELECT_KERNEL: Source = Source {
     contiguous: false,
 };
 
-/// The `k` positions of highest score per query, `[B, Lq, k]` int32, lazily. Callers check
-/// `applies` first.
-pub(crate) fn top_k(scores: &Array, k: usize) -> Result<Array> {
+/// The `k` positions of highest score per query, `[B, Lq, k]` int32, lazily; where the scores'
+/// histogram is already `counted` (`dsa_scores::index_scores` with `counted`), the second kernel
+/// alone. Callers check `applies` first.
+pub(crate) fn top_k(scores: &Array, counted: Option<&Array>, k: usize) -> Result<Array> {
     let out = top_k_in_two(
         scores,
+        counted,
         k,
         CAP,
         |inputs, launch| apply_zeroed(kernel(&HIST_KERNEL, 0)?, inputs, launch),
         |inputs, launch| apply(kernel(&SELECT_KERNEL, 0)?, inputs, launch),
     )?;
-    KERNEL.launched();
-    Ok(out)
-}
-
-/// `top_k` over scores whose histogram is already counted (`dsa_scores::index_scores` with `counted`):
-/// the second kernel alone. Callers check `applies` first.
-pub(crate) fn top_k_counted(scores: &Array, counts: &Array, k: usize) -> Result<Array> {
-    let out = select_counted(scores, counts, k, CAP, |inputs, launch| apply(kernel(&SELECT_KERNEL, 0)?, inputs, launch))?;
     KERNEL.launched();
     Ok(out)
 }

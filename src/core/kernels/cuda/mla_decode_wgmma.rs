@@ -1,9 +1,9 @@
 //! The decode kernel's partial pass for Hopper GPUs (compute capability 9.0), and its one-pass
-//! form (below): the same split-K flash decoding as `mla_decode`'s `partial`, with the products in warpgroup `wgmma`
-//! instructions that read their operands straight from shared memory, and the tiles streamed in
-//! by warps of their own. The `mma.sync` kernel reads every query and key fragment into
-//! registers, four warps to each stored value, and its threads both copy and compute, so the
-//! copies wait on the products and the products on the copies.
+//! form (below): the same split-K flash decoding as `mla_decode`'s `partial`, with the products
+//! in warpgroup `wgmma` instructions that read their operands straight from shared memory, and
+//! the tiles streamed in by warps of their own. The `mma.sync` kernel reads every query and key
+//! fragment into registers, four warps to each stored value, and its threads both copy and
+//! compute, so the copies wait on the products and the products on the copies.
 //!
 //! A block is three warpgroups over 64 (head, query) rows. The producer warpgroup copies tiles of
 //! 32 positions (16-byte `cp.async`) into four key buffers, each buffer's `full` barrier

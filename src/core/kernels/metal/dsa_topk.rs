@@ -19,7 +19,7 @@ use once_cell::sync::Lazy;
 
 use super::probe_values::Draws;
 use crate::core::error::Result;
-use crate::core::kernels::dsa::{select_counted, top_k_in_two, topk_sizes_fit};
+use crate::core::kernels::dsa::{top_k_in_two, topk_sizes_fit};
 use crate::core::kernels::launch::{Source, Switch};
 use crate::core::kernels::metal::launch::{apply, apply_zeroed, kernel, on_metal};
 use crate::core::mlx::ops;
@@ -61,25 +61,19 @@ pub fn applies(scores: Dtype, batch: usize, queries: usize, positions: usize, k:
     KERNEL.enabled() && on_metal() && topk_sizes_fit(scores, batch, queries, positions, k) && probed(k)
 }
 
-/// The `k` positions of highest score per query, `[B, Lq, k]` int32, lazily. Callers check
-/// `applies` first.
-pub(crate) fn top_k(scores: &Array, k: usize) -> Result<Array> {
-    let out = launch(scores, k)?;
+/// The `k` positions of highest score per query, `[B, Lq, k]` int32, lazily; where the scores'
+/// histogram is already `counted` (`dsa_scores::index_scores` with `counted`), the second kernel
+/// alone. Callers check `applies` first.
+pub(crate) fn top_k(scores: &Array, counted: Option<&Array>, k: usize) -> Result<Array> {
+    let out = launch(scores, counted, k)?;
     KERNEL.launched();
     Ok(out)
 }
 
-/// `top_k` over scores whose histogram is already counted (`dsa_scores::index_scores` with `counted`):
-/// the second kernel alone. Callers check `applies` first.
-pub(crate) fn top_k_counted(scores: &Array, counts: &Array, k: usize) -> Result<Array> {
-    let out = select_counted(scores, counts, k, CAP, |inputs, launch| apply(kernel(&SELECT_KERNEL)?, inputs, launch))?;
-    KERNEL.launched();
-    Ok(out)
-}
-
-fn launch(scores: &Array, k: usize) -> Result<Array> {
+fn launch(scores: &Array, counted: Option<&Array>, k: usize) -> Result<Array> {
     top_k_in_two(
         scores,
+        counted,
         k,
         CAP,
         |inputs, launch| apply_zeroed(kernel(&HIST_KERNEL)?, inputs, launch),
@@ -108,7 +102,7 @@ fn probed(k: usize) -> bool {
         .collect();
     let want: Vec<i32> = scores.chunks(positions).flat_map(|row| host_top_k(row, k)).collect();
     let got = ops::from_host(&scores, &[2, 1, positions], "probe scores")
-        .and_then(|s| launch(&s, k))
+        .and_then(|s| launch(&s, None, k))
         .and_then(|top| ops::to_host_i64(&top));
     let passed = matches!(&got, Ok(got) if got.iter().map(|&p| p as i32).eq(want.iter().copied()));
     if !passed {
