@@ -5,8 +5,8 @@
 //! head count, with padded and ragged rows, lengths that do not fill a tile, and head-query
 //! pairs past one 64-row block. On MLX's CUDA backend this is the split-K
 //! kernel's test (each case checks that the kernel ran, and on a compute capability 9.0 GPU runs
-//! with the one-pass decode where it applies, with the wgmma partial pass and with the mma.sync one); on an Apple GPU it is the Metal
-//! kernel's test for float storage that is not composed (`metal::mla_decode`; each such case checks
+//! with the one-pass decode where it applies, with the wgmma partial pass and with the mma.sync
+//! one); on an Apple GPU it is the Metal kernel's test for float storage that is not composed (`metal::mla_decode`; each such case checks
 //! that it ran); elsewhere the same cases check the MLX-ops path, which the kernels fall back to.
 //! (Its own test binary: it counts process-wide kernel launches, flips the process-wide wgmma
 //! switch, and counts the scales compiled into the process's kernels.)
