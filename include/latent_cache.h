@@ -536,7 +536,9 @@ latent_cache_status latent_cache_read_host(const latent_cache *cache,
 // speculative round `bypass` must be true (prefer `latent_cache_spec_round_rollback`). Moves
 // the offset; copies nothing; later appends overwrite the dropped positions.
 //
-// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (n beyond the shortest row), `INVALID_STATE`
+// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (n beyond the shortest row; over a shared
+// prefix, n beyond the shortest row's own positions: shared positions are never changed),
+// `INVALID_STATE`
 // (inside a round without bypass; inside a round, with bypass, `n` beyond what the round
 // appended to a row: a rollback must still find what the rows held when the round began;
 // with composed storage, below `latent_cache_minimum_reusable_offset` without bypass). On
@@ -907,7 +909,8 @@ latent_cache_status latent_cache_shrink_rows(latent_cache *cache);
 // its own buffers in place). Evaluated during the call; the cache is not changed.
 // Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size; positions 0 or more than
 // the row holds), `INVALID_ARGUMENT` (composed storage), `INVALID_STATE` (a round, prefill or
-// maintenance open), `CAPACITY`, `BACKEND`.
+// maintenance open), `CAPACITY`, `BACKEND`. Where the row holds a known segment chain within
+// those positions, the prefix carries it to the rows attached over it.
 latent_cache_status latent_cache_share_prefix(const latent_cache *cache,
                                               size_t row,
                                               size_t positions,
@@ -937,9 +940,12 @@ latent_cache_status latent_cache_prefix_info(const latent_cache_prefix *prefix,
 // Makes the empty `cache` `rows` rows over the prefix (a cache's, of the same geometry), holding
 // no positions of their own yet; nothing is copied. Appends then go to each row's own buffers;
 // every read, attention and save sees each row as the prefix followed by its own positions.
-// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (rows 0, another geometry, a set's prefix,
-// composed storage), `INVALID_STATE` (the cache holds rows), `CAPACITY` (no room left under
-// `max_tokens`). On failure nothing changed.
+// The rows inherit the segment chain the prefix carries (`latent_cache_set_row_segment_chain`).
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (rows 0 or over INT32_MAX, another
+// geometry, a set's prefix, composed storage), `INVALID_STATE` (the cache holds rows, or a
+// round, a prefill or prefill maintenance is open), `CAPACITY` (no room left under
+// `max_tokens`, or more rows than MLX's memory limit or the machine's memory holds a position
+// of each). On failure nothing changed.
 latent_cache_status latent_cache_attach_prefix(latent_cache *cache,
                                                const latent_cache_prefix *prefix,
                                                size_t rows);
@@ -956,9 +962,13 @@ latent_cache_status latent_cache_set_attach_prefix(latent_cache_set *set,
 // row, spare capacity under an eighth of it: reserve the prompt's length, or append it at
 // once), else copied once; the new rows then hold nothing of their own. Trims and rollbacks stop
 // at the prefix.
-// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size), `INVALID_ARGUMENT` (n 0,
-// composed storage), `INVALID_STATE` (a round, prefill or maintenance open), `CAPACITY`,
-// `BACKEND`. On failure nothing changed.
+// Every new row holds the forked row's segment chain (`latent_cache_set_row_segment_chain`),
+// so each continuation's next segment links to the parent's segments instead of repeating them.
+// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size, or a row of no positions),
+// `INVALID_ARGUMENT` (n 0 or over INT32_MAX, composed storage), `INVALID_STATE` (a round,
+// prefill or maintenance open), `CAPACITY` (no room left under `max_tokens`, or more rows than
+// MLX's memory limit or the machine's memory holds a position of each), `BACKEND`. On failure
+// nothing changed.
 latent_cache_status latent_cache_fork_row(latent_cache *cache, size_t row, size_t n);
 
 // Set-wide `latent_cache_fork_row`: every layer or none.
@@ -1122,10 +1132,27 @@ latent_cache_status latent_cache_set_spec_round_begin(latent_cache_set *set);
 // Set-wide `latent_cache_spec_round_commit`.
 latent_cache_status latent_cache_set_spec_round_commit(latent_cache_set *set);
 
-// Set-wide `latent_cache_spec_round_rollback` (every row keeps `keep`).
+// Set-wide `latent_cache_spec_round_rollback` (every row keeps `keep`). The layers need only
+// have begun the round together: where a forward inside the round was refused at a middle layer
+// (the layers before it hold the new positions, the others not), a rollback keeping 0 brings
+// every layer back to the round's start (a keep more than some layer appended is
+// `OUT_OF_RANGE`, nothing changed). Returns what `latent_cache_spec_round_rollback` returns,
+// and `INVALID_STATE` when the layers did not begin one round over the same rows.
 latent_cache_status latent_cache_set_spec_round_rollback(latent_cache_set *set, size_t keep);
 
-// Set-wide `latent_cache_spec_round_rollback_rows`.
+// Cuts every layer of `set` back to the positions all its layers hold: the way back from a
+// forward refused partway (an append refused at layer 40, say, under MLX's memory limit, left
+// layers 0-39 holding the new positions; every other set-wide call then returns
+// `INVALID_STATE`). Each layer drops what it holds beyond the shortest layer, the same count
+// from every row (with bypass: inside a round this stays above the round's start, and a
+// rollback still finds it). `*dropped` (optional: NULL for none) receives the most positions a
+// layer dropped (0 when the layers agreed; nothing changes then). Every layer or none.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (layers that differ otherwise: their rows, an
+// open round or prefill on some only, counts that differ from row to row).
+latent_cache_status latent_cache_set_recover(latent_cache_set *set, size_t *dropped);
+
+// Set-wide `latent_cache_spec_round_rollback_rows` (layers need only have begun the round
+// together, as for `latent_cache_set_spec_round_rollback`).
 latent_cache_status latent_cache_set_spec_round_rollback_rows(latent_cache_set *set,
                                                               const size_t *keep,
                                                               size_t keep_len);
@@ -1287,17 +1314,20 @@ void latent_cache_bytes_free(uint8_t *data, size_t len);
 // NULL with 0 for none), the digest of the chain before it and its own. Costs the range's
 // positions and a small header, whatever the row holds before `from` (only those positions are
 // read, through views). Written whole or not at all, as `latent_cache_set_save`.
-// `from` is 0 (a new chain) or where the set's known chain ends (the last segment saved from,
-// or restored into, this set, on the same row, with nothing since that moved those positions:
-// appends, and trims or rollbacks that stay above them, keep it). The set then knows it holds
-// the chain up to `to`. `*digest` (optional: NULL for none) receives the segment's digest.
+// `from` is 0 (a new chain) or where row `row`'s known chain ends (the last segment saved
+// from, or restored into, that row, or the chain it inherited from the row it was forked from
+// or the prefix it was attached over; with nothing since that moved those positions: appends,
+// and trims or rollbacks that stay above them, keep it; a filter, merge, extract, join or
+// another fork forgets it). Chains form a tree: continuations of one forked prompt each save
+// only their own positions, linked to the prompt's segments. The row then holds the chain up
+// to `to` (the other rows keep theirs). `*digest` (optional: NULL for none) receives the segment's digest.
 // A composed layer's segment also holds its hot row as it stands (about twice a hot window of
 // positions in the hot mode, whatever the history), so with composed layers only the newest
 // positions (`to` = the row's length) of a set of one row can be saved.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8, a key over 4096
 // bytes, composed layers with several rows or `to` short of the row's length), `OUT_OF_RANGE`
 // (`row` or `[from, to)` outside the row, or empty), `INVALID_STATE` (layers that disagree, an
-// operation open as for `latent_cache_set_save`, or `from` not where the set's known chain
+// operation open as for `latent_cache_set_save`, or `from` not where the row's known chain
 // ends), `BACKEND` (the file could not be written). Nothing is written or changed on failure.
 latent_cache_status latent_cache_set_save_segment(latent_cache_set *set,
                                                   size_t row,
@@ -1386,14 +1416,28 @@ latent_cache_status latent_cache_segment_read_info_from_buffer(const uint8_t *da
                                                                uint8_t *key,
                                                                size_t key_capacity);
 
-// The segment chain `set` knows it holds: `*positions` receives its length (the first
-// `*positions` positions of row `*row`) and `*digest` its digest, the `previous_digest` the
-// next segment saved from it will carry. Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (the
-// set knows no chain: none saved or restored, or a change since moved its positions).
+// The segment chain `set` knows it holds, on its first row that holds a known one:
+// `*row` receives that row, `*positions` the chain's length (the row's first `*positions`
+// positions) and `*digest` its digest, the `previous_digest` the next segment saved from it
+// will carry. Each row has its own (`latent_cache_set_row_segment_chain`). Returns `OK`,
+// `NULL_ARGUMENT`, `INVALID_STATE` (no row's chain is known: none saved or restored, or a
+// change since moved its positions).
 latent_cache_status latent_cache_set_segment_chain(const latent_cache_set *set,
                                                    size_t *row,
                                                    size_t *positions,
                                                    uint64_t *digest);
+
+// The segment chain row `row` of `set` is known to hold: saved or restored there, or
+// inherited from the row it was forked from (`latent_cache_set_fork_row`: every continuation
+// holds its parent's chain) or the prefix it was attached over (a prefix shared from a row
+// holding a chain within its positions carries it). `*positions` receives the chain's length
+// and `*digest` its digest: the row's next segment is saved from `*positions` and links to it.
+// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (no such row), `INVALID_STATE` (the row's
+// chain is not known: none saved, restored or inherited, or a change since moved its positions).
+latent_cache_status latent_cache_set_row_segment_chain(const latent_cache_set *set,
+                                                       size_t row,
+                                                       size_t *positions,
+                                                       uint64_t *digest);
 
 // Saves every layer of `set` as the seed's implementation (mlx-bun) saves a prompt cache, so
 // its loader reads it: format version 3, kinds `mla`, `mla-dsa` and `mtp-mla`, float32

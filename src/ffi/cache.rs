@@ -179,7 +179,9 @@ unsafe fn read_family(
 /// speculative round `bypass` must be true (prefer `latent_cache_spec_round_rollback`). Moves
 /// the offset; copies nothing; later appends overwrite the dropped positions.
 ///
-/// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (n beyond the shortest row), `INVALID_STATE`
+/// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (n beyond the shortest row; over a shared
+/// prefix, n beyond the shortest row's own positions: shared positions are never changed),
+/// `INVALID_STATE`
 /// (inside a round without bypass; inside a round, with bypass, `n` beyond what the round
 /// appended to a row: a rollback must still find what the rows held when the round began;
 /// with composed storage, below `latent_cache_minimum_reusable_offset` without bypass). On

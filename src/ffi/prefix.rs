@@ -35,7 +35,8 @@ fn with_prefix<T>(ptr: *const latent_cache_prefix, f: impl FnOnce(&[SharedPrefix
 /// its own buffers in place). Evaluated during the call; the cache is not changed.
 /// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size; positions 0 or more than
 /// the row holds), `INVALID_ARGUMENT` (composed storage), `INVALID_STATE` (a round, prefill or
-/// maintenance open), `CAPACITY`, `BACKEND`.
+/// maintenance open), `CAPACITY`, `BACKEND`. Where the row holds a known segment chain within
+/// those positions, the prefix carries it to the rows attached over it.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_share_prefix(
     cache: *const latent_cache,
@@ -105,9 +106,12 @@ pub unsafe extern "C" fn latent_cache_prefix_info(
 /// Makes the empty `cache` `rows` rows over the prefix (a cache's, of the same geometry), holding
 /// no positions of their own yet; nothing is copied. Appends then go to each row's own buffers;
 /// every read, attention and save sees each row as the prefix followed by its own positions.
-/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (rows 0, another geometry, a set's prefix,
-/// composed storage), `INVALID_STATE` (the cache holds rows), `CAPACITY` (no room left under
-/// `max_tokens`). On failure nothing changed.
+/// The rows inherit the segment chain the prefix carries (`latent_cache_set_row_segment_chain`).
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (rows 0 or over INT32_MAX, another
+/// geometry, a set's prefix, composed storage), `INVALID_STATE` (the cache holds rows, or a
+/// round, a prefill or prefill maintenance is open), `CAPACITY` (no room left under
+/// `max_tokens`, or more rows than MLX's memory limit or the machine's memory holds a position
+/// of each). On failure nothing changed.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_attach_prefix(
     cache: *mut latent_cache,
@@ -143,9 +147,13 @@ pub unsafe extern "C" fn latent_cache_set_attach_prefix(
 /// row, spare capacity under an eighth of it: reserve the prompt's length, or append it at
 /// once), else copied once; the new rows then hold nothing of their own. Trims and rollbacks stop
 /// at the prefix.
-/// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size), `INVALID_ARGUMENT` (n 0,
-/// composed storage), `INVALID_STATE` (a round, prefill or maintenance open), `CAPACITY`,
-/// `BACKEND`. On failure nothing changed.
+/// Every new row holds the forked row's segment chain (`latent_cache_set_row_segment_chain`),
+/// so each continuation's next segment links to the parent's segments instead of repeating them.
+/// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (row >= batch size, or a row of no positions),
+/// `INVALID_ARGUMENT` (n 0 or over INT32_MAX, composed storage), `INVALID_STATE` (a round,
+/// prefill or maintenance open), `CAPACITY` (no room left under `max_tokens`, or more rows than
+/// MLX's memory limit or the machine's memory holds a position of each), `BACKEND`. On failure
+/// nothing changed.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_fork_row(cache: *mut latent_cache, row: usize, n: usize) -> latent_cache_status {
     ffi_boundary! { with_cache(cache, |cache| Ok(cache.fork_row(row, n)?)) }

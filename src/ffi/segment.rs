@@ -60,17 +60,20 @@ unsafe fn buffers<'a>(data: *const *const u8, lens: *const usize, n: usize) -> F
 /// NULL with 0 for none), the digest of the chain before it and its own. Costs the range's
 /// positions and a small header, whatever the row holds before `from` (only those positions are
 /// read, through views). Written whole or not at all, as `latent_cache_set_save`.
-/// `from` is 0 (a new chain) or where the set's known chain ends (the last segment saved from,
-/// or restored into, this set, on the same row, with nothing since that moved those positions:
-/// appends, and trims or rollbacks that stay above them, keep it). The set then knows it holds
-/// the chain up to `to`. `*digest` (optional: NULL for none) receives the segment's digest.
+/// `from` is 0 (a new chain) or where row `row`'s known chain ends (the last segment saved
+/// from, or restored into, that row, or the chain it inherited from the row it was forked from
+/// or the prefix it was attached over; with nothing since that moved those positions: appends,
+/// and trims or rollbacks that stay above them, keep it; a filter, merge, extract, join or
+/// another fork forgets it). Chains form a tree: continuations of one forked prompt each save
+/// only their own positions, linked to the prompt's segments. The row then holds the chain up
+/// to `to` (the other rows keep theirs). `*digest` (optional: NULL for none) receives the segment's digest.
 /// A composed layer's segment also holds its hot row as it stands (about twice a hot window of
 /// positions in the hot mode, whatever the history), so with composed layers only the newest
 /// positions (`to` = the row's length) of a set of one row can be saved.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a path that is not UTF-8, a key over 4096
 /// bytes, composed layers with several rows or `to` short of the row's length), `OUT_OF_RANGE`
 /// (`row` or `[from, to)` outside the row, or empty), `INVALID_STATE` (layers that disagree, an
-/// operation open as for `latent_cache_set_save`, or `from` not where the set's known chain
+/// operation open as for `latent_cache_set_save`, or `from` not where the row's known chain
 /// ends), `BACKEND` (the file could not be written). Nothing is written or changed on failure.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_save_segment(
@@ -267,10 +270,12 @@ pub unsafe extern "C" fn latent_cache_segment_read_info_from_buffer(
     }
 }
 
-/// The segment chain `set` knows it holds: `*positions` receives its length (the first
-/// `*positions` positions of row `*row`) and `*digest` its digest, the `previous_digest` the
-/// next segment saved from it will carry. Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (the
-/// set knows no chain: none saved or restored, or a change since moved its positions).
+/// The segment chain `set` knows it holds, on its first row that holds a known one:
+/// `*row` receives that row, `*positions` the chain's length (the row's first `*positions`
+/// positions) and `*digest` its digest, the `previous_digest` the next segment saved from it
+/// will carry. Each row has its own (`latent_cache_set_row_segment_chain`). Returns `OK`,
+/// `NULL_ARGUMENT`, `INVALID_STATE` (no row's chain is known: none saved or restored, or a
+/// change since moved its positions).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_segment_chain(
     set: *const latent_cache_set,
@@ -289,6 +294,41 @@ pub unsafe extern "C" fn latent_cache_set_segment_chain(
         })?;
         unsafe {
             write(row, mark.row);
+            write(positions, mark.positions);
+            write(digest, mark.digest);
+        }
+        Ok(())
+    }
+}
+
+/// The segment chain row `row` of `set` is known to hold: saved or restored there, or
+/// inherited from the row it was forked from (`latent_cache_set_fork_row`: every continuation
+/// holds its parent's chain) or the prefix it was attached over (a prefix shared from a row
+/// holding a chain within its positions carries it). `*positions` receives the chain's length
+/// and `*digest` its digest: the row's next segment is saved from `*positions` and links to it.
+/// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (no such row), `INVALID_STATE` (the row's
+/// chain is not known: none saved, restored or inherited, or a change since moved its positions).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_row_segment_chain(
+    set: *const latent_cache_set,
+    row: usize,
+    positions: *mut usize,
+    digest: *mut u64,
+) -> latent_cache_status {
+    ffi_boundary! {
+        let (positions, digest) = (out_ptr(positions, "positions")?, out_ptr(digest, "digest")?);
+        let mark = with_set_layers(set, |layers| {
+            let rows = layers[0].batch_size();
+            if row >= rows {
+                return Err(Failure::new(latent_cache_status::OutOfRange, format!("row {row} out of range: the set holds {rows} rows")));
+            }
+            let first = layers[0].row_chain(row);
+            match first {
+                Some(m) if layers.iter().all(|l| l.row_chain(row) == first) => Ok(m),
+                _ => Err(Failure::new(latent_cache_status::InvalidState, format!("the set knows no segment chain of row {row}"))),
+            }
+        })?;
+        unsafe {
             write(positions, mark.positions);
             write(digest, mark.digest);
         }

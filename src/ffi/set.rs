@@ -4,7 +4,7 @@
 //! `latent_cache*` for the per-layer calls of a forward (appends, reads).
 use std::sync::{Arc, MutexGuard};
 
-use super::args::{in_slice, out_ptr, write};
+use super::args::{in_slice, out_ptr, write, write_optional};
 use super::config::{latent_cache_config, read_config_at, CONFIG_SIZE};
 use super::error::{set_last_error, Failure, FfiResult};
 use super::handle::{latent_cache, Handle, Release};
@@ -12,7 +12,7 @@ use super::panic::ffi_boundary;
 use super::prefill::padding;
 use super::registry::Registry;
 use super::status::latent_cache_status;
-use crate::core::cache::set::{change_all, check_agree, extract_row_all, merge_all, new_all};
+use crate::core::cache::set::{change_all, check_agree, extract_row_all, merge_all, new_all, recover_all, rollback_all};
 use crate::core::LatentCache;
 
 /// A model's caches as one handle. Opaque: a token from `latent_cache_set_new` (or
@@ -195,13 +195,37 @@ pub unsafe extern "C" fn latent_cache_set_spec_round_commit(set: *mut latent_cac
     ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, LatentCache::prepare_round_commit)?)) }
 }
 
-/// Set-wide `latent_cache_spec_round_rollback` (every row keeps `keep`).
+/// Set-wide `latent_cache_spec_round_rollback` (every row keeps `keep`). The layers need only
+/// have begun the round together: where a forward inside the round was refused at a middle layer
+/// (the layers before it hold the new positions, the others not), a rollback keeping 0 brings
+/// every layer back to the round's start (a keep more than some layer appended is
+/// `OUT_OF_RANGE`, nothing changed). Returns what `latent_cache_spec_round_rollback` returns,
+/// and `INVALID_STATE` when the layers did not begin one round over the same rows.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_spec_round_rollback(set: *mut latent_cache_set, keep: usize) -> latent_cache_status {
-    ffi_boundary! { with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_rollback_all(keep))?)) }
+    ffi_boundary! { with_layers(set, |layers| Ok(rollback_all(layers, |l| l.prepare_rollback_all(keep))?)) }
 }
 
-/// Set-wide `latent_cache_spec_round_rollback_rows`.
+/// Cuts every layer of `set` back to the positions all its layers hold: the way back from a
+/// forward refused partway (an append refused at layer 40, say, under MLX's memory limit, left
+/// layers 0-39 holding the new positions; every other set-wide call then returns
+/// `INVALID_STATE`). Each layer drops what it holds beyond the shortest layer, the same count
+/// from every row (with bypass: inside a round this stays above the round's start, and a
+/// rollback still finds it). `*dropped` (optional: NULL for none) receives the most positions a
+/// layer dropped (0 when the layers agreed; nothing changes then). Every layer or none.
+/// Returns `OK`, `NULL_ARGUMENT`, `INVALID_STATE` (layers that differ otherwise: their rows, an
+/// open round or prefill on some only, counts that differ from row to row).
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_set_recover(set: *mut latent_cache_set, dropped: *mut usize) -> latent_cache_status {
+    ffi_boundary! {
+        let most = with_layers(set, |layers| Ok(recover_all(layers)?))?;
+        unsafe { write_optional(dropped, most) };
+        Ok(())
+    }
+}
+
+/// Set-wide `latent_cache_spec_round_rollback_rows` (layers need only have begun the round
+/// together, as for `latent_cache_set_spec_round_rollback`).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_set_spec_round_rollback_rows(
     set: *mut latent_cache_set,
@@ -210,7 +234,7 @@ pub unsafe extern "C" fn latent_cache_set_spec_round_rollback_rows(
 ) -> latent_cache_status {
     ffi_boundary! {
         let keep = unsafe { in_slice(keep, keep_len, "keep") }?;
-        with_layers(set, |layers| Ok(change_all(layers, |l| l.prepare_rollback(keep))?))
+        with_layers(set, |layers| Ok(rollback_all(layers, |l| l.prepare_rollback(keep))?))
     }
 }
 

@@ -52,8 +52,11 @@ pub struct Change {
     pub(crate) hot: Option<HotChange>,
     /// Prefill maintenance open after the change.
     pub(crate) maintaining: bool,
-    /// Rows change places (a filter): the chain mark is forgotten whatever the layout says.
+    /// Rows change places (a filter): the chain marks are forgotten whatever the layout says.
     pub(crate) moves_rows: bool,
+    /// Each new row's chain mark (a fork or an attach: the parent's, up to the shared point;
+    /// `None`: the marks stay as they are, checked by `keep_chain`).
+    pub(crate) chains: Option<Vec<Option<ChainMark>>>,
     /// The rows' own buffers are released and the prefix below them becomes this (an attach or
     /// a fork; `None`: leave both as they are).
     pub(crate) rebase: Option<Option<SharedPrefix>>,
@@ -91,17 +94,19 @@ pub struct LatentCache {
     pub(crate) hot: Option<Hot>,
     /// Between `prefill_begin` and `prefill_end` (see `composed`).
     pub(crate) maintaining: bool,
-    /// The segment chain this cache's row is known to hold (see `ChainMark`).
-    pub(crate) chain: Option<ChainMark>,
+    /// The segment chain each row is known to hold (see `ChainMark`), one per row or none.
+    pub(crate) chains: Vec<Option<ChainMark>>,
     /// The prefix every row reads below its own positions (see `shared`).
     pub(crate) base: Option<SharedPrefix>,
 }
 
-/// What a cache knows of the segment chain it holds (`persist::segment`): row `row` of its
-/// `rows` rows, starting after `left_pad` padding, holds exactly the chain's `positions`
-/// positions, whose digest is `digest`. Set by a segment save or a chain restore; kept by every
-/// change that leaves those positions where they are (appends, trims and rollbacks that stay
-/// above them), forgotten by any other (`keep_chain`).
+/// What a cache knows of the segment chain one of its rows holds (`persist::segment`): row
+/// `row` of its `rows` rows, starting after `left_pad` padding, holds exactly the chain's
+/// `positions` positions, whose digest is `digest`. Set by a segment save or a chain restore,
+/// handed to every new row by a fork or an attach (a tree of chains: each continuation's is its
+/// parent's up to the shared point); kept by every change that leaves those positions where
+/// they are (appends, trims and rollbacks that stay above them), forgotten by any other
+/// (`keep_chain`). Each row has its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChainMark {
     pub digest: u64,
@@ -121,25 +126,47 @@ impl LatentCache {
     /// A cache over storage and a layout a load checked (`persist`).
     pub(crate) fn adopt(geometry: Geometry, layout: RowLayout, storage: Storage) -> Self {
         let hot = Hot::new(&geometry);
-        LatentCache { geometry, layout, storage, reserved: 0, prefill: None, hot, maintaining: false, chain: None, base: None }
+        LatentCache {
+            geometry,
+            layout,
+            storage,
+            reserved: 0,
+            prefill: None,
+            hot,
+            maintaining: false,
+            chains: Vec::new(),
+            base: None,
+        }
     }
 
-    /// The segment chain this cache is known to hold, if any.
+    /// The segment chain of the first row whose chain this cache knows, if any.
     pub fn chain(&self) -> Option<ChainMark> {
-        self.chain
+        self.chains.iter().flatten().next().copied()
     }
 
-    /// Forgets the chain mark unless the marked row's first `positions` positions are still
-    /// where they were: the same rows, the row's padding unchanged, the row at least that long.
+    /// The segment chain row `row` is known to hold, if any.
+    pub fn row_chain(&self, row: usize) -> Option<ChainMark> {
+        self.chains.get(row).copied().flatten()
+    }
+
+    /// Forgets each row's chain mark unless its first `positions` positions are still where
+    /// they were: the same rows, the row's padding unchanged, the row at least that long.
     /// Called after every change; a change that moves rows around says so with `forget`.
     pub(crate) fn keep_chain(&mut self, forget: bool) {
-        let Some(mark) = self.chain else { return };
-        let kept = !forget
-            && self.batch_size() == mark.rows
-            && self.left_pad().get(mark.row) == Some(&mark.left_pad)
-            && self.row_offsets()[mark.row] >= mark.positions;
-        if !kept {
-            self.chain = None;
+        if forget || self.chains.len() != self.batch_size() {
+            self.chains.clear();
+            return;
+        }
+        let (offsets, pads) = (self.row_offsets(), self.left_pad().to_vec());
+        for mark in self.chains.iter_mut() {
+            let kept =
+                mark.is_some_and(|m| m.rows == offsets.len() && pads[m.row] == m.left_pad && offsets[m.row] >= m.positions);
+            if !kept {
+                *mark = None;
+            }
+        }
+        if self.chains.iter().all(Option::is_none) {
+            self.chains.clear();
         }
     }
 
@@ -258,7 +285,7 @@ impl LatentCache {
         self.reserved = 0;
         self.prefill = None;
         self.maintaining = false;
-        self.chain = None;
+        self.chains.clear();
         self.base = None;
         self.storage.clear();
         if let Some(hot) = &mut self.hot {

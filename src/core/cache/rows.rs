@@ -12,7 +12,18 @@ impl LatentCache {
     /// A change that keeps storage and sets the layout to `layout`.
     pub(crate) fn relabel(&self, layout: RowLayout) -> Change {
         let (reserved, prefill, maintaining) = (self.reserved, self.prefill.clone(), self.maintaining);
-        Change { layout, pending: None, reserved, prefill, hot: None, maintaining, moves_rows: false, rebase: None, slots: None }
+        Change {
+            layout,
+            pending: None,
+            reserved,
+            prefill,
+            hot: None,
+            maintaining,
+            moves_rows: false,
+            chains: None,
+            rebase: None,
+            slots: None,
+        }
     }
 
     /// Applies a prepared change.
@@ -38,6 +49,9 @@ impl LatentCache {
         self.prefill = change.prefill;
         self.maintaining = change.maintaining;
         self.settle();
+        if let Some(chains) = change.chains {
+            self.chains = chains;
+        }
         self.keep_chain(change.moves_rows);
     }
 
@@ -112,8 +126,9 @@ impl LatentCache {
 
     /// Drops the last `n` positions of every row (see `trim`), as a change.
     pub fn prepare_trim(&self, n: usize, bypass: bool) -> Result<Change> {
-        self.check_above_prefix(n)?;
+        // The round's rules first (INVALID_STATE), then the shared prefix's (OUT_OF_RANGE).
         self.layout.check_trim(n, bypass)?;
+        self.check_above_prefix(n)?;
         self.check_composed_trim(n, bypass)?;
         let mut layout = self.layout.clone();
         layout.trim(n);
@@ -256,7 +271,7 @@ impl LatentCache {
         }
         self.layout.adopt(layout);
         self.settle();
-        self.chain = None;
+        self.chains.clear();
         Ok(())
     }
 

@@ -7,6 +7,7 @@ use mlx_rs::Array;
 
 use super::{ChainMark, Change, LatentCache};
 use crate::core::error::{fail, Result};
+use crate::core::layout::row_layout::RowLayout;
 use crate::core::mlx::{math, ops};
 use crate::core::model::families::Families;
 use crate::core::model::geometry::Family;
@@ -82,9 +83,22 @@ impl LatentCache {
         Ok(Change { pending: Some(pending), ..self.relabel(after) })
     }
 
-    /// Records that row `row`'s first `positions` positions are the chain of digest `digest`.
+    /// Records that row `row`'s first `positions` positions are the chain of digest `digest`
+    /// (the other rows' marks stay).
     pub fn mark_chain(&mut self, digest: u64, row: usize, positions: usize) {
-        let left_pad = self.left_pad()[row];
-        self.chain = Some(ChainMark { digest, positions, row, rows: self.batch_size(), left_pad });
+        let (left_pad, rows) = (self.left_pad()[row], self.batch_size());
+        self.chains.resize(rows, None);
+        self.chains[row] = Some(ChainMark { digest, positions, row, rows, left_pad });
+    }
+
+    /// Each new row of `layout` (a fork's or an attach's) marked as holding `parent`'s chain
+    /// (its digest and positions), or none where the parent's chain is not known.
+    pub(crate) fn inherited_chains(parent: Option<(u64, usize)>, layout: &RowLayout) -> Vec<Option<ChainMark>> {
+        let Some((digest, positions)) = parent else {
+            return Vec::new();
+        };
+        let rows = layout.batch_size();
+        let mark = |row: usize| ChainMark { digest, positions, row, rows, left_pad: layout.left_pad()[row] };
+        (0..rows).map(|row| Some(mark(row))).collect()
     }
 }

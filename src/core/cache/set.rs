@@ -35,6 +35,71 @@ fn check_layers_agree(layers: &[&LatentCache]) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a rollback of layers that did not begin one round over the same rows: every layer
+/// in a round begun on the same rows (what they did since may differ: a forward refused at a
+/// middle layer left the layers before it longer).
+fn check_round_starts_agree(layers: &[&mut LatentCache]) -> Result<()> {
+    let start = |l: &LatentCache| l.layout.round_start().map(|s| (s.to_vec(), l.shared_positions()));
+    let Some(first) = layers.first().map(|l| start(l)) else {
+        return Ok(());
+    };
+    if first.is_none() {
+        return fail!(State, "no speculative round is open");
+    }
+    match layers.iter().position(|l| start(l) != first) {
+        Some(i) => fail!(State, "layer {i} and layer 0 did not begin the same round: a layer was driven alone"),
+        None => Ok(()),
+    }
+}
+
+/// A set's rollback (`prepare(layer)`, one of the round's rollbacks, on every layer): layers
+/// need only have begun the round together, so a round whose forward failed partway rolls back
+/// on every layer (keeping 0 always can). Every layer or none.
+pub fn rollback_all(layers: &mut [&mut LatentCache], prepare: impl Fn(&LatentCache) -> Result<Change>) -> Result<()> {
+    check_round_starts_agree(layers)?;
+    change_each(layers, |_, layer| prepare(layer))
+}
+
+/// Cuts every layer back to the positions all layers hold: where a forward was refused at a
+/// middle layer (an append over MLX's memory limit, say), the layers before it hold the new
+/// positions and the others do not. Each layer drops, from every row, what it holds beyond the
+/// shortest layer (the same count on every row, as an append adds; with bypass, so composed
+/// storage and an open round allow it). Returns the most positions a layer dropped (0 when the
+/// layers agree). Every layer or none; refused (`State`) where layers differ otherwise (rows,
+/// an open round or prefill, counts that differ from row to row).
+pub fn recover_all(layers: &mut [&mut LatentCache]) -> Result<usize> {
+    let Some(first) = layers.first() else {
+        return Ok(0);
+    };
+    let (rows, round, prefill) = (first.batch_size(), first.in_spec_round(), first.prefill.clone());
+    if let Some(i) = layers.iter().position(|l| l.batch_size() != rows || l.in_spec_round() != round || l.prefill != prefill) {
+        return fail!(State, "layer {i} and layer 0 differ in their rows, round or prefill: not a forward refused partway");
+    }
+    let mut target = first.row_offsets();
+    for layer in layers.iter() {
+        target.iter_mut().zip(layer.row_offsets()).for_each(|(t, n)| *t = (*t).min(n));
+    }
+    let mut drops = Vec::with_capacity(layers.len());
+    for (i, layer) in layers.iter().enumerate() {
+        let extra: Vec<usize> = layer.row_offsets().iter().zip(&target).map(|(n, t)| n - t).collect();
+        match extra.first() {
+            Some(&d) if extra.iter().any(|&e| e != d) => {
+                return fail!(
+                    State,
+                    "layer {i} holds {extra:?} positions beyond the other layers' rows: not what an append adds"
+                );
+            }
+            d => drops.push(d.copied().unwrap_or(0)),
+        }
+    }
+    let most = drops.iter().copied().max().unwrap_or(0);
+    if most == 0 {
+        return Ok(0);
+    }
+    change_each(layers, |i, layer| layer.prepare_trim(drops[i], true))?;
+    Ok(most)
+}
+
 /// Prepares `prepare(layer)` on every layer, then applies them all; the first failure is
 /// returned with no layer changed.
 pub fn change_all(layers: &mut [&mut LatentCache], prepare: impl Fn(&LatentCache) -> Result<Change>) -> Result<()> {

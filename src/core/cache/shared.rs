@@ -66,10 +66,16 @@ impl LatentCache {
         }
         let shared = self.shared_positions();
         if positions <= shared {
-            return Self::cut(self.base.as_ref().expect("positions <= shared implies a prefix"), positions);
+            let cut = Self::cut(self.base.as_ref().expect("positions <= shared implies a prefix"), positions)?;
+            return Ok(cut.with_chain(self.chain_within(row, positions)));
         }
         let lo = self.layout.left_pad()[row];
-        Ok(self.over_base(self.copied_piece(row, lo, lo + positions - shared)?))
+        Ok(self.over_base(self.copied_piece(row, lo, lo + positions - shared)?).with_chain(self.chain_within(row, positions)))
+    }
+
+    /// Row `row`'s chain (its digest and positions) where it lies within its first `positions`.
+    fn chain_within(&self, row: usize, positions: usize) -> Option<(u64, usize)> {
+        self.row_chain(row).filter(|m| m.positions <= positions).map(|m| (m.digest, m.positions))
     }
 
     /// This cache's prefix (if any) with `piece` on top.
@@ -147,7 +153,8 @@ impl LatentCache {
         }
         self.check_rows_over(prefix.positions(), rows)?;
         let layout = RowLayout::rebuilt(self.layout.kind(), &vec![0; rows]);
-        Ok(Change { rebase: Some(Some(prefix.clone())), ..self.relabel(layout) })
+        let chains = Some(Self::inherited_chains(prefix.chain(), &layout));
+        Ok(Change { rebase: Some(Some(prefix.clone())), chains, ..self.relabel(layout) })
     }
 
     /// Refuses `rows` rows over a prefix of `positions`: no rows, too many, or no room left
@@ -160,7 +167,9 @@ impl LatentCache {
         if max != 0 && positions >= max {
             return fail!(Capacity, "a shared prefix of {positions} positions leaves no room under max_tokens ({max})");
         }
-        Ok(())
+        // The rows' bookkeeping is O(rows) on the host, and their first append takes a position
+        // of every row: rows this process cannot hold are refused before anything is made.
+        check_alloc(rows.checked_mul(self.bytes_per_token()), &format!("{rows} rows over a shared prefix (one position each)"))
     }
 
     /// Row `row` becomes the prefix of `n` new rows, which replace every row of the cache: n
@@ -198,7 +207,9 @@ impl LatentCache {
             })
         };
         let layout = RowLayout::rebuilt(self.layout.kind(), &vec![0; n]);
-        Ok(Change { rebase: Some(Some(prefix)), reserved: 0, ..self.relabel(layout) })
+        // Every continuation holds the parent row's chain (up to where it is known).
+        let chains = Some(Self::inherited_chains(self.chain_within(row, positions), &layout));
+        Ok(Change { rebase: Some(Some(prefix)), reserved: 0, chains, ..self.relabel(layout) })
     }
 
     /// The one row's positions `[0, hi)` as views of the buffers, which the piece then holds

@@ -15,13 +15,31 @@ fn limit_and_active() -> (usize, usize) {
     (limit, active)
 }
 
+/// The machine's physical memory in bytes (`usize::MAX` where the system does not say).
+fn physical_memory() -> usize {
+    // SAFETY: sysconf reads two system constants.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    match (usize::try_from(pages), usize::try_from(page)) {
+        (Ok(pages), Ok(page)) if pages > 0 && page > 0 => pages.saturating_mul(page),
+        _ => usize::MAX,
+    }
+}
+
 /// Refuses (CAPACITY) an allocation of `bytes` (`None`: beyond `usize`) that would take MLX's
 /// active memory past its memory limit (`mlx_set_memory_limit`; by default a share of the
-/// device's memory). `what` names the request in the message.
+/// device's memory) or past the machine's physical memory, whichever is lower: an engine may
+/// raise MLX's limit to anything (`SIZE_MAX` included), and MLX's CPU allocator then hands out
+/// a NULL buffer for what it cannot allocate, which its next kernel writes through. `what`
+/// names the request in the message.
 pub fn check_alloc(bytes: Option<usize>, what: &str) -> Result<()> {
     let (limit, active) = limit_and_active();
+    let physical = physical_memory();
     match bytes {
-        Some(bytes) if bytes <= limit.saturating_sub(active) => Ok(()),
+        Some(bytes) if bytes <= limit.min(physical).saturating_sub(active) => Ok(()),
+        Some(bytes) if bytes <= limit.saturating_sub(active) => fail!(
+            Capacity,
+            "{what} needs {bytes} bytes; MLX has {active} bytes in use on a machine of {physical} bytes of memory"
+        ),
         Some(bytes) => fail!(
             Capacity,
             "{what} needs {bytes} bytes; MLX has {active} of its {limit}-byte memory limit in use (latent_cache_set_memory_limit raises it)"

@@ -226,8 +226,8 @@ fn dtype_size(dtype: &str) -> Option<u64> {
 }
 
 /// Checks the frame (see the module's comment) before MLX reads anything; returns the header's
-/// metadata (its string entries).
-fn check_frame(source: &Source, what: &str) -> Result<HashMap<String, String>> {
+/// metadata (its string entries) and the bytes its tensors take.
+fn check_frame(source: &Source, what: &str) -> Result<(HashMap<String, String>, u64)> {
     let size = source.len;
     let mut len = [0u8; 8];
     if size < 8 || !source.read_at(&mut len, 0) {
@@ -285,10 +285,9 @@ fn check_frame(source: &Source, what: &str) -> Result<HashMap<String, String>> {
     if at < data_len {
         return fail!(InvalidArgument, "{what}: {} bytes after the last tensor", data_len - at);
     }
-    check_alloc(usize::try_from(at).ok(), &format!("loading {what}"))?;
     let metadata = json.get("__metadata__").and_then(Value::as_object);
     let strings = metadata.into_iter().flatten().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())));
-    Ok(strings.collect())
+    Ok((strings.collect(), at))
 }
 
 /// The tensors and metadata of a safetensors file.
@@ -310,7 +309,7 @@ pub(super) fn read_safetensors_bytes(bytes: &[u8]) -> Result<Contents> {
 pub(super) fn read_metadata(path: &Path) -> Result<HashMap<String, String>> {
     let (file, len) = open_regular(path)?;
     let source = Source { data: RwLock::new(Some(Data::File(file))), len, short: AtomicBool::new(false) };
-    check_frame(&source, &path.display().to_string())
+    Ok(check_frame(&source, &path.display().to_string())?.0)
 }
 
 /// `read_metadata` of safetensors in `bytes`.
@@ -320,7 +319,7 @@ pub(super) fn read_metadata_bytes(bytes: &[u8]) -> Result<HashMap<String, String
         len: bytes.len() as u64,
         short: AtomicBool::new(false),
     };
-    check_frame(&source, "the bytes")
+    Ok(check_frame(&source, "the bytes")?.0)
 }
 
 /// Checks the frame, has MLX read the tensors and metadata, and evaluates every tensor, all
@@ -328,7 +327,9 @@ pub(super) fn read_metadata_bytes(bytes: &[u8]) -> Result<HashMap<String, String
 fn read_source(data: Data, len: u64, what: &str) -> Result<Contents> {
     let source = Arc::new(Source { data: RwLock::new(Some(data)), len, short: AtomicBool::new(false) });
     let _revoke = Revoke(&source);
-    check_frame(&source, what)?;
+    // Only the tensors are MLX's to allocate: a header read alone is not measured against its limit.
+    let (_, data_bytes) = check_frame(&source, what)?;
+    check_alloc(usize::try_from(data_bytes).ok(), &format!("loading {what}"))?;
     let desc = Box::into_raw(Box::new(Reader { source: Arc::clone(&source), pos: Mutex::new(0) })).cast::<c_void>();
     let stream = device::library_stream();
     // SAFETY: `desc` is handed to MLX's reader, which frees it through `free` (or here when no

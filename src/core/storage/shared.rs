@@ -34,13 +34,27 @@ unsafe impl Sync for Piece {}
 pub struct SharedPrefix {
     geometry: Geometry,
     pieces: Vec<Arc<Piece>>,
+    /// The segment chain (digest, positions) its first positions are known to be, which rows
+    /// attached over it inherit (`persist::segment`: a continuation's segments link to it).
+    chain: Option<(u64, usize)>,
 }
 
 impl SharedPrefix {
     /// A prefix of `pieces`, in order (each non-empty; at least one).
     pub(crate) fn new(geometry: Geometry, pieces: Vec<Arc<Piece>>) -> SharedPrefix {
         debug_assert!(!pieces.is_empty() && pieces.iter().all(|p| p.len > 0));
-        SharedPrefix { geometry, pieces }
+        SharedPrefix { geometry, pieces, chain: None }
+    }
+
+    /// This prefix known to start with the segment chain `chain` (digest, positions), if any.
+    pub(crate) fn with_chain(mut self, chain: Option<(u64, usize)>) -> SharedPrefix {
+        self.chain = chain.filter(|&(_, n)| n <= self.positions());
+        self
+    }
+
+    /// The segment chain (digest, positions) its first positions are known to be.
+    pub fn chain(&self) -> Option<(u64, usize)> {
+        self.chain
     }
 
     pub fn geometry(&self) -> &Geometry {

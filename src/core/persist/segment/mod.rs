@@ -18,9 +18,11 @@
 //! each tensor's checksum and the metadata's. The digest is wyhash over the header's fields and
 //! the tensors' checksums after the previous digest: an integrity link, not a cryptographic one.
 //!
-//! A cache remembers which chain its row holds (`ChainMark`): a segment save or a restore sets
-//! it, a change that leaves the chain's positions where they are keeps it, any other forgets it.
-//! A segment not starting at 0 continues that chain; an extension appends the segments after it.
+//! A cache remembers which chain each row holds (`ChainMark`): a segment save or a restore sets
+//! it, a fork or an attach hands the parent row's to every new row (chains form a tree: each
+//! continuation's next segment links to its parent's, so the parent is written once), a change
+//! that leaves the chain's positions where they are keeps it, any other forgets it. A segment
+//! not starting at 0 continues its row's chain; an extension appends the segments after it.
 //! A composed layer's segment also holds its hot row as it stands at `to` (`layer.<i>.hot`:
 //! window, mode, boundary, base, length; tensors `segment.<layer>.hot.<family>`, about twice a hot
 //! window, whatever the history), so only a one-row set's newest positions can be saved; a

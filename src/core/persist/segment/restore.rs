@@ -222,10 +222,10 @@ pub fn load_segments(sources: &[SegmentSource<'_>]) -> Result<Vec<LatentCache>> 
 pub fn extend_segments(layers: &mut [&mut LatentCache], sources: &[SegmentSource<'_>]) -> Result<usize> {
     let headers = headers(sources)?;
     let geometry: Vec<String> = layers.iter().map(|l| describe_layer(l.geometry())).collect();
-    let marks: Vec<_> = layers.iter().map(|l| l.chain()).collect();
+    let marks: Vec<_> = layers.iter().map(|l| l.row_chain(0)).collect();
     let start = match (layers.first().map_or(0, |l| l.batch_size()), marks.first().copied().flatten()) {
         (0, _) => (0, 0),
-        (_, Some(m)) if marks.iter().all(|x| *x == Some(m)) && m.rows == 1 => {
+        (1, Some(m)) if marks.iter().all(|x| *x == Some(m)) => {
             if layers[0].row_offsets()[0] != m.positions {
                 return fail!(
                     State,

@@ -28,8 +28,8 @@ pub struct SegmentRange<'a> {
 
 /// The header of the segment `range` of `layers` would be (its digest not yet known), after
 /// every check: layers at rest and not composed, the range inside the row, and the chain before
-/// `from` known (`from` 0, or every layer marked as holding a chain of exactly `from`
-/// positions of this row).
+/// `from` known (`from` 0, or every layer marking this row as holding a chain of exactly `from`
+/// positions: saved or restored there, or inherited from the row it was forked or attached from).
 fn plan(layers: &[&LatentCache], range: SegmentRange<'_>) -> Result<SegmentHeader> {
     let SegmentRange { row, from, to, key } = range;
     check_at_rest(layers)?;
@@ -49,17 +49,16 @@ fn plan(layers: &[&LatentCache], range: SegmentRange<'_>) -> Result<SegmentHeade
     let previous = match from {
         0 => 0,
         _ => {
-            let marks: Vec<_> = layers.iter().map(|l| l.chain()).collect();
+            let marks: Vec<_> = layers.iter().map(|l| l.row_chain(row)).collect();
             match marks[0] {
-                Some(m) if m.row == row && m.positions == from && marks.iter().all(|x| *x == marks[0]) => m.digest,
+                Some(m) if m.positions == from && marks.iter().all(|x| *x == marks[0]) => m.digest,
                 _ => {
                     let known = marks[0].filter(|m| marks.iter().all(|x| *x == Some(*m)));
-                    let known =
-                        known.map_or("no chain".to_owned(), |m| format!("row {}'s first {} positions", m.row, m.positions));
+                    let known = known.map_or("no chain".to_owned(), |m| format!("its first {} positions", m.positions));
                     return fail!(
                         State,
                         "the set does not know the chain before position {from} of row {row} (it knows {known}): \
-                         start a chain at 0, or continue where the last segment saved or restored ended"
+                         start a chain at 0, or continue where the row's last segment saved or restored ended"
                     );
                 }
             }
