@@ -62,6 +62,14 @@ public final class CacheSet: @unchecked Sendable {
   public func shrinkRows() throws { try check(latent_cache_set_shrink_rows(handle)) }
   public func beginSpeculativeRound() throws { try check(latent_cache_set_spec_round_begin(handle)) }
   public func commitSpeculativeRound() throws { try check(latent_cache_set_spec_round_commit(handle)) }
+  /// Cuts every layer back to the positions all layers hold (after a forward refused at a middle
+  /// layer); returns the most positions a layer dropped.
+  @discardableResult
+  public func recover() throws -> Int {
+    var dropped = 0
+    try check(latent_cache_set_recover(handle, &dropped))
+    return dropped
+  }
   public func rollBackSpeculativeRound(keeping: Int) throws {
     try check(latent_cache_set_spec_round_rollback(handle, keeping))
   }

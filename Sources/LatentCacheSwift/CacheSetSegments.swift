@@ -129,6 +129,15 @@ extension CacheSet {
     return SegmentChain(row: row, positions: positions, digest: digest)
   }
 
+  /// The chain row `row` is known to hold: saved or restored there, or inherited from the row
+  /// it was forked from or the prefix it was attached over (throws `invalidState` when it holds
+  /// none, `outOfRange` for a row the set does not hold).
+  public func segmentChain(row: Int) throws -> SegmentChain {
+    var (positions, digest) = (0, UInt64(0))
+    try check(latent_cache_set_row_segment_chain(handle, row, &positions, &digest))
+    return SegmentChain(row: row, positions: positions, digest: digest)
+  }
+
   /// The header of the segment file at `path`, without reading its positions.
   public static func segmentInfo(path: String) throws -> SegmentInfo {
     try readInfo { latent_cache_segment_read_info(path, $0, $1, $2) }

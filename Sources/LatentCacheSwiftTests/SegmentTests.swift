@@ -1,7 +1,8 @@
 // SegmentTests.swift: a conversation snapshotted turn by turn as segments (bytes), each the size
 // of its turn's positions plus a bounded header; any turn restored from its chain equals the
 // model; a set extends from the chain's continuation; a broken chain is refused and changes
-// nothing.
+// nothing. Chains that branch: a forked prompt's continuations each save only their own
+// positions, linked to the prompt's segment, and restore from it plus their own.
 import LatentCacheSwift
 import XCTest
 
@@ -51,5 +52,34 @@ final class SegmentTests: XCTestCase {
     let before = try first.layers().map(Snapshot.init)
     assertThrows(.invalidArgument, "a broken link") { try first.extend(segments: [segments[2]]) }
     XCTAssertEqual(try first.layers().map(Snapshot.init), before)
+  }
+
+  func testForkedContinuationsSaveTheirOwnPositionsAfterThePrompt() throws {
+    let set = try CacheSet(layers: configs)
+    var models = configs.map(CacheModel.init)
+    for (l, layer) in try set.layers().enumerated() {
+      let data = models[l].data(batch: 1, tokens: 9, seed: 7 + l)
+      try layer.append(batch: 1, tokens: 9, data)
+      models[l].append(batch: 1, tokens: 9, data)
+    }
+    let (prompt, digest) = try set.segment(from: 0, to: 9)
+    try set.forkRow(0, into: 3)
+    for r in 0..<3 {
+      XCTAssertEqual(try set.segmentChain(row: r), SegmentChain(row: r, positions: 9, digest: digest), "row \(r)")
+    }
+    for (l, layer) in try set.layers().enumerated() {
+      models[l].rows = Array(repeating: models[l].rows[0], count: 3)
+      let data = models[l].data(batch: 3, tokens: 4, seed: 70 + l)
+      try layer.append(batch: 3, tokens: 4, data)
+      models[l].append(batch: 3, tokens: 4, data)
+    }
+    let bytesPerPosition = try set.layers().reduce(0) { $0 + (try $1.bytesPerToken) }
+    for r in [2, 0, 1] {
+      let (tail, _) = try set.segment(row: r, from: 9, to: 13)
+      XCTAssertLessThanOrEqual(tail.count, 4 * bytesPerPosition + 16_384, "row \(r)'s tail holds its own positions")
+      let restored = try CacheSet(segments: [prompt, tail])
+      try assertLayers(restored, models.map { $0.extract(r) }, "continuation \(r) restored")
+    }
+    assertThrows(.outOfRange, "a row the set does not hold") { _ = try set.segmentChain(row: 3) }
   }
 }
