@@ -57,22 +57,14 @@ final class SegmentTests: XCTestCase {
   func testForkedContinuationsSaveTheirOwnPositionsAfterThePrompt() throws {
     let set = try CacheSet(layers: configs)
     var models = configs.map(CacheModel.init)
-    for (l, layer) in try set.layers().enumerated() {
-      let data = models[l].data(batch: 1, tokens: 9, seed: 7 + l)
-      try layer.append(batch: 1, tokens: 9, data)
-      models[l].append(batch: 1, tokens: 9, data)
-    }
+    try appendAll(set, &models, batch: 1, tokens: 9, seed: 7)
     let (prompt, digest) = try set.segment(from: 0, to: 9)
     try set.forkRow(0, into: 3)
     for r in 0..<3 {
       XCTAssertEqual(try set.segmentChain(row: r), SegmentChain(row: r, positions: 9, digest: digest), "row \(r)")
     }
-    for (l, layer) in try set.layers().enumerated() {
-      models[l].rows = Array(repeating: models[l].rows[0], count: 3)
-      let data = models[l].data(batch: 3, tokens: 4, seed: 70 + l)
-      try layer.append(batch: 3, tokens: 4, data)
-      models[l].append(batch: 3, tokens: 4, data)
-    }
+    for l in models.indices { models[l].rows = Array(repeating: models[l].rows[0], count: 3) }
+    try appendAll(set, &models, batch: 3, tokens: 4, seed: 70)
     let bytesPerPosition = try set.layers().reduce(0) { $0 + (try $1.bytesPerToken) }
     for r in [2, 0, 1] {
       let (tail, _) = try set.segment(row: r, from: 9, to: 13)

@@ -1,19 +1,11 @@
 // SetTests.swift: set-wide calls change every layer or none: rounds, trims, filter, merge,
 // extract, reset, reserve and both prefill protocols on a set, compared with one model per layer;
-// layers driven apart make the next set-wide call fail and change nothing.
+// layers driven apart make the next set-wide call fail and change nothing, until `recover`.
 import LatentCacheSwift
 import XCTest
 
 final class SetTests: XCTestCase {
   private let configs = [smallConfig(), smallConfig(index: false), smallConfig(index: false)]
-
-  private func appendAll(_ set: CacheSet, _ models: inout [CacheModel], batch: Int, tokens: Int, seed: Int) throws {
-    for (l, layer) in try set.layers().enumerated() {
-      let data = models[l].data(batch: batch, tokens: tokens, seed: seed + l)
-      try layer.append(batch: batch, tokens: tokens, data)
-      models[l].append(batch: batch, tokens: tokens, data)
-    }
-  }
 
   func testSetWideEdits() throws {
     let set = try CacheSet(layers: configs)
@@ -69,6 +61,13 @@ final class SetTests: XCTestCase {
     XCTAssertEqual(try set.layers().map(Snapshot.init), before)
     // A lent layer is never freed on its own: dropping every Cache object keeps the set whole.
     try assertLayers(set, models, "after refusals")
+    // The way back: every layer cut to what all layers hold (layer 1's 2 positions a row).
+    XCTAssertEqual(try set.recover(), 1)
+    for l in models.indices where l != 1 { models[l].trim(1) }
+    try assertLayers(set, models, "recovered")
+    try set.trim(1)
+    for l in models.indices { models[l].trim(1) }
+    try assertLayers(set, models, "a set-wide trim after recover")
   }
 
   func testPaddedPrefillOnSet() throws {
@@ -113,4 +112,13 @@ final class SetTests: XCTestCase {
 /// Asserts a set's layers (lent caches) each match their model.
 func assertLayers(_ set: CacheSet, _ models: [CacheModel], _ what: String) throws {
   for (l, layer) in try set.layers().enumerated() { try assertMatches(layer, models[l], "\(what): layer \(l)") }
+}
+
+/// Appends `tokens` positions to every row of every layer (seeded per layer), each model following.
+func appendAll(_ set: CacheSet, _ models: inout [CacheModel], batch: Int, tokens: Int, seed: Int) throws {
+  for (l, layer) in try set.layers().enumerated() {
+    let data = models[l].data(batch: batch, tokens: tokens, seed: seed + l)
+    try layer.append(batch: batch, tokens: tokens, data)
+    models[l].append(batch: batch, tokens: tokens, data)
+  }
 }

@@ -45,11 +45,7 @@ final class SharedPrefixTests: XCTestCase {
     let configs = [smallConfig(), smallConfig(index: false)]
     let set = try CacheSet(layers: configs)
     var models = configs.map(CacheModel.init)
-    for (l, layer) in try set.layers().enumerated() {
-      let data = models[l].data(batch: 1, tokens: 5, seed: 10 + l)
-      try layer.append(batch: 1, tokens: 5, data)
-      models[l].append(batch: 1, tokens: 5, data)
-    }
+    try appendAll(set, &models, batch: 1, tokens: 5, seed: 10)
     let prefix = try set.sharePrefix(row: 0, positions: 5)
     XCTAssertEqual(try prefix.info().layers, 2)
     let other = try CacheSet(layers: configs)

@@ -66,26 +66,48 @@ fn read(set: *mut latent_cache_set, row: usize) -> RowRef {
 /// Appends `tokens` new positions to each of `rows.len()` rows (random values, different per
 /// row and layer), recording them in the reference.
 fn append(set: *mut latent_cache_set, rows: &mut [RowRef], tokens: usize, rng: &mut Rng) {
+    append_padded(set, rows, tokens, &vec![0; rows.len()], rng);
+}
+
+/// `append` where row `b`'s first `pads[b]` positions are padding (a padded first append, or
+/// `pads` all 0); the reference holds each row's valid positions.
+fn append_padded(set: *mut latent_cache_set, rows: &mut [RowRef], tokens: usize, pads: &[usize], rng: &mut Rng) {
     let batch = rows.len();
     for l in 0..LAYERS {
-        let latent = rng.uniform(batch * tokens * WIDTHS[0], 1.0);
-        let rope = rng.uniform(batch * tokens * WIDTHS[1], 1.0);
+        let data = [rng.uniform(batch * tokens * WIDTHS[0], 1.0), rng.uniform(batch * tokens * WIDTHS[1], 1.0)];
         for (b, row) in rows.iter_mut().enumerate() {
-            row[l * 2].extend_from_slice(&latent[b * tokens * WIDTHS[0]..(b + 1) * tokens * WIDTHS[0]]);
-            row[l * 2 + 1].extend_from_slice(&rope[b * tokens * WIDTHS[1]..(b + 1) * tokens * WIDTHS[1]]);
+            for (f, w) in WIDTHS.into_iter().enumerate() {
+                row[l * 2 + f].extend_from_slice(&data[f][(b * tokens + pads[b]) * w..(b + 1) * tokens * w]);
+            }
         }
+        let (latent, rope) = (&data[0], &data[1]);
         let rc = unsafe {
-            latent_cache_append_host(
-                layer(set, l),
-                batch,
-                tokens,
-                latent.as_ptr(),
-                latent.len(),
-                rope.as_ptr(),
-                rope.len(),
-                std::ptr::null(),
-                0,
-            )
+            match pads.iter().any(|&p| p > 0) {
+                true => latent_cache_append_host_padded(
+                    layer(set, l),
+                    batch,
+                    tokens,
+                    pads.as_ptr(),
+                    batch,
+                    latent.as_ptr(),
+                    latent.len(),
+                    rope.as_ptr(),
+                    rope.len(),
+                    std::ptr::null(),
+                    0,
+                ),
+                false => latent_cache_append_host(
+                    layer(set, l),
+                    batch,
+                    tokens,
+                    latent.as_ptr(),
+                    latent.len(),
+                    rope.as_ptr(),
+                    rope.len(),
+                    std::ptr::null(),
+                    0,
+                ),
+            }
         };
         assert_eq!(rc, Status::Ok);
     }
@@ -192,6 +214,21 @@ fn continuations_persist_as_the_prompt_once_plus_their_tails() {
     // Refusals per branch: a link missing, a branch's tail after another branch.
     assert_eq!(load(&[&p0, &p1, &nested_tails[0]]).err(), Some(Status::InvalidArgument), "a gap");
     assert_eq!(load(&[&p0, &p1, &tails[4], &nested_tails[0]]).err(), Some(Status::InvalidArgument), "a broken link");
+    // A prompt saved after its fork (from any row) is every continuation's chain: it lies in
+    // the shared prefix, which every row holds.
+    let late = new_set();
+    let mut late_rows: Vec<RowRef> = vec![vec![Vec::new(); LAYERS * 2]];
+    append(late, &mut late_rows, 40, &mut rng);
+    assert_eq!(unsafe { latent_cache_set_fork_row(late, 0, 3) }, Status::Ok);
+    assert_eq!(row_chain(late, 2), None, "no chain saved yet");
+    let late_prompt = save(late, 1, 0, 40, &dir, "late-prompt");
+    let mut late_rows = vec![late_rows[0].clone(); 3];
+    append(late, &mut late_rows, 4, &mut rng);
+    for r in [2, 0] {
+        let tail = save(late, r, 40, 44, &dir, &format!("late-tail-{r}"));
+        restores(&[&late_prompt, &tail], &late_rows[r], &format!("late continuation {r}"));
+    }
+    unsafe { latent_cache_set_free(late) };
     // Two continuations extend one restored parent, attached over it without a copy.
     let parent = load(&[&p0, &p1]).unwrap();
     let mut prefix = std::ptr::null_mut();
@@ -221,27 +258,9 @@ fn a_fork_of_another_row_forgets_the_chain() {
     let mut rng = Rng::new(7);
     let set = new_set();
     // Rows padded 5 / 0 of 30: row 0 holds 25 positions, row 1 holds 30.
-    let pads = [5usize, 0];
-    for l in 0..LAYERS {
-        let latent = rng.uniform(2 * 30 * WIDTHS[0], 1.0);
-        let rope = rng.uniform(2 * 30 * WIDTHS[1], 1.0);
-        let rc = unsafe {
-            latent_cache_append_host_padded(
-                layer(set, l),
-                2,
-                30,
-                pads.as_ptr(),
-                2,
-                latent.as_ptr(),
-                latent.len(),
-                rope.as_ptr(),
-                rope.len(),
-                std::ptr::null(),
-                0,
-            )
-        };
-        assert_eq!(rc, Status::Ok);
-    }
+    let mut rows: Vec<RowRef> = vec![vec![Vec::new(); LAYERS * 2]; 2];
+    append_padded(set, &mut rows, 30, &[5, 0], &mut rng);
+    assert!(read(set, 0) == rows[0] && read(set, 1) == rows[1], "the padded rows");
     save(set, 1, 0, 20, &dir, "row-1");
     assert_eq!(row_chain(set, 0), None, "row 0 holds no chain");
     // Row 0 forked into 2: neither new row holds row 1's chain, and the set knows none.

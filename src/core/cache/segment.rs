@@ -84,11 +84,18 @@ impl LatentCache {
     }
 
     /// Records that row `row`'s first `positions` positions are the chain of digest `digest`
-    /// (the other rows' marks stay).
+    /// (the other rows' marks stay). Positions within the shared prefix are every row's: the
+    /// rows that know no chain take it too (a prompt saved after its fork is still saved once).
     pub fn mark_chain(&mut self, digest: u64, row: usize, positions: usize) {
-        let (left_pad, rows) = (self.left_pad()[row], self.batch_size());
+        let rows = self.batch_size();
         self.chains.resize(rows, None);
-        self.chains[row] = Some(ChainMark { digest, positions, row, rows, left_pad });
+        let shared = positions <= self.shared_positions();
+        for r in 0..rows {
+            if r == row || (shared && self.chains[r].is_none()) {
+                let left_pad = self.left_pad()[r];
+                self.chains[r] = Some(ChainMark { digest, positions, row: r, rows, left_pad });
+            }
+        }
     }
 
     /// Each new row of `layout` (a fork's or an attach's) marked as holding `parent`'s chain
