@@ -158,3 +158,24 @@ fn a_prefix_cut_inside_a_piece_reports_the_buffer_it_keeps() {
     assert!(whole.held_bytes() > 0);
     assert_eq!(cut.held_bytes(), whole.held_bytes(), "the cut keeps the piece's buffer");
 }
+
+/// What the header says of trims and attaches over a prefix: a trim into the prefix is
+/// OUT_OF_RANGE outside a round and, inside one with bypass, INVALID_STATE (the round's rule
+/// comes first); an attach inside an open round is INVALID_STATE. Nothing changes.
+#[test]
+fn trims_and_attaches_refused_with_the_documented_statuses() {
+    let mut rng = Rng::new(5);
+    let (mut cache, rows, _) = attached(LayoutKind::RightJustified, &mut rng, 2, 3);
+    assert_eq!(cache.trim(4, false).unwrap_err().kind, ErrorKind::OutOfRange, "into the prefix");
+    assert_eq!(cache.trim(4, true).unwrap_err().kind, ErrorKind::OutOfRange, "into the prefix, bypass");
+    cache.spec_round_begin().unwrap();
+    assert_eq!(cache.trim(4, true).unwrap_err().kind, ErrorKind::State, "into the prefix inside a round");
+    assert_eq!(cache.trim(1, true).unwrap_err().kind, ErrorKind::State, "past what the round appended");
+    assert_rows(&cache, &rows, "after refused trims");
+    let (source, _) = prompt(LayoutKind::RightJustified, &mut rng);
+    let prefix = source.share_prefix(0, PREFIX).unwrap();
+    let mut empty = LatentCache::new(*source.geometry()).unwrap();
+    empty.spec_round_begin().unwrap();
+    assert_eq!(empty.attach_prefix(&prefix, 1).unwrap_err().kind, ErrorKind::State, "attach inside a round");
+    assert_eq!(empty.batch_size(), 0);
+}

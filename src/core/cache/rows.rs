@@ -126,9 +126,13 @@ impl LatentCache {
 
     /// Drops the last `n` positions of every row (see `trim`), as a change.
     pub fn prepare_trim(&self, n: usize, bypass: bool) -> Result<Change> {
-        // The round's rules first (INVALID_STATE), then the shared prefix's (OUT_OF_RANGE).
-        self.layout.check_trim(n, bypass)?;
+        // Inside a round its rules first (INVALID_STATE); then the shared prefix's and the
+        // rows' (OUT_OF_RANGE, the prefix named where the trim would reach into it).
+        if self.in_spec_round() {
+            self.layout.check_trim(n, bypass)?;
+        }
         self.check_above_prefix(n)?;
+        self.layout.check_trim(n, bypass)?;
         self.check_composed_trim(n, bypass)?;
         let mut layout = self.layout.clone();
         layout.trim(n);

@@ -224,15 +224,16 @@ impl RowLayout {
         if self.in_round() && !bypass {
             return fail!(State, "trim inside a speculative round needs bypass (or use rollback)");
         }
-        if n > self.shortest_row() {
-            return fail!(OutOfRange, "cannot trim {n} positions: the shortest row holds {}", self.shortest_row());
-        }
+        // Inside a round its rule comes first: what the round appended is within every row.
         if self.in_round() && n > self.appended_in_round() {
             return fail!(
                 State,
                 "cannot trim {n} positions inside a round: a row appended only {} in it, and a rollback must restore what it held before",
                 self.appended_in_round()
             );
+        }
+        if n > self.shortest_row() {
+            return fail!(OutOfRange, "cannot trim {n} positions: the shortest row holds {}", self.shortest_row());
         }
         Ok(())
     }
