@@ -403,12 +403,22 @@ static void model_set(void) {
   step(layers, ROWS, req, pos, DRAFT);
   size_t keep[ROWS] = {2, 0};
   TRY(latent_cache_set_spec_round_rollback_rows(set, keep, ROWS));
+  /* A forward that stops partway (an append refused at a middle layer, CAPACITY under MLX's
+   * memory limit, say): the first half of the layers hold the new position, so set-wide calls
+   * refuse the set until latent_cache_set_recover cuts every layer back to what all hold. */
+  size_t next[ROWS] = {PROMPT + keep[0], PROMPT + keep[1]}, dropped = 0;
+  n_layers = (int)n_configs / 2;
+  step(layers, ROWS, req, next, 1);
+  n_layers = (int)n_configs;
+  if (latent_cache_set_trim(set, 0, false) != LATENT_CACHE_STATUS_INVALID_STATE) die("a set driven apart", LATENT_CACHE_STATUS_OK);
+  TRY(latent_cache_set_recover(set, &dropped));
+  if (dropped != 1) die("recover dropped the wrong count", LATENT_CACHE_STATUS_OK);
   size_t checked = 0, bytes = 0;
   for (int l = 0; l < n_layers; l++)
     for (size_t b = 0; b < ROWS; b++) checked += check_row(layers, l, b, req[b], PROMPT + keep[b]);
   TRY(latent_cache_set_bytes_in_use(set, &bytes));
-  printf("set: GLM-5.2 preset, %zu layers (MTP included) moved together through a round; %zu values checked, "
-         "%.1f MiB in use\n",
+  printf("set: GLM-5.2 preset, %zu layers (MTP included) moved together through a round and recovered from a "
+         "forward stopped halfway; %zu values checked, %.1f MiB in use\n",
          n_configs, checked, (double)bytes / (1024.0 * 1024.0));
   n_layers = saved;
   free(layers); /* lent handles: the set releases them */
