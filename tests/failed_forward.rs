@@ -21,7 +21,7 @@ use latent_cache::ffi::segment::{
 use latent_cache::ffi::set::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 
-use common::check::{append_host, assert_equal, host_data, last_error, new_cache};
+use common::check::{append_host, assert_equal, filled, host_data, last_error, new_cache};
 use common::model::{Model, Rng};
 
 const WIDTHS: [usize; 3] = [64, 16, 32];
@@ -131,11 +131,7 @@ fn forward_recovers() {
 
 fn allocations_past_the_machine() {
     let mut rng = Rng::new(5);
-    let cache = new_cache(GLM, 0);
-    let mut model = Model::new(GLM);
-    let data = host_data(&mut rng, GLM, 2, 40);
-    assert_eq!(append_host(cache, 2, 40, &data), Status::Ok);
-    model.append(2, 40, &data);
+    let (cache, model) = filled(GLM, 2, 40, &mut rng);
     let limit = memory().limit;
     set_limit(usize::MAX);
     let reserve = unsafe { latent_cache_reserve(cache, i32::MAX as usize) };

@@ -15,7 +15,7 @@ use latent_cache::ffi::rows::latent_cache_merge_rows;
 use latent_cache::ffi::spec::*;
 use mlx_sys::mlx_array;
 
-use common::check::{append_host, assert_equal, host_array, host_data, last_error, new_cache};
+use common::check::{append_host, assert_equal, filled, host_array, host_data, last_error, new_cache};
 use common::model::{Model, Rng};
 
 const WIDTHS: [usize; 3] = [512, 64, 128];
@@ -65,11 +65,7 @@ fn append_latent_and_eval(cache: *mut latent_cache::ffi::latent_cache, data: &[V
 #[test]
 fn appends_write_in_place() {
     let mut rng = Rng::new(11);
-    let cache = new_cache(WIDTHS, 0);
-    let mut model = Model::new(WIDTHS);
-    let data = host_data(&mut rng, WIDTHS, 1, 64);
-    assert_eq!(append_host(cache, 1, 64, &data), Status::Ok);
-    model.append(1, 64, &data);
+    let (cache, mut model) = filled(WIDTHS, 1, 64, &mut rng);
     assert_eq!(unsafe { latent_cache_reserve(cache, RESERVED) }, Status::Ok, "reserve: {}", last_error());
     let buffer = RESERVED * WIDTHS.iter().sum::<usize>() * 4;
     let small = buffer / 10;
@@ -113,11 +109,7 @@ fn appends_write_in_place() {
     // An uneven rollback of right-justified rows: three rows keep everything, the fourth drops
     // three positions and shifts. Only its positions move; the buffers are not rebuilt.
     let (rows, reserved) = (4, 10_000);
-    let batch = new_cache(WIDTHS, 0);
-    let mut model = Model::new(WIDTHS);
-    let data = host_data(&mut rng, WIDTHS, rows, 200);
-    assert_eq!(append_host(batch, rows, 200, &data), Status::Ok);
-    model.append(rows, 200, &data);
+    let (batch, mut model) = filled(WIDTHS, rows, 200, &mut rng);
     assert_eq!(unsafe { latent_cache_reserve(batch, reserved) }, Status::Ok, "reserve: {}", last_error());
     let buffer = rows * reserved * WIDTHS.iter().sum::<usize>() * 4;
     assert_eq!(unsafe { latent_cache_spec_round_begin(batch) }, Status::Ok);
@@ -145,15 +137,7 @@ fn appends_write_in_place() {
 
     // A merge into a reserved cache keeps the reservation: the merge allocates the reserved
     // buffers, and appends up to the reservation then never reallocate.
-    let sources: Vec<(*mut latent_cache::ffi::latent_cache, Model)> = (0..2)
-        .map(|_| {
-            let (cache, mut model) = (new_cache(WIDTHS, 0), Model::new(WIDTHS));
-            let data = host_data(&mut rng, WIDTHS, 1, 100);
-            assert_eq!(append_host(cache, 1, 100, &data), Status::Ok);
-            model.append(1, 100, &data);
-            (cache, model)
-        })
-        .collect();
+    let sources: Vec<(*mut latent_cache::ffi::latent_cache, Model)> = (0..2).map(|_| filled(WIDTHS, 1, 100, &mut rng)).collect();
     let merged = new_cache(WIDTHS, 0);
     assert_eq!(unsafe { latent_cache_reserve(merged, reserved) }, Status::Ok);
     let handles: Vec<_> = sources.iter().map(|(c, _)| c.cast_const()).collect();

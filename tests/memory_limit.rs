@@ -21,7 +21,7 @@ use latent_cache::ffi::set::*;
 use latent_cache::ffi::{latent_cache as Handle, latent_cache_status as Status};
 use mlx_sys::mlx_array;
 
-use common::check::{append_host, assert_equal, assert_view, host_data, last_error, new_cache};
+use common::check::{append_host, assert_equal, assert_view, filled, host_data, last_error, new_cache};
 use common::model::{Model, Rng};
 
 const GLM: [usize; 3] = [512, 64, 128];
@@ -74,16 +74,6 @@ fn refused(status: Status, what: &str) {
 
 fn bytes_per_token(widths: [usize; 3]) -> usize {
     widths.iter().sum::<usize>() * 4
-}
-
-/// A cache of `widths` holding `batch` rows of `tokens` positions, and its model.
-fn filled(widths: [usize; 3], batch: usize, tokens: usize, rng: &mut Rng) -> (*mut Handle, Model) {
-    let cache = new_cache(widths, 0);
-    let mut model = Model::new(widths);
-    let data = host_data(rng, widths, batch, tokens);
-    assert_eq!(append_host(cache, batch, tokens, &data), Status::Ok, "{}", last_error());
-    model.append(batch, tokens, &data);
-    (cache, model)
 }
 
 /// Appends `tokens` positions to every row: OK (the model follows), or an allocation refusal

@@ -10,10 +10,12 @@ use super::panic::ffi_boundary;
 use super::persist::give_bytes;
 use super::set::{latent_cache_set, register_set, with_set_layers};
 use super::status::latent_cache_status;
+use crate::core::cache::ChainMark;
 use crate::core::persist::segment::{
     extend_segments, load_segments, read_segment_header, save_segment, save_segment_to_bytes, SegmentHeader, SegmentRange,
     SegmentSource,
 };
+use crate::core::LatentCache;
 
 /// What a segment says of itself (`latent_cache_segment_read_info`): the row positions
 /// `[from, to)` it holds, the digest of the chain before it (`previous_digest`, 0 for a first
@@ -285,13 +287,7 @@ pub unsafe extern "C" fn latent_cache_set_segment_chain(
 ) -> latent_cache_status {
     ffi_boundary! {
         let (row, positions, digest) = (out_ptr(row, "row")?, out_ptr(positions, "positions")?, out_ptr(digest, "digest")?);
-        let mark = with_set_layers(set, |layers| {
-            let first = layers[0].chain();
-            match first {
-                Some(m) if layers.iter().all(|l| l.chain() == first) => Ok(m),
-                _ => Err(Failure::new(latent_cache_status::InvalidState, "the set knows no segment chain".to_owned())),
-            }
-        })?;
+        let mark = with_set_layers(set, |layers| agreed_mark(layers, LatentCache::chain, "the set knows no segment chain"))?;
         unsafe {
             write(row, mark.row);
             write(positions, mark.positions);
@@ -322,16 +318,26 @@ pub unsafe extern "C" fn latent_cache_set_row_segment_chain(
             if row >= rows {
                 return Err(Failure::new(latent_cache_status::OutOfRange, format!("row {row} out of range: the set holds {rows} rows")));
             }
-            let first = layers[0].row_chain(row);
-            match first {
-                Some(m) if layers.iter().all(|l| l.row_chain(row) == first) => Ok(m),
-                _ => Err(Failure::new(latent_cache_status::InvalidState, format!("the set knows no segment chain of row {row}"))),
-            }
+            agreed_mark(layers, |l| l.row_chain(row), &format!("the set knows no segment chain of row {row}"))
         })?;
         unsafe {
             write(positions, mark.positions);
             write(digest, mark.digest);
         }
         Ok(())
+    }
+}
+
+/// The chain mark `mark` reads on every layer, where all layers know the same one; else
+/// INVALID_STATE with `none`.
+fn agreed_mark(
+    layers: &[&mut LatentCache],
+    mark: impl Fn(&LatentCache) -> Option<ChainMark>,
+    none: &str,
+) -> FfiResult<ChainMark> {
+    let first = mark(&*layers[0]);
+    match first {
+        Some(m) if layers.iter().all(|l| mark(l) == first) => Ok(m),
+        _ => Err(Failure::new(latent_cache_status::InvalidState, none.to_owned())),
     }
 }

@@ -37,6 +37,16 @@ pub fn new_cache(widths: [usize; 3], max_tokens: usize) -> *mut Handle {
     cache
 }
 
+/// A cache of `widths` holding `batch` rows of `tokens` positions, and its model.
+pub fn filled(widths: [usize; 3], batch: usize, tokens: usize, rng: &mut Rng) -> (*mut Handle, Model) {
+    let cache = new_cache(widths, 0);
+    let mut model = Model::new(widths);
+    let data = host_data(rng, widths, batch, tokens);
+    assert_eq!(append_host(cache, batch, tokens, &data), Status::Ok, "{}", last_error());
+    model.append(batch, tokens, &data);
+    (cache, model)
+}
+
 /// A `[1, tokens, width]` float32 array holding `data`, made through the C ABI.
 pub fn host_array(data: &[f32], tokens: usize, width: usize) -> mlx_array {
     let mut out = mlx_array { ctx: std::ptr::null_mut() };

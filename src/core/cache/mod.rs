@@ -101,7 +101,7 @@ pub struct LatentCache {
 }
 
 /// What a cache knows of the segment chain one of its rows holds (`persist::segment`): row
-/// `row` of its `rows` rows, starting after `left_pad` padding, holds exactly the chain's
+/// `row`, starting after `left_pad` padding, holds exactly the chain's
 /// `positions` positions, whose digest is `digest`. Set by a segment save or a chain restore,
 /// handed to every new row by a fork or an attach (a tree of chains: each continuation's is its
 /// parent's up to the shared point); kept by every change that leaves those positions where
@@ -112,7 +112,6 @@ pub struct ChainMark {
     pub digest: u64,
     pub positions: usize,
     pub row: usize,
-    pub rows: usize,
     pub left_pad: usize,
 }
 
@@ -159,8 +158,7 @@ impl LatentCache {
         }
         let (offsets, pads) = (self.row_offsets(), self.left_pad().to_vec());
         for mark in self.chains.iter_mut() {
-            let kept =
-                mark.is_some_and(|m| m.rows == offsets.len() && pads[m.row] == m.left_pad && offsets[m.row] >= m.positions);
+            let kept = mark.is_some_and(|m| pads[m.row] == m.left_pad && offsets[m.row] >= m.positions);
             if !kept {
                 *mark = None;
             }

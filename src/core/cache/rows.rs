@@ -126,12 +126,12 @@ impl LatentCache {
 
     /// Drops the last `n` positions of every row (see `trim`), as a change.
     pub fn prepare_trim(&self, n: usize, bypass: bool) -> Result<Change> {
-        // Inside a round its rules first (INVALID_STATE); then the shared prefix's and the
-        // rows' (OUT_OF_RANGE, the prefix named where the trim would reach into it).
-        if self.in_spec_round() {
-            self.layout.check_trim(n, bypass)?;
+        // Outside a round, a trim into the shared prefix is named as such (OUT_OF_RANGE) before
+        // the rows' bound; inside one the round's rule comes first (INVALID_STATE) and, as what
+        // the round appended lies above the prefix, keeps the trim above it.
+        if !self.in_spec_round() {
+            self.check_above_prefix(n)?;
         }
-        self.check_above_prefix(n)?;
         self.layout.check_trim(n, bypass)?;
         self.check_composed_trim(n, bypass)?;
         let mut layout = self.layout.clone();

@@ -93,7 +93,7 @@ impl LatentCache {
         for r in 0..rows {
             if r == row || (shared && self.chains[r].is_none()) {
                 let left_pad = self.left_pad()[r];
-                self.chains[r] = Some(ChainMark { digest, positions, row: r, rows, left_pad });
+                self.chains[r] = Some(ChainMark { digest, positions, row: r, left_pad });
             }
         }
     }
@@ -104,8 +104,7 @@ impl LatentCache {
         let Some((digest, positions)) = parent else {
             return Vec::new();
         };
-        let rows = layout.batch_size();
-        let mark = |row: usize| ChainMark { digest, positions, row, rows, left_pad: layout.left_pad()[row] };
-        (0..rows).map(|row| Some(mark(row))).collect()
+        let mark = |(row, &left_pad): (usize, &usize)| Some(ChainMark { digest, positions, row, left_pad });
+        layout.left_pad().iter().enumerate().map(mark).collect()
     }
 }

@@ -65,12 +65,13 @@ impl LatentCache {
             return fail!(OutOfRange, "a shared prefix takes 1 to {held} positions of row {row}, not {positions}");
         }
         let shared = self.shared_positions();
-        if positions <= shared {
-            let cut = Self::cut(self.base.as_ref().expect("positions <= shared implies a prefix"), positions)?;
-            return Ok(cut.with_chain(self.chain_within(row, positions)));
-        }
-        let lo = self.layout.left_pad()[row];
-        Ok(self.over_base(self.copied_piece(row, lo, lo + positions - shared)?).with_chain(self.chain_within(row, positions)))
+        let prefix = if positions <= shared {
+            Self::cut(self.base.as_ref().expect("positions <= shared implies a prefix"), positions)?
+        } else {
+            let lo = self.layout.left_pad()[row];
+            self.over_base(self.copied_piece(row, lo, lo + positions - shared)?)
+        };
+        Ok(prefix.with_chain(self.chain_within(row, positions)))
     }
 
     /// Row `row`'s chain (its digest and positions) where it lies within its first `positions`.

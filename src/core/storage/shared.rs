@@ -46,9 +46,11 @@ impl SharedPrefix {
         SharedPrefix { geometry, pieces, chain: None }
     }
 
-    /// This prefix known to start with the segment chain `chain` (digest, positions), if any.
+    /// This prefix known to start with the segment chain `chain` (digest, positions, at most
+    /// the prefix's), if any.
     pub(crate) fn with_chain(mut self, chain: Option<(u64, usize)>) -> SharedPrefix {
-        self.chain = chain.filter(|&(_, n)| n <= self.positions());
+        debug_assert!(chain.map_or(true, |(_, n)| n <= self.positions()));
+        self.chain = chain;
         self
     }
 
