@@ -16,6 +16,7 @@ mod composed;
 mod segments;
 mod corners;
 mod later_slots;
+mod churn;
 
 use common::composed_ref::Reference;
 use common::composed_rule::composed_layer;

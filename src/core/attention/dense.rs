@@ -143,6 +143,12 @@ impl Donor {
             (_, Some(_)) => return fail!(InvalidArgument, "a mask array is taken only with the ARRAY mask mode"),
             (_, None) => None,
         };
+        let inputs = [Some(q_latent), Some(q_rope), extra];
+        if let Some(out) = self.by_runs(&inputs, |run, a| {
+            run.attend(a[0].as_ref().expect("given"), a[1].as_ref().expect("given"), scale, mode, a[2].as_ref())
+        })? {
+            return Ok(out);
+        }
         let query = Query { q_latent, q_rope, scale, mode, extra, queries };
         if self.shared.is_some() {
             // Every row holds the prefix's positions at least.

@@ -10,13 +10,15 @@
 //! `masks` which positions a query sees; `dense` attention through MLX's operations; `sparse`
 //! DSA's index scores, selection and selected attention; `on_kernels` choosing and feeding our
 //! CUDA and Metal kernels; `shared` all of these over rows that read a shared prefix below their
-//! own positions (each part attended where it is, joined by their log-sum-exp).
+//! own positions (each part attended where it is, joined by their log-sum-exp); `runs` all of
+//! them over rows that lie in several runs of slots (each run attended where it is).
 //!
 //! May import: `error`, `layout`, `mlx`, `model`, `kernels`, `storage`, `cache`.
 mod dense;
 mod dsa_kernels;
 mod masks;
 mod on_kernels;
+mod runs;
 mod shared;
 mod shared_dsa;
 mod sparse;
@@ -60,6 +62,10 @@ pub struct Donor {
     /// `row_ends` and `parts` above are then the rows' own window), as one single-row donor per
     /// piece (see `shared`).
     shared: Option<Vec<Donor>>,
+    /// Where the rows lie in several runs of slots: one donor per run and its first row, each
+    /// attended on its own (`runs`); the fields above then describe every row (`parts` the
+    /// runs joined, never read by attention).
+    runs: Vec<(usize, Donor)>,
 }
 
 impl LatentCache {
@@ -74,11 +80,15 @@ impl LatentCache {
     pub fn capture_donor_rows(&self) -> Result<Donor> {
         let offset = self.layout.offset();
         let families = Families::for_geometry(&self.geometry, |family, _| family);
-        let parts = families.try_map(|_, family| self.storage.stored_parts(family, offset))?;
+        let parts = families.clone().try_map(|_, family| self.storage.stored_parts(family, offset))?;
         let (left_pad, row_ends) = (self.layout.left_pad().to_vec(), self.layout.row_ends().to_vec());
         let hot = self.capture_hot()?;
         let shared = self.shared_prefix().map(|prefix| prefix.pieces().iter().map(|p| Donor::piece(self.geometry, p)).collect());
-        Ok(Donor { geometry: self.geometry, offset, left_pad, row_ends, parts, hot, alignment: Default::default(), shared })
+        let alignment = Default::default();
+        let mut donor =
+            Donor { geometry: self.geometry, offset, left_pad, row_ends, parts, hot, alignment, shared, runs: Vec::new() };
+        donor.runs = donor.run_donors(self, families.try_map(|_, family| self.storage.stored_runs(family, offset))?)?;
+        Ok(donor)
     }
 }
 

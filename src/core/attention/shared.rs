@@ -40,15 +40,10 @@ fn last_axis(x: &Array, lo: usize, hi: usize) -> Result<Array> {
 
 /// Row `b` of `x` (axis 0), kept as an axis of extent 1 (a view; `x` itself when it has one row).
 fn row(x: &Array, b: usize) -> Result<Array> {
-    let shape: Vec<usize> = x.shape().iter().map(|&d| d as usize).collect();
-    if shape[0] == 1 {
-        return Ok(x.clone());
+    match x.shape()[0] {
+        1 => Ok(x.clone()),
+        _ => ops::rows(x, b, b + 1),
     }
-    let mut start = vec![0; shape.len()];
-    let mut stop = shape.clone();
-    start[0] = b;
-    stop[0] = b + 1;
-    ops::slice(x, &start, &stop)
 }
 
 pub(super) fn int(values: &[i64], shape: &[usize]) -> Array {
@@ -67,6 +62,7 @@ impl Donor {
             hot: None,
             alignment: Default::default(),
             shared: None,
+            runs: Vec::new(),
         }
     }
 

@@ -65,6 +65,10 @@ impl Donor {
     /// would: two operations where the two calls make three (a decode step's indexer layers are
     /// bound by the host's cost per operation).
     pub fn index_select(&self, q_index: &Array, weights: &Array, mode: MaskMode, k: usize) -> Result<Option<Array>> {
+        if !self.runs.is_empty() {
+            // Rows in several runs: each run's scores, then one selection over them all.
+            return self.select(&self.index_scores(q_index, weights, mode)?, k);
+        }
         // The scores' checks first, then the selection's, as the two calls make them.
         let (scores, counts) = self.scores_counted(q_index, weights, mode, Some(k))?;
         self.select_counted(&scores, counts.as_ref(), k)
@@ -88,6 +92,11 @@ impl Donor {
         }
         if mode == MaskMode::Array {
             return fail!(InvalidArgument, "index scores take the NONE or CAUSAL mask mode");
+        }
+        if let Some(scores) = self.by_runs(&[Some(q_index), Some(weights)], |run, a| {
+            run.index_scores(a[0].as_ref().expect("given"), a[1].as_ref().expect("given"), mode)
+        })? {
+            return Ok((scores, None));
         }
         if self.shared.is_some() {
             return Ok((self.shared_index_scores(q_index, weights, mode)?, None));
@@ -203,6 +212,17 @@ impl Donor {
         }
         if mode == MaskMode::Array {
             return fail!(InvalidArgument, "selected attention takes the NONE or CAUSAL mask mode");
+        }
+        if let Some(out) = self.by_runs(&[Some(q_latent), Some(q_rope), Some(indices)], |run, a| {
+            run.attend_selected(
+                a[0].as_ref().expect("given"),
+                a[1].as_ref().expect("given"),
+                scale,
+                mode,
+                a[2].as_ref().expect("given"),
+            )
+        })? {
+            return Ok(out);
         }
         if self.shared.is_some() {
             return self.shared_selected(q_latent, q_rope, scale, mode, indices);

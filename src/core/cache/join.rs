@@ -1,13 +1,14 @@
 //! Rows joining a batch that holds rows (`merge_rows` into a non-empty cache), room for them
 //! (`reserve_rows`) and its release (`shrink_rows`). A joining row is written into a free slot
-//! of the buffers, which the rows already there share: the join costs the joining rows'
-//! positions, and the rows that stay are not touched (composed storage's hot side, about a
-//! window per row, is rebuilt). Where the buffers have no free slot or the rows already there
+//! of the buffers, which the rows already there share, wherever that slot lies
+//! (`layout::slots`): the join costs the joining rows' positions, and the rows that stay are
+//! not touched (composed storage's hot side, about a window per row, is rebuilt). Where the buffers have no free slot or the rows already there
 //! would have to move unevenly, the batch is rebuilt once (every row copied).
 use super::rows::same_prefix;
 use super::{Change, LatentCache, RowMove};
 use crate::core::error::{fail, Result};
 use crate::core::layout::row_layout::RowLayout;
+use crate::core::layout::slots::Placement;
 use crate::core::storage::buffers::{Pending, RowPiece, MIN_CAPACITY};
 use crate::core::storage::hot::HotChange;
 
@@ -91,17 +92,17 @@ impl LatentCache {
             // Composed storage's hot side (about a window per row) is rebuilt for every row.
             let hot = self.prepare_hot_of(&rows, &layout, &all)?;
             let mut pieces: Vec<RowPiece<'_>> = joining.iter().enumerate().map(|(k, r)| piece(batch + k, r)).collect();
-            // Free slots after the rows, or (rows having left from the front) the rows moved
-            // back to slot 0 first, at their positions: O(their positions), once per as many
-            // joins as there are free slots.
-            let first = match frame.first + all.len() <= frame.slots {
-                true => frame.first,
-                false => {
-                    pieces.extend(rows[..batch].iter().enumerate().map(|(b, r)| piece(b, r)));
-                    0
-                }
-            };
-            let pending = self.storage.prepare_move(&pieces, all.len(), (first, start as usize))?;
+            // Each joining row in a free slot, the rows here where they are; where that would
+            // leave the rows in more runs than attention reads, every row gathered into one
+            // run, moving the fewest positions (once per several joins and leaves).
+            let placement = frame.placement.joined(all.len() - batch, frame.slots).unwrap_or_else(|| {
+                let now: Vec<Option<usize>> = (0..all.len()).map(|b| (b < batch).then(|| frame.placement.slot(b))).collect();
+                let gathered = Placement::gather(&now, frame.slots, |b| all[b]);
+                let moved = (0..batch).filter(|&b| frame.placement.slot(b) != gathered.slot(b));
+                pieces.extend(moved.map(|b| piece(b, &rows[b])));
+                gathered
+            });
+            let pending = self.storage.prepare_move(&pieces, placement, start as usize)?;
             return Ok(Change { pending: Some(pending), hot, moves_rows: true, ..self.relabel(layout) });
         }
         let (layout, pending, hot) = self.prepare_rebuild(&rows, &all)?;
@@ -187,15 +188,15 @@ impl LatentCache {
     pub fn prepare_shrink_rows(&self) -> Result<Change> {
         let mut change = self.relabel(self.layout.clone());
         let frame = self.storage.frame();
-        change.slots = Some(frame.rows);
-        if self.storage.is_empty() || frame.slots == frame.rows {
+        change.slots = Some(frame.rows());
+        if self.storage.is_empty() || frame.slots == frame.rows() {
             return Ok(change);
         }
         let (pads, ends) = (self.left_pad(), self.layout.row_ends());
-        let pieces: Vec<RowPiece<'_>> = (0..frame.rows)
+        let pieces: Vec<RowPiece<'_>> = (0..frame.rows())
             .map(|b| RowPiece { source: &self.storage, row: b, lo: pads[b], hi: ends[b], dest_row: b, dest_lo: pads[b] })
             .collect();
-        change.pending = Some(self.storage.prepare_assemble(frame.rows, frame.rows, self.storage.capacity(), &pieces)?);
+        change.pending = Some(self.storage.prepare_assemble(frame.rows(), frame.rows(), self.storage.capacity(), &pieces)?);
         Ok(change)
     }
 }

@@ -5,6 +5,7 @@
 use super::{Change, LatentCache, RowMove};
 use crate::core::error::{fail, Result};
 use crate::core::layout::row_layout::{Relayout, Rollback, RowLayout};
+use crate::core::layout::slots::Placement;
 use crate::core::storage::buffers::RowPiece;
 use crate::core::storage::shared::SharedPrefix;
 
@@ -169,7 +170,7 @@ impl LatentCache {
                 return Ok(Change { hot, ..self.relabel(layout) });
             }
             let frame = self.storage.frame();
-            self.storage.prepare_move(&moving, self.batch_size(), (frame.first, frame.start))?
+            self.storage.prepare_move(&moving, frame.placement, frame.start)?
         } else {
             let capacity = self.storage.capacity().max(new.offset());
             self.storage.prepare_assemble(plan.rows.len(), self.storage.slots(), capacity, &pieces)?
@@ -180,13 +181,13 @@ impl LatentCache {
     }
 
     /// A relayout in which every kept row shifts by the same count (a filter, whose kept rows
-    /// drop the padding none of them needs), done in place: position 0 moves by that count, row
-    /// 0 moves to the slot that leaves the fewest positions to copy (rows leaving from the front
-    /// or the back, or a row leaving with the order kept, move whichever side of it is smaller),
-    /// and only rows that change slots are written, at the same positions of their new slot.
-    /// The other rows' positions are not touched, and a dropped row's slot stays for a row to
-    /// join. Composed storage's hot side (each row's newest positions, about a window's worth) is
-    /// rebuilt from `moves`. `None` where rows shift by different counts.
+    /// drop the padding none of them needs), done in place: position 0 moves by that count and
+    /// every kept row stays in its slot, whatever rows left and in whatever order the rest are
+    /// kept (`layout::slots`); a dropped row's slot stays for a row to join. Where that would
+    /// leave the rows in more runs than attention reads, they are gathered into one run, moving
+    /// the fewest positions (only rows that change slots are written, at the same positions of
+    /// their new slot). Composed storage's hot side (each row's newest positions, about a
+    /// window's worth) is rebuilt from `moves`. `None` where rows shift by different counts.
     fn prepare_slots_in_place(&self, plan: &Relayout, pieces: &[RowPiece<'_>], moves: &[RowMove<'_>]) -> Result<Option<Change>> {
         let shift = plan.shift.first().copied().unwrap_or(0);
         let uniform = shift >= 0 && plan.shift.iter().all(|&s| s == shift);
@@ -194,17 +195,14 @@ impl LatentCache {
             return Ok(None);
         }
         let frame = self.storage.frame();
-        let rows = plan.rows.len();
-        // Row 0's slot moves by `d`: kept row b then stays where it is when it was row b + d.
-        let moved = |d: isize| pieces.iter().filter(move |p| p.row as isize != p.dest_row as isize + d);
-        let cost = |d: isize| moved(d).map(|p| p.hi - p.lo).sum::<usize>();
-        let fits = |d: isize| frame.first as isize + d >= 0 && (frame.first as isize + d) as usize + rows <= frame.slots;
-        let candidates = std::iter::once(0).chain(plan.rows.iter().enumerate().map(|(b, &r)| r as isize - b as isize));
-        let d = candidates.filter(|&d| fits(d)).min_by_key(|&d| cost(d)).unwrap_or(0);
-        let moving: Vec<RowPiece<'_>> = moved(d).filter(|p| p.hi > p.lo).copied().collect();
-        let at = ((frame.first as isize + d) as usize, frame.start + shift as usize);
+        let placement = frame.placement.kept(&plan.rows).unwrap_or_else(|| {
+            let now: Vec<Option<usize>> = plan.rows.iter().map(|&r| Some(frame.placement.slot(r))).collect();
+            Placement::gather(&now, frame.slots, |b| pieces[b].hi - pieces[b].lo)
+        });
+        let moving: Vec<RowPiece<'_>> =
+            pieces.iter().filter(|p| p.hi > p.lo && frame.placement.slot(p.row) != placement.slot(p.dest_row)).copied().collect();
         let hot = self.prepare_hot_rows(moves, &plan.layout, self.kept_converted(&plan.rows), false)?;
-        let pending = self.storage.prepare_move(&moving, rows, at)?;
+        let pending = self.storage.prepare_move(&moving, placement, frame.start + shift as usize)?;
         let mut layout = plan.layout.clone();
         layout.finish_rollback();
         Ok(Some(Change { pending: Some(pending), hot, ..self.relabel(layout) }))

@@ -45,6 +45,14 @@ pub fn slice(a: &Array, start: &[usize], stop: &[usize]) -> Result<Array> {
     })
 }
 
+/// Rows `[lo, hi)` of `a` along axis 0, every other axis whole: a view.
+pub fn rows(a: &Array, lo: usize, hi: usize) -> Result<Array> {
+    let mut start = vec![0; a.ndim()];
+    let mut stop: Vec<usize> = a.shape().iter().map(|&d| d as usize).collect();
+    (start[0], stop[0]) = (lo, hi);
+    slice(a, &start, &stop)
+}
+
 /// `src` with `src[start..start+update.shape]` replaced by `update`. MLX writes in place when
 /// nothing else references `src`'s buffer at evaluation time.
 pub fn slice_update(src: &Array, update: &Array, start: &[usize], stop: &[usize]) -> Result<Array> {

@@ -1,14 +1,16 @@
 //! The stored state: per family, one capacity buffer `[slots, capacity, part_width]` per part of
 //! its storage mode (one for the float modes; codes and scales, with biases for the affine
 //! ones, for the packed modes, see `codec`), written by in-place slice updates and read through
-//! views `[first:first + rows, start:start + offset]`. The frame (rows, slots, capacity, first,
-//! start) is shared by every family and lives here once. Growth is geometric (or to a reservation), so an append
-//! costs O(new positions) amortized, never O(history); only the new positions are encoded.
+//! views `[slot:slot + rows, start:start + offset]`, one per run of rows. The frame (where the
+//! rows lie, slots, capacity, start) is shared by every family and lives here once. Growth is
+//! geometric (or to a reservation), so an append costs O(new positions) amortized, never
+//! O(history); only the new positions are encoded.
 //!
-//! Slots beyond `rows` are rows a batch had or reserved: a row leaving the batch keeps its slot
-//! for the next row to join, so neither copies the rows that stay. `first` is the slot of row 0
-//! (rows leaving from the front move it), `start` where position 0 lies in every slot (dropping
-//! the padding every row has moves it): both copy nothing.
+//! Slots no row holds are rows a batch had or reserved: a row leaving the batch keeps its slot
+//! for the next row to join, so neither copies the rows that stay. Where the rows lie is a few
+//! runs of consecutive slots (`layout::slots`: rows leaving from anywhere split or shorten a run,
+//! a row joining takes a free slot), `start` where position 0 lies in every slot (dropping the
+//! padding every row has moves it): both copy nothing.
 //!
 //! Every mutation is split in two: `prepare_*` builds the new state and may fail; `commit`
 //! swaps it in and cannot fail. Whatever allocates (growth, reserve, row rebuilds) is checked
@@ -24,9 +26,10 @@ mod write;
 use mlx_rs::Array;
 
 use crate::core::error::{fail, Result};
+use crate::core::layout::slots::Placement;
 use crate::core::mlx::eval::{eval, is_evaluated};
 use crate::core::mlx::memory::check_alloc;
-use crate::core::mlx::ops;
+use crate::core::mlx::{math, ops};
 use crate::core::model::families::Families;
 use crate::core::model::geometry::{Family, Geometry};
 use crate::core::model::storage_mode::{Part, StorageMode};
@@ -54,22 +57,31 @@ struct Buffer {
     lazy_writes: usize,
 }
 
-/// The shape of the buffers and what of them holds rows: `rows` live rows in consecutive slots
-/// from slot `first`, of `slots`, each `capacity` positions of which the first `start` precede
-/// position 0.
+/// The shape of the buffers and what of them holds rows: the rows lie in `placement`'s runs of
+/// slots, of `slots`, each `capacity` positions of which the first `start` precede position 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Frame {
-    pub rows: usize,
+    pub placement: Placement,
     pub slots: usize,
     pub capacity: usize,
     pub start: usize,
-    pub first: usize,
+}
+
+/// One run of rows read as one view: rows `[row, row + rows)`, their parts.
+pub(crate) struct RunParts {
+    pub row: usize,
+    pub rows: usize,
+    pub parts: Parts,
 }
 
 impl Frame {
     /// A frame of `rows` rows filling fresh buffers of `slots` slots, from slot 0 and position 0.
     fn fresh(rows: usize, slots: usize, capacity: usize) -> Frame {
-        Frame { rows, slots: slots.max(rows), capacity, start: 0, first: 0 }
+        Frame { placement: Placement::contiguous(0, rows), slots: slots.max(rows), capacity, start: 0 }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.placement.rows()
     }
 
     /// Positions each row may hold from position 0.
@@ -77,11 +89,37 @@ impl Frame {
         self.capacity - self.start
     }
 
-    /// Positions `[lo, hi)` (from position 0) of rows `[row_lo, row_hi)` of every part: views,
-    /// no copy.
+    /// Positions `[lo, hi)` (from position 0) of rows `[row_lo, row_hi)` of every part: views
+    /// where the rows lie in one run, else the runs' views joined (a copy when evaluated).
     fn window(&self, data: &[Array], parts: &[Part], rows: (usize, usize), lo: usize, hi: usize) -> Result<Parts> {
-        let (first, start) = (self.first, self.start);
-        let slice = |d: &Array, p: &Part| ops::slice(d, &[first + rows.0, start + lo, 0], &[first + rows.1, start + hi, p.width]);
+        if let Some(slot) = self.placement.run_of(rows).or((rows.0 == rows.1).then_some(0)) {
+            return self.slots_window(data, parts, (slot, slot + rows.1 - rows.0), lo, hi);
+        }
+        let runs = self.run_windows(data, parts, lo, hi)?;
+        let within: Vec<Parts> = runs
+            .iter()
+            .filter(|r| r.row < rows.1 && r.row + r.rows > rows.0)
+            .map(|r| {
+                let (a, b) = (rows.0.max(r.row) - r.row, rows.1.min(r.row + r.rows) - r.row);
+                r.parts.iter().zip(parts).map(|(d, p)| ops::slice(d, &[a, 0, 0], &[b, hi - lo, p.width])).collect()
+            })
+            .collect::<Result<_>>()?;
+        (0..parts.len()).map(|k| math::concatenate(&within.iter().map(|w| &w[k]).collect::<Vec<_>>(), 0)).collect()
+    }
+
+    /// Positions `[lo, hi)` of every run of rows, one view each.
+    fn run_windows(&self, data: &[Array], parts: &[Part], lo: usize, hi: usize) -> Result<Vec<RunParts>> {
+        let runs = self.placement.runs().iter();
+        runs.map(|r| {
+            Ok(RunParts { row: r.row, rows: r.rows, parts: self.slots_window(data, parts, (r.slot, r.slot + r.rows), lo, hi)? })
+        })
+        .collect()
+    }
+
+    /// Positions `[lo, hi)` of slots `[slots.0, slots.1)`: views.
+    fn slots_window(&self, data: &[Array], parts: &[Part], slots: (usize, usize), lo: usize, hi: usize) -> Result<Parts> {
+        let start = self.start;
+        let slice = |d: &Array, p: &Part| ops::slice(d, &[slots.0, start + lo, 0], &[slots.1, start + hi, p.width]);
         data.iter().zip(parts).map(|(d, p)| slice(d, p)).collect()
     }
 }

@@ -1,10 +1,10 @@
-//! Reading storage: views of the stored parts `[:rows, :offset]` (counted from the frame's first
-//! slot and position 0) as they are, values (a view for the float modes, a lazy decode for the
-//! packed ones) of the committed state or of a prepared one, and one row's positions copied to
-//! the host.
+//! Reading storage: views of the stored parts `[:rows, :offset]` (counted from position 0; rows
+//! in several runs of slots are joined, or read run by run) as they are, values (a view for the
+//! float modes, a lazy decode for the packed ones) of the committed state or of a prepared one,
+//! and one row's positions copied to the host.
 use mlx_rs::Array;
 
-use super::{Parts, Pending, Storage};
+use super::{Parts, Pending, RunParts, Storage};
 use crate::core::error::Result;
 use crate::core::mlx::ops;
 use crate::core::model::families::Families;
@@ -16,8 +16,19 @@ impl Storage {
     pub fn stored_parts(&self, family: Family, offset: usize) -> Result<Parts> {
         let buffer = self.buffer(family);
         match &buffer.data {
-            Some(data) => self.frame.window(data, &buffer.parts, (0, self.frame.rows), 0, offset),
+            Some(data) => self.frame.window(data, &buffer.parts, (0, self.frame.rows()), 0, offset),
             None => buffer.parts.iter().map(|p| ops::zeros(&[0, 0, p.width], p.dtype)).collect(),
+        }
+    }
+
+    /// Views of one family's stored parts `[rows, offset, part_width]` of each run of rows (see
+    /// `layout::slots`): what attention reads, each run where it lies. One run (of no rows)
+    /// before the first write.
+    pub(crate) fn stored_runs(&self, family: Family, offset: usize) -> Result<Vec<RunParts>> {
+        let buffer = self.buffer(family);
+        match &buffer.data {
+            Some(data) if self.frame.placement.runs().len() > 1 => self.frame.run_windows(data, &buffer.parts, 0, offset),
+            _ => Ok(vec![RunParts { row: 0, rows: self.frame.rows(), parts: self.stored_parts(family, offset)? }]),
         }
     }
 
@@ -62,7 +73,7 @@ impl Storage {
     /// the float modes, lazy decodes for the packed ones.
     pub fn pending_views(&self, pending: &Pending, offset: usize) -> Result<Families<Array>> {
         self.buffers.as_ref().zip(pending.data.as_ref()).try_map(|_, (buffer, (data, _))| {
-            buffer.decode(&pending.frame.window(data, &buffer.parts, (0, pending.frame.rows), 0, offset)?)
+            buffer.decode(&pending.frame.window(data, &buffer.parts, (0, pending.frame.rows()), 0, offset)?)
         })
     }
 

@@ -6,51 +6,81 @@ use mlx_rs::Array;
 
 use super::{Buffer, Frame, Parts, Pending, RowPiece, Storage, MAX_LAZY_WRITES};
 use crate::core::error::{CacheError, Result};
+use crate::core::layout::slots::Placement;
 use crate::core::mlx::eval::{eval, eval_settled};
 use crate::core::mlx::memory::check_alloc;
 use crate::core::mlx::ops;
 use crate::core::model::families::Families;
 
 /// Where each row's new positions go: `None` when every row starts at the same position (one
-/// slice update per part), else the physical positions `[slots, tokens, 1]` of a scatter (ragged
-/// rows, in slots from `first`; a free slot takes its positions at `[0, tokens)`, unread), made
-/// once per append and shared by every family and part (an array made on the host costs each
-/// evaluation that reads it on MLX's CUDA backend).
-fn row_positions(starts: &[usize], tokens: usize, slots: usize, first: usize) -> Option<Array> {
+/// slice update per part and run of slots), else the physical positions `[slots, tokens, 1]` of
+/// a scatter (ragged rows, in their slots; a free slot takes its positions at `[0, tokens)`,
+/// unread), made once per append and shared by every family and part (an array made on the host
+/// costs each evaluation that reads it on MLX's CUDA backend).
+fn row_positions(starts: &[usize], tokens: usize, slots: usize, placement: &Placement) -> Option<Array> {
     if starts.iter().all(|&s| s == starts[0]) {
         return None;
     }
-    let free = |n: usize| std::iter::repeat(&0).take(n);
-    let after = slots - first - starts.len();
-    let at: Vec<i32> = free(first).chain(starts).chain(free(after)).flat_map(|&s| (s..s + tokens).map(|p| p as i32)).collect();
+    let mut start_of = vec![0; slots];
+    for (b, &s) in starts.iter().enumerate() {
+        start_of[placement.slot(b)] = s;
+    }
+    let at: Vec<i32> = start_of.iter().flat_map(|&s| (s..s + tokens).map(|p| p as i32)).collect();
     Some(ops::indices(&at, &[slots, tokens, 1]))
 }
 
 /// `dest` with `update` (parts of the same family, `[rows, tokens, part_width]`) written so
-/// that row `b` (slot `first + b`) has its positions start at physical position `starts[b]`,
-/// lazily: one slice update per part when every row starts at the same position, one scatter
-/// per part at `positions` otherwise (over every slot: free slots take zeros, so the update is
-/// first widened to them).
-fn write_rows(dest: &[Array], update: &[Array], starts: &[usize], first: usize, positions: Option<&Array>) -> Result<Parts> {
-    match positions {
-        None => write(dest, update, first, starts[0]),
-        Some(at) => dest
-            .iter()
-            .zip(update)
-            .map(|(d, u)| {
-                let (slots, shape) = (d.shape()[0] as usize, u.shape());
-                let u = match shape[0] as usize == slots {
-                    true => u.clone(),
-                    false => {
-                        let (rows, tokens, width) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
-                        let wide = ops::zeros(&[slots, tokens, width], u.dtype())?;
-                        ops::slice_update(&wide, u, &[first, 0, 0], &[first + rows, tokens, width])?
+/// that row `b` (slot `placement.slot(b)`) has its positions start at physical position
+/// `starts[b]`, lazily: one slice update per part and run when every row starts at the same
+/// position, one scatter per part at `positions` otherwise (over every slot: free slots take
+/// zeros, so the update is first widened to them).
+fn write_rows(
+    dest: &[Array],
+    update: &[Array],
+    starts: &[usize],
+    placement: &Placement,
+    positions: Option<&Array>,
+) -> Result<Parts> {
+    let Some(at) = positions else {
+        let mut data = dest.to_vec();
+        for run in placement.runs() {
+            data = write(&data, &rows_of(update, run.row, run.rows)?, run.slot, starts[0])?;
+        }
+        return Ok(data);
+    };
+    dest.iter()
+        .zip(update)
+        .map(|(d, u)| {
+            let slots = d.shape()[0] as usize;
+            let whole = placement.runs().len() == 1 && placement.rows() == slots;
+            let u = match whole {
+                true => u.clone(),
+                false => {
+                    let shape = u.shape();
+                    let mut wide = ops::zeros(&[slots, shape[1] as usize, shape[2] as usize], u.dtype())?;
+                    for run in placement.runs() {
+                        wide = write(&[wide], &rows_of(std::slice::from_ref(u), run.row, run.rows)?, run.slot, 0)?.remove(0);
                     }
-                };
-                ops::put_along_axis(d, at, &u, 1)
-            })
-            .collect(),
-    }
+                    wide
+                }
+            };
+            ops::put_along_axis(d, at, &u, 1)
+        })
+        .collect()
+}
+
+/// Rows `[row, row + rows)` of `update`'s parts (the parts themselves when that is all of them).
+fn rows_of(update: &[Array], row: usize, rows: usize) -> Result<Parts> {
+    update
+        .iter()
+        .map(|u| {
+            let shape = u.shape();
+            match row == 0 && rows == shape[0] as usize {
+                true => Ok(u.clone()),
+                false => ops::slice(u, &[row, 0, 0], &[row + rows, shape[1] as usize, shape[2] as usize]),
+            }
+        })
+        .collect()
 }
 
 /// `dest` with `update` (parts of the same family) written at rows `[row, ..)`, positions
@@ -67,13 +97,15 @@ fn write(dest: &[Array], update: &[Array], row: usize, at: usize) -> Result<Part
 }
 
 impl Buffer {
-    /// `fresh` with the first `offset` positions of `frame`'s rows copied in at position 0
-    /// (lazily).
-    fn copy_live(&self, fresh: Parts, frame: Frame, offset: usize) -> Result<Parts> {
-        match &self.data {
-            Some(data) if offset > 0 => write(&fresh, &frame.window(data, &self.parts, (0, frame.rows), 0, offset)?, 0, 0),
-            _ => Ok(fresh),
+    /// `fresh` with the first `offset` positions of `frame`'s rows copied in at position 0, row
+    /// `b` in slot `b` (lazily).
+    fn copy_live(&self, mut fresh: Parts, frame: Frame, offset: usize) -> Result<Parts> {
+        if let (Some(data), true) = (&self.data, offset > 0) {
+            for run in frame.run_windows(data, &self.parts, 0, offset)? {
+                fresh = write(&fresh, &run.parts, run.row, 0)?;
+            }
         }
+        Ok(fresh)
     }
 }
 
@@ -116,7 +148,11 @@ impl Storage {
         let frame = self.frame;
         if frame.room() >= end && self.buffers.latent.data.is_some() {
             let starts: Vec<usize> = starts.iter().map(|&s| frame.start + s).collect();
-            let positions = row_positions(&starts, tokens, frame.slots, frame.first);
+            let placement = match rows == frame.rows() {
+                true => frame.placement,
+                false => Placement::contiguous(frame.placement.runs().first().map_or(0, |r| r.slot), rows),
+            };
+            let positions = row_positions(&starts, tokens, frame.slots, &placement);
             let data = self.buffers.as_ref().zip(encoded).try_map(|_, (buffer, update)| {
                 let data = buffer.data.as_ref().expect("written buffers have data");
                 let mut lazy = buffer.chained_writes();
@@ -124,18 +160,21 @@ impl Storage {
                     eval(data)?;
                     lazy = 0;
                 }
-                Ok::<_, CacheError>((write_rows(data, &update, &starts, frame.first, positions.as_ref())?, lazy + 1))
+                Ok::<_, CacheError>((write_rows(data, &update, &starts, &placement, positions.as_ref())?, lazy + 1))
             })?;
-            return Ok(Pending { frame: Frame { rows, ..frame }, data });
+            return Ok(Pending { frame: Frame { placement, ..frame }, data });
         }
         let capacity = self.grown_capacity(end, max_tokens, reserved);
         let grown = Frame::fresh(rows, frame.slots, capacity);
         let what = format!("growing to {capacity} positions x {} rows", grown.slots);
         let fresh = self.allocate(grown.slots, capacity, &what)?;
-        let positions = row_positions(starts, tokens, grown.slots, 0);
+        let positions = row_positions(starts, tokens, grown.slots, &grown.placement);
         let data = self.buffers.as_ref().zip(fresh).zip(encoded).try_map(|_, ((buffer, fresh), update)| {
             let base = buffer.copy_live(fresh, frame, offset)?;
-            Ok::<_, CacheError>((write_rows(&base, &update, starts, 0, positions.as_ref())?, buffer.chained_writes() + 1))
+            Ok::<_, CacheError>((
+                write_rows(&base, &update, starts, &grown.placement, positions.as_ref())?,
+                buffer.chained_writes() + 1,
+            ))
         })?;
         Ok(Pending { frame: grown, data })
     }
@@ -145,10 +184,10 @@ impl Storage {
     /// already large enough or hold no rows.
     pub fn prepare_reserve(&self, capacity: usize, slots: usize, offset: usize) -> Result<Option<Pending>> {
         let frame = self.frame;
-        if (capacity <= frame.room() && slots <= frame.slots) || frame.rows == 0 {
+        if (capacity <= frame.room() && slots <= frame.slots) || frame.rows() == 0 {
             return Ok(None);
         }
-        let grown = Frame::fresh(frame.rows, slots.max(frame.slots), capacity.max(frame.room()));
+        let grown = Frame::fresh(frame.rows(), slots.max(frame.slots), capacity.max(frame.room()));
         let what = format!("reserving {} positions x {} rows", grown.capacity, grown.slots);
         let fresh = self.allocate(grown.slots, grown.capacity, &what)?;
         let data = self
@@ -180,15 +219,15 @@ impl Storage {
         Ok(pending)
     }
 
-    /// Writes row pieces into this storage's buffers, in place, as rows `rows` of a frame whose
-    /// row 0 is slot `first` and position 0 lies at `start` (pieces' `dest_row` and `dest_lo`
-    /// count from them): rows moving within this
-    /// storage (rollbacks, filters) or joining from other caches. Each piece's positions are
-    /// first copied out (the copies are allocated and evaluated during the call, so a failure
-    /// changes nothing), then written at their new place lazily. Once committed, nothing but the
-    /// writes holds the old buffers, so MLX writes in place: the cost is the pieces' positions,
-    /// not the buffers'. The caller checks that every piece fits the slots and capacity.
-    pub fn prepare_move(&self, pieces: &[RowPiece<'_>], rows: usize, (first, start): (usize, usize)) -> Result<Pending> {
+    /// Writes row pieces into this storage's buffers, in place, as the rows of a frame whose rows
+    /// lie in `placement` and whose position 0 lies at `start` (pieces' `dest_row` and
+    /// `dest_lo` count from them): rows moving within this storage (rollbacks, filters, a batch
+    /// gathered into one run) or joining from other caches. Each piece's positions are first
+    /// copied out (the copies are allocated and evaluated during the call, so a failure changes
+    /// nothing), then written at their new place lazily. Once committed, nothing but the writes
+    /// holds the old buffers, so MLX writes in place: the cost is the pieces' positions, not the
+    /// buffers'. The caller checks that every piece fits the slots and capacity.
+    pub fn prepare_move(&self, pieces: &[RowPiece<'_>], placement: Placement, start: usize) -> Result<Pending> {
         let pieces: Vec<RowPiece<'_>> = pieces.iter().filter(|p| p.hi > p.lo).copied().collect();
         let positions: usize = pieces.iter().map(|p| p.hi - p.lo).sum();
         let per_position: usize = self.buffers.iter().map(Buffer::bytes_per_position).sum();
@@ -211,11 +250,11 @@ impl Storage {
                 eval(&data)?;
             }
             for (piece, copy) in pieces.iter().zip(&copies) {
-                data = write(&data, copy, first + piece.dest_row, start + piece.dest_lo)?;
+                data = write(&data, copy, placement.slot(piece.dest_row), start + piece.dest_lo)?;
             }
             Ok::<_, CacheError>((data, buffer.chained_writes() + pieces.len()))
         })?;
-        Ok(Pending { frame: Frame { rows, start, first, ..self.frame }, data })
+        Ok(Pending { frame: Frame { placement, start, ..self.frame }, data })
     }
 
     pub fn commit(&mut self, pending: Pending) {
