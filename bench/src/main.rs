@@ -37,7 +37,8 @@
 //! - `--shared-prefix`: one prompt forked into 8 continuations beside copies of it (the fork,
 //!   memory held, dense and DSA decode attention), and today's join and leave of a running batch
 //!   (see `shared_prefix.rs`); 4K and 16K positions (4K with `--quick`; to 64K with `--gpu`).
-//!   `--only fork` or `--only join` runs one of the two.
+//!   `--only fork` or `--only join` runs one of the two (`--only churn`: requests churning through
+//!   a running batch first-in-first-out, last-in-first-out and from anywhere, alone).
 //! - `--help`: this usage. An unknown flag is refused with it (exit status 2) before anything runs.
 mod attention;
 mod model_step;
@@ -426,7 +427,7 @@ fn main() {
     }
     if std::env::args().any(|a| a == "--shared-prefix") {
         let (contexts, batches): (&[usize], &[usize]) = match (cfg.quick, std::env::args().any(|a| a == "--gpu")) {
-            (true, _) => (&[4096], &[2, 8]),
+            (true, _) => (&[4096], &[2, 16]),
             (false, false) => (&[4096, 16384], &[2, 8, 16]),
             (false, true) => (&[4096, 16384, 65536], &[2, 8, 16]),
         };

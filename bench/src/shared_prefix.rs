@@ -243,6 +243,84 @@ fn join_and_leave(out: &mut Vec<String>, batch: usize, context: usize, samples: 
     out.push(record("shared prefix (filter_rows)", "leave", batch, context, leave, samples, 0));
 }
 
+/// Requests churning through a running batch of `batch` rows with one spare slot, as engines
+/// run continuous batching: each step one request leaves (the oldest: first in, first out; the
+/// newest: last in, first out; or any, the order kept, chosen by a fixed pseudo-random walk) and
+/// a one-row request of `context` positions joins (`merge_rows` into the batch). Median, p10 and
+/// p90 of the joins and of the leaves over `steps` steps after a warm-up of `batch` steps (so
+/// that first-in-first-out has wrapped around the slots); then a decode step's attention over
+/// the rows as the churn left them beside the same rows in one run, `attention_samples` each.
+fn churn(out: &mut Vec<String>, batch: usize, context: usize, steps: usize, attention_samples: usize) {
+    let joiner = filled(1, context, 23);
+    for pattern in ["first in, first out", "last in, first out", "any row leaves, order kept"] {
+        let mut running = filled(batch, context, 21);
+        running.reserve_rows(batch + 1).unwrap();
+        let (mut join, mut leave, mut pick) = (Vec::new(), Vec::new(), 7usize);
+        for step in 0..batch + steps {
+            pick = (pick * 5 + 3) % batch;
+            let gone = match pattern {
+                "first in, first out" => 0,
+                "last in, first out" => batch - 1,
+                _ => pick,
+            };
+            let keep: Vec<usize> = (0..batch).filter(|&b| b != gone).collect();
+            let start = Instant::now();
+            running.filter_rows(&keep).unwrap();
+            running.eval().unwrap();
+            let left = us(start);
+            let start = Instant::now();
+            running.merge_rows(&[&joiner]).unwrap();
+            running.eval().unwrap();
+            if step >= batch {
+                leave.push(left);
+                join.push(us(start));
+            }
+        }
+        let held = running.bytes_in_use();
+        out.push(record(&format!("churn: {pattern}"), "join", batch, context, summary(join), steps, held));
+        out.push(record(&format!("churn: {pattern}"), "leave", batch, context, summary(leave), steps, held));
+        // A decode step's attention over the batch as the churn left it (its rows in up to four
+        // runs of slots, one launch each) beside the same rows in one run (merged afresh).
+        let mut one_run = LatentCache::new(geometry()).unwrap();
+        one_run.merge_rows(&[&running]).unwrap();
+        one_run.eval().unwrap();
+        let q = queries(batch);
+        for sparse in [false, true] {
+            let (mut runs, mut one) = (Vec::new(), Vec::new());
+            for i in 0..attention_samples + 2 {
+                let start = Instant::now();
+                attend(&running, &q, sparse);
+                let t = us(start);
+                let start = Instant::now();
+                attend(&one_run, &q, sparse);
+                if i >= 2 {
+                    runs.push(t);
+                    one.push(us(start));
+                }
+            }
+            let step = if sparse { "decode attention, DSA" } else { "decode attention, dense" };
+            out.push(record(
+                &format!("churn: {pattern}, rows as left"),
+                step,
+                batch,
+                context,
+                summary(runs),
+                attention_samples,
+                held,
+            ));
+            out.push(record(
+                &format!("churn: {pattern}, rows in one run"),
+                step,
+                batch,
+                context,
+                summary(one),
+                attention_samples,
+                held,
+            ));
+        }
+    }
+}
+
 /// `n` positions appended to every row, one append.
 fn step_own(cache: &mut LatentCache, n: usize) {
     let rows = cache.batch_size();
@@ -251,7 +329,7 @@ fn step_own(cache: &mut LatentCache, n: usize) {
     cache.eval().unwrap();
 }
 
-/// Every part (`only`: "fork" or "join" for one of them).
+/// Every part (`only`: "fork", "join" or "churn" for one of them; "join" runs the churn too).
 pub fn run(contexts: &[usize], n: usize, batches: &[usize], samples: usize, only: Option<&str>) -> Vec<String> {
     let mut out = Vec::new();
     for &context in contexts {
@@ -260,6 +338,9 @@ pub fn run(contexts: &[usize], n: usize, batches: &[usize], samples: usize, only
         }
         for &batch in batches.iter().filter(|_| only.is_none_or(|o| o == "join")) {
             join_and_leave(&mut out, batch, context, 3);
+        }
+        for &batch in batches.iter().filter(|_| only.is_none_or(|o| o == "churn" || o == "join")) {
+            churn(&mut out, batch, context, 16, 3);
         }
     }
     out

@@ -52,6 +52,11 @@ unsafe fn hand_out(state: LatentState, latent: *mut mlx_array, rope: *mut mlx_ar
 ///   it), so running out of memory is a `CAPACITY` status here, not a crash later.
 /// - Every 64th consecutive append to a buffer nobody evaluated evaluates it (a DSA layer
 ///   whose index keys are never read would otherwise grow an unbounded graph).
+/// - Rows that joined and left a running batch may lie in up to four runs of slots (see
+///   `latent_cache_filter_rows`): the returned values are then the runs joined, a copy
+///   (O(stored) when evaluated), as are `latent_cache_state`'s and `latent_cache_packed_state`'s.
+///   The library's attention (`latent_cache_donor_*`) reads each run in place;
+///   `latent_cache_shrink_rows` puts the rows in one run.
 ///
 /// Returns `OK`; `NULL_ARGUMENT` (cache, latent or rope missing); `DTYPE`; `SHAPE`;
 /// `INVALID_ARGUMENT` (index keys missing on a DSA layer, given on another); `CAPACITY`
