@@ -115,6 +115,12 @@ typedef struct mlx_array_ {
 #endif
 
 
+// Most runs a batch's rows may form. Each run is one more launch (or one more graph of MLX's
+// operations) per attention, and a whole-batch view over several runs is a copy; a batch whose
+// requests come and go from the front, the back or anywhere keeps within it, gathering once
+// every few leaves when they come from the middle.
+#define MAX_RUNS 4
+
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
 typedef enum {
@@ -600,6 +606,11 @@ latent_cache_status latent_cache_signature(const latent_cache *cache,
 //   it), so running out of memory is a `CAPACITY` status here, not a crash later.
 // - Every 64th consecutive append to a buffer nobody evaluated evaluates it (a DSA layer
 //   whose index keys are never read would otherwise grow an unbounded graph).
+// - Rows that joined and left a running batch may lie in up to four runs of slots (see
+//   `latent_cache_filter_rows`): the returned values are then the runs joined, a copy
+//   (O(stored) when evaluated), as are `latent_cache_state`'s and `latent_cache_packed_state`'s.
+//   The library's attention (`latent_cache_donor_*`) reads each run in place;
+//   `latent_cache_shrink_rows` puts the rows in one run.
 //
 // Returns `OK`; `NULL_ARGUMENT` (cache, latent or rope missing); `DTYPE`; `SHAPE`;
 // `INVALID_ARGUMENT` (index keys missing on a DSA layer, given on another); `CAPACITY`
@@ -834,10 +845,13 @@ latent_cache_status latent_cache_prefill_end(latent_cache *cache);
 //
 // - An empty destination is filled: every row is copied into new buffers.
 // - A destination holding rows (a request joining a running batch) keeps its rows where they
-//   are and writes the joining rows into free slots: the slots of rows that left
-//   (`latent_cache_filter_rows`) or that `latent_cache_reserve_rows` made. The cost is the
-//   joining rows' positions. The batch is rebuilt once (every row copied) without enough free
-//   slots; where the rows already there would have to shift unevenly (the ragged layout after
+//   are and writes the joining rows into free slots, wherever they lie: the slots of rows that
+//   left (`latent_cache_filter_rows`) or that `latent_cache_reserve_rows` made, the one after
+//   the last row first. The cost is the joining rows' positions, whatever order requests came
+//   and went in (a first-in-first-out batch wraps around its slots). Where the rows would then
+//   lie in more than four runs of consecutive slots, they are gathered into one run first,
+//   copying the rows that change slots (the fewest positions). The batch is rebuilt once
+//   (every row copied) without enough free slots; where the rows already there would have to shift unevenly (the ragged layout after
 //   a padded prefill); in the right-justified layout, for a joining row longer than the rows
 //   there, unless rows left padding behind (the window's first position then moves back
 //   instead). The ragged layout never shifts the rows there. With composed storage the hot
@@ -866,12 +880,14 @@ latent_cache_status latent_cache_extract_row(const latent_cache *cache,
 // left padding no kept row needs.
 //
 // A request leaving keeps its slot for the next row to join (`latent_cache_merge_rows`), so
-// the buffers' bytes (what `latent_cache_set_bytes_in_use` counts) do not shrink. Only kept
-// rows that change slots are copied: rows leaving from the front or the back
-// (`{1, 2, ..., n-1}`, `{0, 1, ..., n-2}`), and dropping the padding the longest row needed,
-// copy nothing; `{last, 1, 2, ...}` when row 0 leaves copies the last row; a middle row
-// leaving with the order kept copies the smaller side of it. Rows whose padding differs
-// otherwise (the ragged layout after a padded prefill) are rebuilt (every kept row copied).
+// the buffers' bytes (what `latent_cache_set_bytes_in_use` counts) do not shrink. Every kept
+// row stays in its slot, whichever rows leave and in whatever order the rest are kept, so a
+// leave copies nothing (dropping the padding the longest row needed included); the rows may
+// then lie in several runs of consecutive slots, each read in place by attention. Where they
+// would lie in more than four runs, they are gathered into one, copying the rows that change
+// slots (the fewest positions: about once every few leaves from the middle). Rows whose
+// padding differs otherwise (the ragged layout after a padded prefill) are rebuilt (every kept
+// row copied).
 // With composed storage the hot side (about a window per row) is rebuilt for every kept row.
 //
 // Returns `OK`; `NULL_ARGUMENT`; `INVALID_ARGUMENT` (empty list, a row listed twice);
