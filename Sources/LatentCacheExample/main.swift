@@ -4,6 +4,7 @@
 // evaluation per step and attention over a donor, runs a speculative round with per-row
 // rollback, then saves and reloads the set. Each stage checks what it prints against the values
 // it appended (kept on the host) and exits non-zero on any mismatch.
+import LatentCache
 import LatentCacheSwift
 #if canImport(Darwin)
   import Darwin
@@ -38,10 +39,10 @@ let families: [Family] = [.latent, .rope, .indexKeys]
 
 /// One append of `tokens` positions starting at position `t0` of each row, on every layer,
 /// through MLX arrays; returns the stored state so the caller evaluates once per step.
-@MainActor func appendStep(tokens: Int, t0: [Int], leftPadding: [Int]? = nil) throws -> [MLXArray?] {
-  var outs: [MLXArray?] = []
+@MainActor func appendStep(tokens: Int, t0: [Int], leftPadding: [Int]? = nil) throws -> [LatentCacheArray?] {
+  var outs: [LatentCacheArray?] = []
   for (l, cache) in layers.enumerated() {
-    var arrays: [MLXArray?] = []
+    var arrays: [LatentCacheArray?] = []
     for (f, family) in families.enumerated() {
       let width = configs[l].width(family)
       if width == 0 {
@@ -55,7 +56,7 @@ let families: [Family] = [.latent, .rope, .indexKeys]
         // Padding positions are stored but never valid: the reference skips them.
         history[l][b][f] += row.dropFirst((leftPadding?[b] ?? 0) * width)
       }
-      arrays.append(try MLXArray(data, batch: 2, tokens: tokens, width: width))
+      arrays.append(try LatentCacheArray(data, batch: 2, tokens: tokens, width: width))
     }
     let state = try cache.appendReturningState(
       latent: arrays[0]!, rope: arrays[1]!, indexKeys: arrays[2], leftPadding: leftPadding)
@@ -77,7 +78,7 @@ let families: [Family] = [.latent, .rope, .indexKeys]
 
 // Prefill: prompts of 12 and 9 tokens, the shorter left-padded by 3.
 try set.reserve(64)
-try MLXArray.eval(try appendStep(tokens: 12, t0: [0, 0], leftPadding: [0, 3]))
+try LatentCacheArray.eval(try appendStep(tokens: 12, t0: [0, 0], leftPadding: [0, 3]))
 require(try layers[0].rowOffsets == [12, 9], "prefill row offsets")
 try checkAgainstHistory("prefill", layers)
 
@@ -87,10 +88,10 @@ try checkAgainstHistory("prefill", layers)
 let sources = try CacheConfig.glm52SelectionSources()
 require(sources[2] == 2 && sources[3] == 2, "layer 3 takes layer 2's selection")
 let heads = 2
-let qLatent = try MLXArray([Float](repeating: 0.01, count: 2 * heads * 512), shape: [2, heads, 1, 512])
-let qRope = try MLXArray([Float](repeating: 0.02, count: 2 * heads * 64), shape: [2, heads, 1, 64])
-let qIndex = try MLXArray((0..<(2 * heads * 128)).map { Float($0 % 7) / 7 }, shape: [2, heads, 1, 128])
-let weights = try MLXArray([Float](repeating: 0.5, count: 2 * heads), shape: [2, 1, heads])
+let qLatent = try LatentCacheArray([Float](repeating: 0.01, count: 2 * heads * 512), shape: [2, heads, 1, 512])
+let qRope = try LatentCacheArray([Float](repeating: 0.02, count: 2 * heads * 64), shape: [2, heads, 1, 64])
+let qIndex = try LatentCacheArray((0..<(2 * heads * 128)).map { Float($0 % 7) / 7 }, shape: [2, heads, 1, 128])
+let weights = try LatentCacheArray([Float](repeating: 0.5, count: 2 * heads), shape: [2, 1, heads])
 var position = [12, 12]
 for step in 0..<4 {
   var outs = try appendStep(tokens: 1, t0: position)
@@ -103,7 +104,7 @@ for step in 0..<4 {
   let sparse = try layers[3].captureDonor().attendSelected(
     qLatent: qLatent, qRope: qRope, scale: 0.0417, mode: .causal, indices: selected!)
   outs += [dense, sparse]
-  try MLXArray.eval(outs)
+  try LatentCacheArray.eval(outs)
   require(try dense.shape == [2, heads, 1, 512] && sparse.shape == [2, heads, 1, 512], "attention output shapes")
   position = position.map { $0 + 1 }
   print(
@@ -114,7 +115,7 @@ try checkAgainstHistory("decode", layers)
 
 // A speculative round: three drafts, row 0 accepts two, row 1 none.
 try set.beginSpeculativeRound()
-try MLXArray.eval(try appendStep(tokens: 3, t0: position))
+try LatentCacheArray.eval(try appendStep(tokens: 3, t0: position))
 try set.rollBackSpeculativeRound(keepingPerRow: [2, 0])
 for l in history.indices {
   for f in 0..<3 where configs[l].width(families[f]) > 0 {

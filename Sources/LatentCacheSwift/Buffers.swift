@@ -3,6 +3,7 @@
 // BUFFER_TOO_SMALL asks for the size again and retries with at least twice the room: the
 // caller never sees an error about a buffer it never passed, and a cache growing without pause
 // still ends the loop (the room grows geometrically). Also the borrowed-argument helpers.
+import LatentCache
 
 /// Reads `[T]` through `fill(buffer, capacity, &written)`, sizing the buffer with `estimate`.
 func readSized<T>(

@@ -1,5 +1,6 @@
 // Cache.swift: one layer's cache (latent_cache*) as an owning class: made, loaded or extracted,
 // freed in deinit unless a set lent it. The other Cache+*.swift files add its calls.
+import LatentCache
 
 /// One layer's attention cache. Owns its handle and frees it in deinit, except a layer a
 /// `CacheSet` lent (`CacheSet.layer(_:)`), which keeps its set alive instead.

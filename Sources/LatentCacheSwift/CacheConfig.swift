@@ -1,6 +1,7 @@
 // CacheConfig.swift: one layer's geometry as a Swift struct. It converts to the C struct by
 // starting from latent_cache_config_default() and setting its fields, so fields the library
 // adds later (reserved ones, a struct size) keep their defaults.
+import LatentCache
 
 /// Geometry of one layer's cache. `CacheConfig()` is GLM-5.2's sparse-attention layer
 /// (512 / 64 / 128, float32, unbounded, right-justified).
@@ -16,7 +17,7 @@ public struct CacheConfig: Sendable, Hashable {
   public var latentStorage: Storage
   public var ropeStorage: Storage
   public var indexStorage: Storage
-  public var layout: Layout
+  public var layout: LatentCacheLayout
   public var role: Role
   /// Composed storage: the float mode of the newest `hotWindow` positions.
   public var hotStorage: Storage
@@ -36,7 +37,7 @@ public struct CacheConfig: Sendable, Hashable {
     latentStorage = Storage(cValue: c.latent_storage) ?? .f32
     ropeStorage = Storage(cValue: c.rope_storage) ?? .f32
     indexStorage = Storage(cValue: c.index_storage) ?? .f32
-    layout = Layout(cValue: c.layout) ?? .rightJustified
+    layout = LatentCacheLayout(cValue: c.layout) ?? .rightJustified
     role = Role(cValue: c.role) ?? .target
     hotStorage = Storage(cValue: c.hot_storage) ?? .f32
     hotWindow = c.hot_window

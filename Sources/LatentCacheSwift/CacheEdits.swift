@@ -1,6 +1,7 @@
 // CacheEdits.swift: a cache's edits besides appends: trim, reset, reserve, speculative rounds
 // (with per-row rollback), both prefill protocols, and the row operations (merge, extract,
 // filter). Every rejected call leaves the cache as it was.
+import LatentCache
 
 extension Cache {
   /// Drops the last `n` positions of every row; inside a round, or below the minimum reusable

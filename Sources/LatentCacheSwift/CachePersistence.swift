@@ -1,5 +1,6 @@
 // CachePersistence.swift: one cache saved to and loaded from a file or bytes (safetensors,
 // the library's own format; caches at rest only: no open round or prefill).
+import LatentCache
 
 extension Cache {
   /// Loads a one-layer state saved by `save(to:)`.

@@ -1,6 +1,7 @@
 // CacheQueries.swift: a cache's reads of its layout and size (offset, rows, widths, bytes,
 // limits, flags, signature), as throwing properties. Row vectors are sized and read so a
 // concurrent append or merge cannot surface as an error (Buffers.swift).
+import LatentCache
 
 extension Cache {
   /// The stored window's length T (the longest row's position count).

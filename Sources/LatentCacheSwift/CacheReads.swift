@@ -2,6 +2,7 @@
 // The size asked for first can be stale by the read (another task appended): the read then
 // asks again and retries (Buffers.swift), so a concurrent append never throws
 // BUFFER_TOO_SMALL at a caller that passed no buffer.
+import LatentCache
 
 extension Cache {
   /// Row `row`'s valid positions of `family`, `[rowOffsets[row], width]` row-major, as float32.

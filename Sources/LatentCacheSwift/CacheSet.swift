@@ -1,5 +1,6 @@
 // CacheSet.swift: a model's caches as one handle (latent_cache_set*): layers lent as `Cache`
 // objects, set-wide edits that change every layer or none, row operations.
+import LatentCache
 
 /// A model's layer caches. Owns its handle and frees it (and every layer) in deinit.
 public final class CacheSet: @unchecked Sendable {

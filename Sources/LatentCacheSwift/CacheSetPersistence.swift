@@ -1,5 +1,6 @@
 // CacheSetPersistence.swift: a set saved and loaded in the library's format (file or bytes)
 // and in the seed's (mlx-bun) prompt-cache format with its tokens and identity strings.
+import LatentCache
 
 /// What a file of the seed's format holds besides the caches.
 public struct MlxbunInfo: Sendable, Equatable {

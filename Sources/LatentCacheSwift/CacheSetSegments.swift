@@ -1,6 +1,7 @@
 // CacheSetSegments.swift: segments, a row's positions [from, to) saved on their own and chained
 // by digest, so an engine snapshots a conversation at the cost of each turn and restores (or
 // extends) a set from the chain.
+import LatentCache
 
 /// What a segment says of itself (read from its header alone).
 public struct SegmentInfo: Sendable, Equatable {

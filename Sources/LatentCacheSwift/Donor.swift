@@ -1,6 +1,7 @@
 // Donor.swift: a snapshot of a cache's rows (latent_cache_donor*) and the attention computed
 // over it: GLM-5's absorbed MLA attention, DSA index scores, top-k selection, and attention
 // over the selected positions. Results are lazy MLX arrays the caller owns.
+import LatentCache
 
 /// The row layout a donor captured.
 public struct DonorRows: Sendable, Equatable {
@@ -45,8 +46,8 @@ public final class Donor: @unchecked Sendable {
 
   /// `softmax(scale * (qLatent . latent^T + qRope . rope^T) + mask) . latent`, `[B, H, Lq,
   /// kvLoraRank]` float32; `mask` only with `.array` (additive, broadcastable to `[B, H, Lq, T]`).
-  public func attend(qLatent: MLXArray, qRope: MLXArray, scale: Float, mode: MaskMode, mask: MLXArray? = nil) throws
-    -> MLXArray
+  public func attend(qLatent: LatentCacheArray, qRope: LatentCacheArray, scale: Float, mode: MaskMode, mask: LatentCacheArray? = nil) throws
+    -> LatentCacheArray
   {
     try output {
       latent_cache_donor_attend(
@@ -56,34 +57,34 @@ public final class Donor: @unchecked Sendable {
 
   /// DSA index scores `[B, Lq, T]`: `sum_h weights[b,q,h] * ReLU(qIndex[b,h,q] . k[b,t])`,
   /// -inf where a query does not see a position.
-  public func indexScores(qIndex: MLXArray, weights: MLXArray, mode: MaskMode) throws -> MLXArray {
+  public func indexScores(qIndex: LatentCacheArray, weights: LatentCacheArray, mode: MaskMode) throws -> LatentCacheArray {
     try output { latent_cache_donor_index_scores(handle, qIndex.handle, weights.handle, mode.cValue, $0) }!
   }
 
   /// The `k` positions of highest score per query (`[B, Lq, k]` int32), or nil when the
   /// window holds no more than `k` positions (attend densely then).
-  public func select(scores: MLXArray, k: Int) throws -> MLXArray? {
+  public func select(scores: LatentCacheArray, k: Int) throws -> LatentCacheArray? {
     try output { latent_cache_donor_select(handle, scores.handle, k, $0) }
   }
 
   /// `select(scores: indexScores(...), k:)` in one call (the same positions, or nil); where the
   /// library's kernels run, one MLX operation fewer per indexer layer.
-  public func indexSelect(qIndex: MLXArray, weights: MLXArray, mode: MaskMode, k: Int) throws -> MLXArray? {
+  public func indexSelect(qIndex: LatentCacheArray, weights: LatentCacheArray, mode: MaskMode, k: Int) throws -> LatentCacheArray? {
     try output { latent_cache_donor_index_select(handle, qIndex.handle, weights.handle, mode.cValue, k, $0) }
   }
 
   /// Attention over the positions in `indices` alone (`[B, H, Lq, kvLoraRank]` float32).
-  public func attendSelected(qLatent: MLXArray, qRope: MLXArray, scale: Float, mode: MaskMode, indices: MLXArray) throws
-    -> MLXArray
+  public func attendSelected(qLatent: LatentCacheArray, qRope: LatentCacheArray, scale: Float, mode: MaskMode, indices: LatentCacheArray) throws
+    -> LatentCacheArray
   {
     try output {
       latent_cache_donor_attend_selected(handle, qLatent.handle, qRope.handle, scale, mode.cValue, indices.handle, $0)
     }!
   }
 
-  private func output(_ call: (UnsafeMutablePointer<mlx_array>) -> latent_cache_status) throws -> MLXArray? {
+  private func output(_ call: (UnsafeMutablePointer<mlx_array>) -> latent_cache_status) throws -> LatentCacheArray? {
     var out = mlx_array(ctx: nil)
     try check(call(&out))
-    return MLXArray(adopting: out)
+    return LatentCacheArray(adopting: out)
   }
 }

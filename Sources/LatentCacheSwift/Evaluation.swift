@@ -2,6 +2,8 @@
 // (latent_cache_set_eval_lock, latent_cache_set_evaluation_thread, the device), with Swift
 // closures as the lock. The closures live in a box the C callbacks reach through their context
 // pointer.
+import LatentCache
+
 #if canImport(Darwin)
   import Darwin
 #else
@@ -38,14 +40,14 @@ public enum Evaluation {
 
   /// Chooses the device every graph of the library runs on (one per process). Call it before
   /// the first call that uses MLX; later, only the device already in use is accepted.
-  public static func setDevice(_ device: Device) throws { try check(latent_cache_set_device(device.cValue)) }
+  public static func setDevice(_ device: LatentCacheDevice) throws { try check(latent_cache_set_device(device.cValue)) }
 
   /// The device the library runs on, `.cpu` or `.gpu` (asking makes the choice).
-  public static var device: Device {
+  public static var device: LatentCacheDevice {
     get throws {
       var out: UInt32 = 0
       try check(latent_cache_get_device(&out))
-      return Device(cValue: out) ?? .default
+      return LatentCacheDevice(cValue: out) ?? .default
     }
   }
 }

@@ -1,7 +1,8 @@
-// Exports.swift: re-exports the C module, so `import LatentCacheSwift` alone also names the C
-// API (its config struct, status constants, mlx_array) and engines can mix the Swift layer with
-// direct C calls through each wrapper's `handle`.
-@_exported import LatentCache
+// Exports.swift: the C module, imported (not re-exported: an app on mlx-swift has its own mlx-c
+// module, whose `mlx_array` would meet ours). An engine that mixes the Swift layer with direct C
+// calls through each wrapper's `handle` imports `LatentCache` itself; one that bridges arrays to
+// mlx-swift passes their context pointers (`LatentCacheArray(borrowingContext:)`).
+import LatentCache
 
 /// The library as a whole: its version.
 public enum LatentCacheLibrary {

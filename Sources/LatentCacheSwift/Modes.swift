@@ -1,5 +1,6 @@
 // Modes.swift: the C API's mode values (storage, layout, role, family, mask) as Swift enums.
 // Each maps to the header's own constant, so a renumbering there cannot go unnoticed here.
+import LatentCache
 
 /// How a family's positions are stored (`latent_cache_storage`).
 public enum Storage: Sendable, Hashable, CaseIterable {
@@ -23,7 +24,7 @@ public enum Storage: Sendable, Hashable, CaseIterable {
 }
 
 /// How rows sit in the stored window (`latent_cache_layout`).
-public enum Layout: Sendable, Hashable, CaseIterable {
+public enum LatentCacheLayout: Sendable, Hashable, CaseIterable {
   case rightJustified, ragged
 
   public init?(cValue: UInt32) {
@@ -89,7 +90,7 @@ public enum MaskMode: Sendable, Hashable, CaseIterable {
 
 /// An MLX array's element type (`latent_cache_dtype`). Host arrays are made and read in
 /// `.float32`, `.bfloat16`, `.float16` and `.int32`; the others name what arrays may hold.
-public enum DType: Sendable, Hashable, CaseIterable {
+public enum LatentCacheDType: Sendable, Hashable, CaseIterable {
   case float32, bfloat16, float16, int32, uint32, int64, uint8, bool, int8, int16, uint16, uint64, float64, complex64
 
   public init?(cValue: UInt32) {
@@ -118,7 +119,7 @@ public enum DType: Sendable, Hashable, CaseIterable {
 }
 
 /// The device the library's MLX work runs on (`latent_cache_device`).
-public enum Device: Sendable, Hashable, CaseIterable {
+public enum LatentCacheDevice: Sendable, Hashable, CaseIterable {
   /// MLX's default device (the GPU where MLX has one), its CPU otherwise.
   case `default`
   case cpu, gpu

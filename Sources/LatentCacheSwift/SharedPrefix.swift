@@ -1,6 +1,7 @@
 // SharedPrefix.swift: positions stored once and read below the rows of other caches without
 // copies (latent_cache_prefix*): a prompt under n continuations (`forkRow`), a stored
 // conversation under a new request (`sharePrefix`, then `attachPrefix`), for a cache or a set.
+import LatentCache
 
 /// A shared prefix (one per layer for a set's); freed in deinit. Caches attached to it keep
 /// what they read alive after it is freed.

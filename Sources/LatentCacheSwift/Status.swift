@@ -1,5 +1,6 @@
 // Status.swift: the library's statuses as a Swift enum, so call sites match `.shape` instead of
 // comparing raw C values; `cValue` and `init(_:)` convert at the C boundary.
+import LatentCache
 
 /// The result of a C call. Every status but `.ok` is a failure after which the cache is exactly
 /// as before the call.

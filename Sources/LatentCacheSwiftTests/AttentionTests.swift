@@ -1,6 +1,7 @@
 // AttentionTests.swift: MLX arrays and donors against plain-Swift references computed in Double:
 // host round trips, array appends and state views, packed state, absorbed MLA attention (no
 // mask, causal, additive mask), DSA index scores, top-k selection and attention over it.
+import LatentCache
 import LatentCacheSwift
 import XCTest
 
@@ -10,13 +11,13 @@ final class AttentionTests: XCTestCase {
 
   func testArraysRoundTripAndRefuseBadShapes() throws {
     let data = randoms(3 * 700)
-    let array = try MLXArray(data, shape: [3, 700])
+    let array = try LatentCacheArray(data, shape: [3, 700])
     try array.eval()
     XCTAssertEqual(try array.toHost(), data)  // over 1024 floats: the read grows its buffer
-    XCTAssertEqual(try MLXArray(data, batch: 3, tokens: 7, width: 100).toHost(), data)
-    assertThrows(.shape, "shape product") { _ = try MLXArray(data, shape: [3, 701]) }
-    assertThrows(.shape, "batch product") { _ = try MLXArray(data, batch: 1, tokens: 1, width: 5) }
-    XCTAssertNil(MLXArray(adopting: mlx_array(ctx: nil)))
+    XCTAssertEqual(try LatentCacheArray(data, batch: 3, tokens: 7, width: 100).toHost(), data)
+    assertThrows(.shape, "shape product") { _ = try LatentCacheArray(data, shape: [3, 701]) }
+    assertThrows(.shape, "batch product") { _ = try LatentCacheArray(data, batch: 1, tokens: 1, width: 5) }
+    XCTAssertNil(LatentCacheArray(adopting: mlx_array(ctx: nil)))
   }
 
   func testArrayAppendsMatchTheModel() throws {
@@ -25,7 +26,7 @@ final class AttentionTests: XCTestCase {
     var model = CacheModel(config)
     for step in 0..<3 {
       let data = model.data(batch: 2, tokens: step + 1, seed: step)
-      let arrays = try zip(data, [16, 4, 8]).map { try MLXArray($0, batch: 2, tokens: step + 1, width: $1) }
+      let arrays = try zip(data, [16, 4, 8]).map { try LatentCacheArray($0, batch: 2, tokens: step + 1, width: $1) }
       let keys = try step == 0 ? cache.storedIndexKeys() : nil
       if step == 0 {
         try cache.append(latent: arrays[0], rope: arrays[1], indexKeys: arrays[2], leftPadding: [1, 0])
@@ -34,7 +35,7 @@ final class AttentionTests: XCTestCase {
       } else {
         let state = try cache.appendReturningState(latent: arrays[0], rope: arrays[1], indexKeys: arrays[2])
         model.append(batch: 2, tokens: step + 1, data)
-        try MLXArray.eval([state.latent, state.rope, state.indexKeys])
+        try LatentCacheArray.eval([state.latent, state.rope, state.indexKeys])
         XCTAssertEqual(try state.latent.toHost(), try cache.read(.latent))
         XCTAssertEqual(try state.indexKeys?.toHost(), try cache.read(.indexKeys))
       }
@@ -48,7 +49,12 @@ final class AttentionTests: XCTestCase {
     XCTAssertEqual(packed.bits, 32)
     XCTAssertEqual(packed.groupSize, 0)
     XCTAssertNil(packed.scales)
-    XCTAssertEqual(try MLXArray.toHost(packed.values), try cache.read(.latent))
+    XCTAssertEqual(try packed.values.toHost(), try cache.read(.latent))
+    // A part read from a state nothing holds any more: the array is its own owner.
+    let values = try cache.packedState(.latent).values
+    let rope = try cache.packedState(.rope).values
+    XCTAssertEqual(try values.toHost(), try cache.read(.latent))
+    XCTAssertEqual(try rope.toHost(), try cache.read(.rope))
   }
 
   func testQuantizedStorageReadsCloseAndPacksParts() throws {
@@ -71,7 +77,9 @@ final class AttentionTests: XCTestCase {
     XCTAssertEqual(packed.groupSize, 64)
     XCTAssertNotNil(packed.scales)
     XCTAssertNotNil(packed.biases)
-    XCTAssertEqual(try packed.scales.map(MLXArray.toHost)?.count, 2 * 3)  // one per group of 64
+    XCTAssertEqual(try packed.scales?.toHost().count, 2 * 3)  // one per group of 64
+    let scales = try cache.packedState(.latent).scales
+    XCTAssertEqual(try scales?.toHost().count, 2 * 3)
   }
 
   func testDonorAttentionIndexScoresAndSelection() throws {
@@ -90,8 +98,8 @@ final class AttentionTests: XCTestCase {
 
     let qLatent = randoms(b * h * lq * 16)
     let qRope = randoms(b * h * lq * 4)
-    let ql = try MLXArray(qLatent, shape: [b, h, lq, 16])
-    let qr = try MLXArray(qRope, shape: [b, h, lq, 4])
+    let ql = try LatentCacheArray(qLatent, shape: [b, h, lq, 16])
+    let qr = try LatentCacheArray(qRope, shape: [b, h, lq, 4])
     let scale: Float = 0.3
     // Reference: which window positions query q of row r sees under `causal`.
     func visible(_ r: Int, _ q: Int, causal: Bool) -> [Int] {
@@ -124,7 +132,7 @@ final class AttentionTests: XCTestCase {
       }
       return out
     }
-    func assertClose(_ got: MLXArray, _ want: [Double], _ what: String) throws {
+    func assertClose(_ got: LatentCacheArray, _ want: [Double], _ what: String) throws {
       let host = try got.toHost()
       XCTAssertEqual(host.count, want.count, what)
       for (g, w) in zip(host, want) { XCTAssertEqual(Double(g), w, accuracy: 1e-4, what) }
@@ -136,7 +144,7 @@ final class AttentionTests: XCTestCase {
       try donor.attend(qLatent: ql, qRope: qr, scale: scale, mode: .causal),
       reference { r, q in visible(r, q, causal: true) }, "causal")
     let maskValues = randoms(b * h * lq * tokens)
-    let mask = try MLXArray(maskValues, shape: [b, h, lq, tokens])
+    let mask = try LatentCacheArray(maskValues, shape: [b, h, lq, tokens])
     try assertClose(
       try donor.attend(qLatent: ql, qRope: qr, scale: scale, mode: .array, mask: mask),
       reference(
@@ -155,7 +163,7 @@ final class AttentionTests: XCTestCase {
     let qIndex = randoms(b * hi * lq * 8)
     let weights = randoms(b * lq * hi)
     let scores = try donor.indexScores(
-      qIndex: try MLXArray(qIndex, shape: [b, hi, lq, 8]), weights: try MLXArray(weights, shape: [b, lq, hi]),
+      qIndex: try LatentCacheArray(qIndex, shape: [b, hi, lq, 8]), weights: try LatentCacheArray(weights, shape: [b, lq, hi]),
       mode: .causal)
     let got = try scores.toHost()
     var want: [Double] = []
@@ -193,8 +201,8 @@ final class AttentionTests: XCTestCase {
       }
     }
     // The selection in one call: the same positions (both from the same scores).
-    let qIndexArray = try MLXArray(qIndex, shape: [b, hi, lq, 8])
-    let weightsArray = try MLXArray(weights, shape: [b, lq, hi])
+    let qIndexArray = try LatentCacheArray(qIndex, shape: [b, hi, lq, 8])
+    let weightsArray = try LatentCacheArray(weights, shape: [b, lq, hi])
     let direct = try XCTUnwrap(try donor.indexSelect(qIndex: qIndexArray, weights: weightsArray, mode: .causal, k: k))
     XCTAssertEqual(try direct.toHost().map { Int($0) }, chosen, "indexSelect picks what select of indexScores picks")
     XCTAssertNil(try donor.indexSelect(qIndex: qIndexArray, weights: weightsArray, mode: .causal, k: tokens))

@@ -1,6 +1,7 @@
 // CInteropTests.swift: the Swift layer and direct C calls mix: the linked library is the one the
 // header describes, wrappers expose handles the C API takes, and handles made through C are
 // adopted by the wrappers (and freed once).
+import LatentCache
 import LatentCacheSwift
 import XCTest
 
@@ -18,20 +19,20 @@ final class CInteropTests: XCTestCase {
     model.append(batch: 2, tokens: 3, data)
     // A C call on the wrapper's handle sees what the Swift calls did.
     var offset = 0
-    try check(latent_cache_offset(cache.handle, &offset))
+    try LatentCacheError.check(latent_cache_offset(cache.handle, &offset))
     XCTAssertEqual(offset, 3)
     // A cache made through C, adopted by the wrapper.
     var raw: OpaquePointer?
     var c = config.cValue
-    try check(latent_cache_new(&c, &raw))
+    try LatentCacheError.check(latent_cache_new(&c, &raw))
     let adopted = Cache(adopting: try XCTUnwrap(raw))
     try adopted.mergeRows(from: [cache])
     try assertMatches(adopted, model, "merged into a cache made through C")
     // An array made through C, adopted; the wrapper frees it.
     var array = mlx_array(ctx: nil)
     let values: [Float] = [1, 2, 3, 4]
-    try check(latent_cache_array_from_host(values, 4, 1, 2, 2, &array))
-    XCTAssertEqual(try XCTUnwrap(MLXArray(adopting: array)).toHost(), values)
+    try LatentCacheError.check(latent_cache_array_from_host(values, 4, 1, 2, 2, &array))
+    XCTAssertEqual(try XCTUnwrap(LatentCacheArray(adopting: array)).toHost(), values)
   }
 
   func testResetAndReserveKeepTheGeometry() throws {
@@ -57,17 +58,17 @@ final class CInteropTests: XCTestCase {
 final class ArrayOwnershipTests: XCTestCase {
   func testBorrowedAndRelinquishedArrays() throws {
     let values: [Float] = [5, 6, 7]
-    let owner = try MLXArray(values, shape: [3])
+    let owner = try LatentCacheArray(values, shape: [3])
     // A borrowed wrapper reads the owner's array and frees nothing when it goes.
     do {
-      let borrowed = try XCTUnwrap(MLXArray(borrowing: owner.handle))
+      let borrowed = try XCTUnwrap(LatentCacheArray(borrowing: owner.handle))
       XCTAssertEqual(try borrowed.toHost(), values)
     }
     XCTAssertEqual(try owner.toHost(), values, "the owner's array outlives a borrowed wrapper")
     // Relinquished: the new owner (here a wrapper adopting it) frees it, once.
-    let handed = try MLXArray(values, shape: [1, 3]).relinquish()
-    let adopted = try XCTUnwrap(MLXArray(adopting: handed))
+    let handed = try LatentCacheArray(values, shape: [1, 3]).relinquish()
+    let adopted = try XCTUnwrap(LatentCacheArray(adopting: handed))
     XCTAssertEqual(try adopted.shape, [1, 3])
-    XCTAssertNil(MLXArray(borrowing: mlx_array(ctx: nil)))
+    XCTAssertNil(LatentCacheArray(borrowing: mlx_array(ctx: nil)))
   }
 }

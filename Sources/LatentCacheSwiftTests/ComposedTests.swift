@@ -7,6 +7,7 @@
 #else
   import Glibc
 #endif
+import LatentCache
 import LatentCacheSwift
 import XCTest
 

@@ -3,6 +3,7 @@
 // throw (the sized reads retry when an append outgrows them) and always see a prefix of what was
 // appended; concurrent failing calls each get their own message, even across awaits; requests
 // prefilled in their own tasks join and leave a running batch that an actor owns.
+import LatentCache
 import LatentCacheSwift
 import XCTest
 

@@ -1,6 +1,7 @@
 // ConfigTests.swift: configs and process-wide settings: GLM-5.2's presets (checked against the
 // header's rule for which layers carry index keys), projected bytes against a made cache's own
 // accounting, config round trips, signatures, the evaluation lock and thread settings.
+import LatentCache
 import LatentCacheSwift
 import XCTest
 #if canImport(Darwin)
@@ -117,10 +118,10 @@ final class DeviceTests: XCTestCase {
     let device = try Evaluation.device
     XCTAssertTrue(device == .cpu || device == .gpu, "\(device)")
     try Evaluation.setDevice(device)  // the device in use is accepted
-    let other: Device = device == .cpu ? .gpu : .cpu
+    let other: LatentCacheDevice = device == .cpu ? .gpu : .cpu
     assertThrows(.invalidState, "the other device after first use") { try Evaluation.setDevice(other) }
     XCTAssertEqual(try Evaluation.device, device)
     // The C call directly, with a value no Swift case names.
-    assertThrows(.invalidArgument, "no such device") { try check(latent_cache_set_device(99)) }
+    assertThrows(.invalidArgument, "no such device") { try LatentCacheError.check(latent_cache_set_device(99)) }
   }
 }

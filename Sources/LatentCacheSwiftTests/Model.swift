@@ -1,6 +1,7 @@
 // Model.swift: the plain-Swift reference the tests compare the library with: each row's valid
 // positions per family as arrays of Float, with the operations' documented meaning (append,
 // padded append, trim, rounds with per-row rollback, filter, extract, merge). No library call.
+import LatentCache
 import LatentCacheSwift
 import XCTest
 #if canImport(Darwin)
@@ -164,7 +165,7 @@ func assertThrows(
 }
 
 /// A small layer geometry, so random sequences run fast.
-func smallConfig(index: Bool = true, layout: Layout = .rightJustified, maxTokens: Int = 0) -> CacheConfig {
+func smallConfig(index: Bool = true, layout: LatentCacheLayout = .rightJustified, maxTokens: Int = 0) -> CacheConfig {
   var c = CacheConfig()
   c.kvLoraRank = 16
   c.ropeHeadDim = 4

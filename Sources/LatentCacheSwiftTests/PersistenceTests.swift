@@ -2,6 +2,7 @@
 // library's format and the seed's mlx-bun format with its tokens and header), compared with the
 // plain model of what was appended.
 import Foundation
+import LatentCache
 import LatentCacheSwift
 import XCTest
 #if canImport(Darwin)

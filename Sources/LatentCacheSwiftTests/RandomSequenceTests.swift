@@ -2,6 +2,7 @@
 // per-row rollback and row operations (filter, extract, merge) on a cache and on the plain
 // model side by side, compared after every step; in both layouts, with and without index keys.
 // Calls the model says must fail are checked to fail with their status and change nothing.
+import LatentCache
 import LatentCacheSwift
 import XCTest
 

@@ -1,6 +1,7 @@
 // RejectedCallTests.swift: bad calls throw the documented Status, carry a message that is this
 // thread's last error, and leave the cache exactly as it was (every read compared before and
 // after).
+import LatentCache
 import LatentCacheSwift
 import XCTest
 #if canImport(Darwin)
@@ -133,10 +134,10 @@ final class RejectedCallTests: XCTestCase {
     let (cache, _) = try filled()
     let error = assertThrows(.outOfRange, "trim 4321") { try cache.trim(4321) }
     XCTAssertTrue(error?.message.contains("4321") ?? false, "message: \(error?.message ?? "")")
-    XCTAssertEqual(error?.message, lastErrorMessage())
+    XCTAssertEqual(error?.message, LatentCacheError.lastMessage())
     // Successful calls leave it as it was.
     _ = try cache.offset
-    XCTAssertEqual(error?.message, lastErrorMessage())
+    XCTAssertEqual(error?.message, LatentCacheError.lastMessage())
     XCTAssertEqual(error?.description, "OUT_OF_RANGE: \(error?.message ?? "")")
   }
 

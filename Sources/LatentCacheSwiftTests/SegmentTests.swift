@@ -3,6 +3,7 @@
 // model; a set extends from the chain's continuation; a broken chain is refused and changes
 // nothing. Chains that branch: a forked prompt's continuations each save only their own
 // positions, linked to the prompt's segment, and restore from it plus their own.
+import LatentCache
 import LatentCacheSwift
 import XCTest
 

@@ -1,6 +1,7 @@
 // SetTests.swift: set-wide calls change every layer or none: rounds, trims, filter, merge,
 // extract, reset, reserve and both prefill protocols on a set, compared with one model per layer;
 // layers driven apart make the next set-wide call fail and change nothing, until `recover`.
+import LatentCache
 import LatentCacheSwift
 import XCTest
 

@@ -2,6 +2,7 @@
 // attached below new requests, a prompt forked into continuations, for a cache and a set; every
 // row reads as the prefix then its own positions (the model), and writes below the prefix are
 // refused with nothing changed.
+import LatentCache
 import LatentCacheSwift
 import XCTest
 

@@ -11,7 +11,7 @@
 /// operations) per attention, and a whole-batch view over several runs is a copy; a batch whose
 /// requests come and go from the front, the back or anywhere keeps within it, gathering once
 /// every few leaves when they come from the middle.
-pub const MAX_RUNS: usize = 4;
+pub(crate) const MAX_RUNS: usize = 4;
 
 /// Rows `[row, row + rows)` in slots `[slot, slot + rows)`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -10,8 +10,11 @@ let package = Package(
   platforms: [.macOS(.v14)],
   dependencies: [.package(name: "LatentCache", path: "../../..")],
   targets: [
+    // The names an mlx-swift app has in scope (MLX's and SwiftUI's), imported beside ours.
+    .target(name: "MLXNamesStandIn", path: "Sources/MLXNamesStandIn"),
     .executableTarget(
-      name: "dependent", dependencies: [.product(name: "LatentCacheSwift", package: "LatentCache")],
-      path: "Sources/Dependent")
+      name: "dependent",
+      dependencies: [.product(name: "LatentCacheSwift", package: "LatentCache"), "MLXNamesStandIn"],
+      path: "Sources/Dependent"),
   ]
 )

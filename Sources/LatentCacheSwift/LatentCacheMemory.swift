@@ -1,6 +1,7 @@
-// Memory.swift: MLX's allocator as the library reports and sets it: what arrays hold, the
+// LatentCacheMemory.swift: MLX's allocator as the library reports and sets it: what arrays hold, the
 // process's memory limit every reserve and growing append is checked against, and returning
 // freed buffers to the system. Process-wide, like MLX's allocator.
+import LatentCache
 
 /// What MLX's allocator holds, in bytes (every cache, set, donor and array of the process).
 public struct MemoryInfo: Sendable, Equatable {
@@ -14,7 +15,7 @@ public struct MemoryInfo: Sendable, Equatable {
   public let limit: Int
 }
 
-public enum Memory {
+public enum LatentCacheMemory {
   /// What MLX's allocator holds now.
   public static func info() throws -> MemoryInfo {
     var out = latent_cache_memory(active: 0, cache: 0, peak: 0, limit: 0)

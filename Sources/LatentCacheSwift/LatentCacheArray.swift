@@ -1,11 +1,12 @@
-// MLXArray.swift: an owned mlx_array (from the library or made from host data), freed in
+// LatentCacheArray.swift: an owned mlx_array (from the library or made from host data), freed in
 // deinit with latent_cache_array_free. The library's arrays live on a stream any thread may
 // evaluate and free, so the class is Sendable. An engine's own arrays (mlx-swift's, with the
 // library built with MLX=host) are borrowed in, and the library's handed out, by their handles.
+import LatentCache
 
 /// An MLX array owned by this object (unless made with `init(borrowing:)`). `handle` is the
 /// mlx_array for direct C calls (borrowed: do not free it).
-public final class MLXArray: @unchecked Sendable {
+public final class LatentCacheArray: @unchecked Sendable {
   // @unchecked: `handle` never changes after init, and the C contract lets any thread evaluate,
   // read and free the library's arrays (also while another thread appends to their cache).
   // `owns` changes only in `relinquish()`, whose caller transfers the object's ownership.
@@ -34,6 +35,32 @@ public final class MLXArray: @unchecked Sendable {
     return handle
   }
 
+  // Bridging by the raw context pointer (`mlx_array`'s one field, an `mlx::core::array *` in
+  // every mlx-c version), for an app whose own mlx-c module (mlx-swift's Cmlx) declares its own
+  // `mlx_array`: no C module has to be shared.
+  //   borrow an mlx-swift array:  LatentCacheArray(borrowingContext: mlxArray.ctx.ctx)
+  //     (not owned: keep the MLXArray alive while this object is used)
+  //   hand one of ours over:      MLXArray(mlx_array(ctx: ours.relinquishContext()))
+  //     (mlx-swift then owns and frees it; `ours` no longer does)
+
+  /// Wraps an array owned elsewhere by its context pointer, without taking ownership; nil for a
+  /// NULL pointer.
+  public convenience init?(borrowingContext ctx: UnsafeMutableRawPointer?) {
+    self.init(borrowing: mlx_array(ctx: ctx))
+  }
+
+  /// Takes ownership of an array by its context pointer (a +1 context, freed in deinit); nil for
+  /// a NULL pointer.
+  public convenience init?(adoptingContext ctx: UnsafeMutableRawPointer?) {
+    self.init(adopting: mlx_array(ctx: ctx))
+  }
+
+  /// The array's context pointer, borrowed: valid while this object lives.
+  public var context: UnsafeMutableRawPointer { handle.ctx }
+
+  /// `relinquish()` as the context pointer, for another mlx-c module's `mlx_array(ctx:)`.
+  public func relinquishContext() -> UnsafeMutableRawPointer { relinquish().ctx }
+
   /// A float32 array `[batch, tokens, width]` holding a copy of `data`.
   public init(_ data: [Float], batch: Int, tokens: Int, width: Int) throws {
     var out = mlx_array(ctx: nil)
@@ -59,7 +86,7 @@ public final class MLXArray: @unchecked Sendable {
 
   /// An array of `dtype` (`.float32`, `.bfloat16`, `.float16` or `.int32`) holding a copy of
   /// `data`, whose elements are of that type (16-bit floats as their bit patterns).
-  init<T>(typed data: [T], dtype: DType, shape: [Int]) throws {
+  init<T>(typed data: [T], dtype: LatentCacheDType, shape: [Int]) throws {
     var out = mlx_array(ctx: nil)
     try data.withUnsafeBytes { data in
       try shape.withUnsafeBufferPointer { shape in
@@ -87,12 +114,12 @@ public final class MLXArray: @unchecked Sendable {
   }
 
   /// The element type (no evaluation).
-  public var dtype: DType {
+  public var dtype: LatentCacheDType {
     get throws {
       var out: UInt32 = 0
       try check(latent_cache_array_dtype(handle, &out))
       // Every value the library returns is a case; a newer library's would be a status.
-      guard let type = DType(cValue: out) else {
+      guard let type = LatentCacheDType(cValue: out) else {
         throw LatentCacheError(
           status: .invalidArgument, message: "element type \(out) is not known to this Swift layer")
       }
@@ -119,7 +146,7 @@ public final class MLXArray: @unchecked Sendable {
 
   /// Evaluates the array (under the library's evaluation lock) and copies it out as float32,
   /// row-major.
-  public func toHost() throws -> [Float] { try MLXArray.toHost(handle) }
+  public func toHost() throws -> [Float] { try LatentCacheArray.toHost(handle) }
 
   /// Evaluates and copies out converted to int32 (as MLX's astype).
   public func toHostInt32() throws -> [Int32] { try toHost(as: .int32, filler: Int32(0)) }
@@ -130,18 +157,18 @@ public final class MLXArray: @unchecked Sendable {
   /// Evaluates and copies out converted to float16, as bit patterns.
   public func toHostFloat16Bits() throws -> [UInt16] { try toHost(as: .float16, filler: UInt16(0)) }
 
-  private func toHost<T>(as dtype: DType, filler: T) throws -> [T] {
+  private func toHost<T>(as dtype: LatentCacheDType, filler: T) throws -> [T] {
     try readSized(filler: filler, estimate: { try count }) { out, len, written in
       latent_cache_array_to_host_typed(handle, dtype.cValue, out, len, written)
     }
   }
 
   /// Evaluates the array under the library's evaluation lock.
-  public func eval() throws { try MLXArray.eval([self]) }
+  public func eval() throws { try LatentCacheArray.eval([self]) }
 
   /// Evaluates `arrays` in one MLX evaluation under the library's evaluation lock; nil entries
   /// (absent families) are skipped.
-  public static func eval(_ arrays: [MLXArray?]) throws {
+  public static func eval(_ arrays: [LatentCacheArray?]) throws {
     try eval(handles: arrays.map { $0?.handle ?? mlx_array(ctx: nil) })
   }
 
@@ -150,7 +177,7 @@ public final class MLXArray: @unchecked Sendable {
     try handles.withUnsafeBufferPointer { try check(latent_cache_eval($0.baseAddress, $0.count)) }
   }
 
-  /// `toHost` for any array (borrowed): an engine's own, or a view inside a `PackedState`.
+  /// `toHost` for any array (borrowed): an engine's own, for example.
   public static func toHost(_ array: mlx_array) throws -> [Float] {
     // An array's shape never changes, so its element count sizes the buffer exactly.
     try readSized(filler: Float(0), estimate: { try elementCount(array) }) {
