@@ -115,12 +115,6 @@ typedef struct mlx_array_ {
 #endif
 
 
-// Most runs a batch's rows may form. Each run is one more launch (or one more graph of MLX's
-// operations) per attention, and a whole-batch view over several runs is a copy; a batch whose
-// requests come and go from the front, the back or anywhere keeps within it, gathering once
-// every few leaves when they come from the middle.
-#define MAX_RUNS 4
-
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
 typedef enum {
