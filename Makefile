@@ -89,7 +89,7 @@ check-header:
 # import circles, no file over 400 lines, each file opening with its job), rustfmt (rustfmt.toml)
 # and clippy with every warning an error, on every crate and target of the workspace (library,
 # tests, benchmark driver, header tool, mlx-sys).
-SCRIPTS := Makefile packaging/ship.mk $(wildcard packaging/*.sh tests/*/*.sh tools/*.sh tools/*/*.sh) .ci/run
+SCRIPTS := Makefile packaging/ship.mk $(wildcard packaging/*.sh packaging/*/*.sh tests/*/*.sh tools/*.sh tools/*/*.sh) .ci/run
 lint: deps
 	$(PYTHON) tools/bash32-lint.py $(SCRIPTS)
 	$(PYTHON) tools/floor-plan.py
