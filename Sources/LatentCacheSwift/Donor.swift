@@ -44,8 +44,19 @@ public final class Donor: @unchecked Sendable {
     return DonorRows(batch: batch, offset: offset, leftPadding: left, rowEnds: ends)
   }
 
-  /// `softmax(scale * (qLatent . latent^T + qRope . rope^T) + mask) . latent`, `[B, H, Lq,
-  /// kvLoraRank]` float32; `mask` only with `.array` (additive, broadcastable to `[B, H, Lq, T]`).
+  /// GLM-5's absorbed MLA attention over the snapshot's rows:
+  /// `softmax(scale * (qLatent . latent^T + qRope . rope^T) + mask) . latent`, lazily.
+  ///
+  /// - `qLatent` `[B, H, Lq, kvLoraRank]`, `qRope` `[B, H, Lq, ropeHeadDim]` (float32, bfloat16
+  ///   or float16, one dtype); `B` the donor's batch, `H` any number of heads, `Lq` queries.
+  /// - What a query sees: every row's padding and the positions past its end are masked out
+  ///   (score -inf). `.none`: every valid position of its row. `.causal`: bottom-right aligned,
+  ///   as MLX's SDPA: query `i` of `Lq` is the row's position `len - Lq + i` and sees the
+  ///   positions up to it; a query before the row's first position (a row shorter than `Lq`)
+  ///   sees none and gives zeros. `.array`: every valid position plus `mask`, additive,
+  ///   broadcastable to `[B, H, Lq, T]` (`T` the window, `rows().offset`); a query whose mask row
+  ///   is all -inf gives zeros. `mask` is required with `.array` and refused otherwise.
+  /// - Returns `[B, H, Lq, kvLoraRank]` float32. Every row must hold a position.
   public func attend(qLatent: LatentCacheArray, qRope: LatentCacheArray, scale: Float, mode: MaskMode, mask: LatentCacheArray? = nil) throws
     -> LatentCacheArray
   {
@@ -55,14 +66,20 @@ public final class Donor: @unchecked Sendable {
     }!
   }
 
-  /// DSA index scores `[B, Lq, T]`: `sum_h weights[b,q,h] * ReLU(qIndex[b,h,q] . k[b,t])`,
-  /// -inf where a query does not see a position.
+  /// DSA index scores `[B, Lq, T]` float32: `sum_h weights[b,q,h] * ReLU(qIndex[b,h,q] . k[b,t])`
+  /// against the stored index keys, -inf where a query does not see a position (padding, past
+  /// the row's end, and with `.causal` the later positions, as `attend` says). `qIndex` is
+  /// `[B, Hi, Lq, indexHeadDim]`, `weights` `[B, Lq, Hi]` (scaled as the model scales them);
+  /// `.none` or `.causal` only. A layer without index keys refuses it.
   public func indexScores(qIndex: LatentCacheArray, weights: LatentCacheArray, mode: MaskMode) throws -> LatentCacheArray {
     try output { latent_cache_donor_index_scores(handle, qIndex.handle, weights.handle, mode.cValue, $0) }!
   }
 
-  /// The `k` positions of highest score per query (`[B, Lq, k]` int32), or nil when the
-  /// window holds no more than `k` positions (attend densely then).
+  /// The `k` positions of highest score per query (`scores` `[B, Lq, T]` from `indexScores`):
+  /// `[B, Lq, k]` int32 window positions in no particular order; nil when the window holds no
+  /// more than `k` positions (`T <= k`: attend densely then, as DeepSeek's indexer does). Ties at
+  /// the k-th score may go to any of the tied positions, and a query that sees fewer than `k`
+  /// positions gets some it does not see (`attendSelected` masks them).
   public func select(scores: LatentCacheArray, k: Int) throws -> LatentCacheArray? {
     try output { latent_cache_donor_select(handle, scores.handle, k, $0) }
   }
@@ -73,7 +90,11 @@ public final class Donor: @unchecked Sendable {
     try output { latent_cache_donor_index_select(handle, qIndex.handle, weights.handle, mode.cValue, k, $0) }
   }
 
-  /// Attention over the positions in `indices` alone (`[B, H, Lq, kvLoraRank]` float32).
+  /// Attention over the positions in `indices` alone (`[B, Lq, k]` int32 window positions, from
+  /// `select`): `attend`'s formula over each query's `k` positions, those it does not see (see
+  /// `attend`) masked out; a query that sees none of them gives zeros. Queries as `attend`'s;
+  /// `.none` or `.causal`. Returns `[B, H, Lq, kvLoraRank]` float32, lazily; reads `k` positions
+  /// per query, not the whole window.
   public func attendSelected(qLatent: LatentCacheArray, qRope: LatentCacheArray, scale: Float, mode: MaskMode, indices: LatentCacheArray) throws
     -> LatentCacheArray
   {

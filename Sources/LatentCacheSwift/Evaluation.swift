@@ -16,6 +16,12 @@ public enum Evaluation {
   /// of under the library's own lock: give it the lock your engine holds around its own
   /// evaluations. Both run on the evaluating thread, must not call back into this library, and
   /// must be safe from any thread. Install before other threads use the library.
+  ///
+  /// An app on mlx-swift: mlx-swift's own evaluation lock is internal to it, so there is no lock
+  /// of its to hand over. Serialize instead: evaluate the library's arrays and your own through
+  /// one lock of yours (an `NSLock` or a `Mutex` given here, and held around your `eval` calls),
+  /// or evaluate everything from one actor or thread. The library's own lock alone does not
+  /// keep its evaluations apart from mlx-swift's.
   public static func setLock(lock: @escaping @Sendable () -> Void, unlock: @escaping @Sendable () -> Void) throws {
     let box = LockBox(lock: lock, unlock: unlock)
     try setLock(

@@ -72,11 +72,12 @@ public enum Family: Sendable, Hashable, CaseIterable {
 
 /// Which positions each query sees in donor attention (`latent_cache_mask_mode`).
 public enum MaskMode: Sendable, Hashable, CaseIterable {
-  /// Every valid position of the row.
+  /// Every valid position of the row (padding and positions past the row's end are -inf).
   case none
-  /// Bottom-right aligned, as MLX's SDPA.
+  /// Bottom-right aligned, as MLX's SDPA: query `i` of `Lq` is the row's position
+  /// `len - Lq + i` and sees the row's positions up to it (one before the row sees none: zeros).
   case causal
-  /// Every valid position, plus an additive mask array.
+  /// Every valid position, plus an additive mask array broadcastable to `[B, H, Lq, T]`.
   case array
 
   public var cValue: UInt32 {

@@ -8,6 +8,41 @@ import LatentCacheSwift
 import XCTest
 
 final class ConcurrencyTests: XCTestCase {
+  /// The `inBackground` forms give what the synchronous calls give, from many tasks at once
+  /// (more than the cooperative pool has threads), and a rejected call's status and message.
+  func testInBackgroundFormsAwaitTheSameResults() async throws {
+    let cache = try Cache(config: smallConfig())
+    let latent = (0..<(2 * 5 * 16)).map { Float($0) / 7 }
+    let rope = (0..<(2 * 5 * 4)).map { -Float($0) / 3 }
+    let keys = (0..<(2 * 5 * 8)).map { Float($0) / 5 }
+    try await cache.inBackground.append(batch: 2, tokens: 5, latent: latent, rope: rope, indexKeys: keys)
+    let want = try cache.readRow(.latent, row: 1)
+    let array = try LatentCacheArray(latent, shape: [2, 5, 16])
+    try await withThrowingTaskGroup(of: Void.self) { group in
+      for _ in 0..<32 {
+        group.addTask {
+          let row = try await cache.inBackground.readRow(.latent, row: 1)
+          let values = try await array.inBackground.toHost()
+          XCTAssertEqual(row, want)
+          XCTAssertEqual(values, latent)
+        }
+      }
+      try await group.waitForAll()
+    }
+    try await LatentCacheArray.evalInBackground([array, nil])
+    let all = try await cache.inBackground.read(.latent)
+    let bytes = try await cache.inBackground.serialized()
+    XCTAssertEqual(all.count, 2 * 5 * 16)
+    XCTAssertEqual(bytes, try cache.serialized())
+    do {
+      _ = try await cache.inBackground.readRow(.latent, row: 2)
+      XCTFail("reading row 2 of 2 succeeded")
+    } catch let error as LatentCacheError {
+      XCTAssertEqual(error.status, .outOfRange)
+      XCTAssertFalse(error.message.isEmpty, "the message of a call made on another thread")
+    }
+  }
+
   func testTasksOnDistinctCaches() async throws {
     try await withThrowingTaskGroup(of: Void.self) { group in
       for task in 0..<6 {

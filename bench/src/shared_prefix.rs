@@ -103,6 +103,22 @@ fn queries(rows: usize) -> Queries {
     q
 }
 
+/// `samples` decode attentions over each of two caches, alternately (after two warm-up rounds),
+/// each cache's times in microseconds.
+fn side_by_side(caches: [&LatentCache; 2], q: &Queries, sparse: bool, samples: usize) -> [Vec<f64>; 2] {
+    let mut times = [Vec::new(), Vec::new()];
+    for i in 0..samples + 2 {
+        for (cache, t) in caches.iter().zip(times.iter_mut()) {
+            let start = Instant::now();
+            attend(cache, q, sparse);
+            if i >= 2 {
+                t.push(us(start));
+            }
+        }
+    }
+    times
+}
+
 /// One decode step's attention over `cache`'s rows, built and evaluated: dense, or DSA.
 fn attend(cache: &LatentCache, q: &Queries, sparse: bool) {
     use latent_cache::core::attention::MaskMode;
@@ -144,18 +160,7 @@ fn fork_and_step(out: &mut Vec<String>, context: usize, n: usize, samples: usize
     out.push(record("copies (merge_rows)", "fork", n, context, [copy_us; 3], 1, copied_held));
     let q = queries(n);
     for sparse in [false, true] {
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for i in 0..samples + 2 {
-            let start = Instant::now();
-            attend(&shared, &q, sparse);
-            let t = us(start);
-            let start = Instant::now();
-            attend(&copied, &q, sparse);
-            if i >= 2 {
-                a.push(t);
-                b.push(us(start));
-            }
-        }
+        let [a, b] = side_by_side([&shared, &copied], &q, sparse, samples);
         let scenario = if sparse { "decode attention, DSA" } else { "decode attention, dense" };
         out.push(record("shared prefix", scenario, n, context, summary(a), samples, shared_held));
         out.push(record("copies (merge_rows)", scenario, n, context, summary(b), samples, copied_held));
@@ -286,18 +291,7 @@ fn churn(out: &mut Vec<String>, batch: usize, context: usize, steps: usize, atte
         one_run.eval().unwrap();
         let q = queries(batch);
         for sparse in [false, true] {
-            let (mut runs, mut one) = (Vec::new(), Vec::new());
-            for i in 0..attention_samples + 2 {
-                let start = Instant::now();
-                attend(&running, &q, sparse);
-                let t = us(start);
-                let start = Instant::now();
-                attend(&one_run, &q, sparse);
-                if i >= 2 {
-                    runs.push(t);
-                    one.push(us(start));
-                }
-            }
+            let [runs, one] = side_by_side([&running, &one_run], &q, sparse, attention_samples);
             let step = if sparse { "decode attention, DSA" } else { "decode attention, dense" };
             out.push(record(
                 &format!("churn: {pattern}, rows as left"),

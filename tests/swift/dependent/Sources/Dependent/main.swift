@@ -37,7 +37,7 @@ struct Row: Layout {}
 precondition(theirs.shape == [2] && dtype != .float32 && device != .cpu && Memory.activeMemory == 0 && check(true))
 precondition(lastErrorMessage().isEmpty)
 // Ours, by their own names; an array crosses by its context pointer (borrowed here).
-let ours = try LatentCacheArray([1, 2, 3, 4], shape: [2, 2])
+let ours = try LatentCacheArray([1, 2, 3, 4] as [Float], shape: [2, 2])
 let ourType: LatentCacheDType = try ours.dtype
 let held = try LatentCacheMemory.info().active
 precondition(ourType == .float32 && !LatentCacheDevice.allCases.isEmpty && held > 0)
