@@ -7,9 +7,16 @@ import LatentCache
 public final class Cache: @unchecked Sendable {
   // @unchecked: the only state is the immutable handle (and the lending set); the C contract
   // lets any thread call any function on a handle (each call locks it), so tasks may share it.
-  /// The C handle, for direct C calls. Valid while this object lives.
+  /// The C handle, for direct C calls: valid while this object lives (`withHandle` keeps it so).
   public let handle: OpaquePointer
-  /// The set this layer belongs to (kept alive by it), or nil for a cache of its own.
+
+
+  /// Calls `body` with `handle`, this object kept alive until `body` returns: the way to make C
+  /// calls with the handle. A handle read from an object that nothing uses afterwards may be
+  /// freed under the call in an optimized build (ARC may end an object's life at its last use).
+  public func withHandle<R>(_ body: (OpaquePointer) throws -> R) rethrows -> R {
+    try withExtendedLifetime(self) { try body(handle) }
+  }  /// The set this layer belongs to (kept alive by it), or nil for a cache of its own.
   private let lender: CacheSet?
 
   /// An empty cache of `config`'s geometry (GLM-5.2's sparse-attention layer by default).

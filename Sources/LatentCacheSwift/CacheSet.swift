@@ -6,9 +6,16 @@ import LatentCache
 public final class CacheSet: @unchecked Sendable {
   // @unchecked: the only state is the immutable handle; the C contract lets any thread call
   // any function on it (each call locks what it touches).
-  /// The C handle, for direct C calls. Valid while this object lives.
+  /// The C handle, for direct C calls: valid while this object lives (`withHandle` keeps it so).
   public let handle: OpaquePointer
 
+
+  /// Calls `body` with `handle`, this object kept alive until `body` returns: the way to make C
+  /// calls with the handle. A handle read from an object that nothing uses afterwards may be
+  /// freed under the call in an optimized build (ARC may end an object's life at its last use).
+  public func withHandle<R>(_ body: (OpaquePointer) throws -> R) rethrows -> R {
+    try withExtendedLifetime(self) { try body(handle) }
+  }
   /// A set of empty caches, layer i with `layers[i]`.
   public convenience init(layers: [CacheConfig]) throws {
     let configs = layers.map(\.cValue)

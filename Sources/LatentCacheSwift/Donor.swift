@@ -21,13 +21,20 @@ public struct DonorRows: Sendable, Equatable {
 /// A snapshot of a cache (`Cache.captureDonor()`), unchanged by later appends; freed in deinit.
 public final class Donor: @unchecked Sendable {
   // @unchecked: the handle is immutable and the C contract lets any thread use it.
-  /// The C handle, for direct C calls. Valid while this object lives.
+  /// The C handle, for direct C calls: valid while this object lives (`withHandle` keeps it so).
   public let handle: OpaquePointer
 
   /// Takes ownership of a donor handle.
   public init(adopting handle: OpaquePointer) { self.handle = handle }
   deinit { latent_cache_donor_free(handle) }
 
+
+  /// Calls `body` with `handle`, this object kept alive until `body` returns: the way to make C
+  /// calls with the handle. A handle read from an object that nothing uses afterwards may be
+  /// freed under the call in an optimized build (ARC may end an object's life at its last use).
+  public func withHandle<R>(_ body: (OpaquePointer) throws -> R) rethrows -> R {
+    try withExtendedLifetime(self) { try body(handle) }
+  }
   /// The snapshot's batch, offset and row bounds.
   public func rows() throws -> DonorRows {
     var batch = 0

@@ -5,7 +5,8 @@
 import LatentCache
 
 /// An MLX array owned by this object (unless made with `init(borrowing:)`). `handle` is the
-/// mlx_array for direct C calls (borrowed: do not free it).
+/// mlx_array for direct C calls (borrowed: do not free it; valid while this object lives, which
+/// `withHandle` ensures).
 public final class LatentCacheArray: @unchecked Sendable {
   // @unchecked: `handle` never changes after init, and the C contract lets any thread evaluate,
   // read and free the library's arrays (also while another thread appends to their cache).
@@ -84,6 +85,13 @@ public final class LatentCacheArray: @unchecked Sendable {
 
   deinit { if owns { latent_cache_array_free(handle) } }
 
+
+  /// Calls `body` with `handle`, this object kept alive until `body` returns: the way to make C
+  /// calls with the handle. A handle read from an object that nothing uses afterwards may be
+  /// freed under the call in an optimized build (ARC may end an object's life at its last use).
+  public func withHandle<R>(_ body: (mlx_array) throws -> R) rethrows -> R {
+    try withExtendedLifetime(self) { try body(handle) }
+  }
   /// An array of `dtype` (`.float32`, `.bfloat16`, `.float16` or `.int32`) holding a copy of
   /// `data`, whose elements are of that type (16-bit floats as their bit patterns).
   init<T>(typed data: [T], dtype: LatentCacheDType, shape: [Int]) throws {

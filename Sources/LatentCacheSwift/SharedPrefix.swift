@@ -7,9 +7,16 @@ import LatentCache
 /// what they read alive after it is freed.
 public final class SharedPrefix: @unchecked Sendable {
   // @unchecked: the handle is immutable and the C contract lets any thread use it.
-  /// The C handle, for direct C calls. Valid while this object lives.
+  /// The C handle, for direct C calls: valid while this object lives (`withHandle` keeps it so).
   public let handle: OpaquePointer
 
+
+  /// Calls `body` with `handle`, this object kept alive until `body` returns: the way to make C
+  /// calls with the handle. A handle read from an object that nothing uses afterwards may be
+  /// freed under the call in an optimized build (ARC may end an object's life at its last use).
+  public func withHandle<R>(_ body: (OpaquePointer) throws -> R) rethrows -> R {
+    try withExtendedLifetime(self) { try body(handle) }
+  }
   /// Takes ownership of a prefix handle.
   public init(adopting handle: OpaquePointer) { self.handle = handle }
   deinit { latent_cache_prefix_free(handle) }

@@ -19,7 +19,7 @@ final class CInteropTests: XCTestCase {
     model.append(batch: 2, tokens: 3, data)
     // A C call on the wrapper's handle sees what the Swift calls did.
     var offset = 0
-    try LatentCacheError.check(latent_cache_offset(cache.handle, &offset))
+    try cache.withHandle { try LatentCacheError.check(latent_cache_offset($0, &offset)) }
     XCTAssertEqual(offset, 3)
     // A cache made through C, adopted by the wrapper.
     var raw: OpaquePointer?
