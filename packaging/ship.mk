@@ -129,7 +129,7 @@ ifeq ($(UNAME),Darwin)
 else
 	readelf -sW $(STATICLIB) | awk '$$4 == "FUNC" && $$5 == "GLOBAL" && $$7 != "UND" && $$8 ~ /^latent_cache_/ {print $$8}' \
 	  | sort -u >$(SHIP_WORK)/exports.txt
-	ld -r --gc-sections $$(sed 's/^/-u /' $(SHIP_WORK)/exports.txt) --whole-archive $(STATICLIB) -o $@
+	ld -r --gc-sections --force-group-allocation $$(sed 's/^/-u /' $(SHIP_WORK)/exports.txt) --whole-archive $(STATICLIB) -o $@
 endif
 
 # The shared library: linked here from that object (not by cargo, whose cdylib also exports
@@ -153,13 +153,19 @@ endif
 
 # The static archive: the same object without debug info, embedded LLVM bitcode, or any global
 # symbol but the exports (so it cannot clash with another Rust or mlx-c library in an engine).
+# Its template and inline C++ code (mlx-c's, and what it instantiates of MLX's and the standard
+# library's headers) is in no COMDAT group any more (the prelink's --force-group-allocation), so
+# an engine's own copies never displace ours; the unique (STB_GNU_UNIQUE) ones, the standard
+# library's inline statics, are made weak, to merge with an engine's twins as a group would.
 $(SHIP)/lib/liblatent_cache.a: $(SHIP_WORK)/latent_cache.o
 	@mkdir -p $(@D) $(SHIP_WORK)/static
 ifeq ($(UNAME),Darwin)
 	strip -S -o $(SHIP_WORK)/static/latent_cache.o $<
 else
+	readelf -sW $< | awk '$$5 == "UNIQUE" && $$7 != "UND" {print $$8}' | sort -u >$(SHIP_WORK)/unique.txt
 	objcopy --strip-debug --remove-section=.llvmbc --remove-section=.llvmcmd --remove-section=.llvm_addrsig \
-	  --keep-global-symbols=$(SHIP_WORK)/exports.txt $< $(SHIP_WORK)/static/latent_cache.o
+	  --keep-global-symbols=$(SHIP_WORK)/exports.txt --weaken-symbols=$(SHIP_WORK)/unique.txt \
+	  $< $(SHIP_WORK)/static/latent_cache.o
 endif
 	rm -f $@
 	ar rcs $@ $(SHIP_WORK)/static/latent_cache.o

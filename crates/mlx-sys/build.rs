@@ -41,8 +41,9 @@ fn main() {
     let prefix = env::var_os("MLX_PREFIX").map(PathBuf::from).unwrap_or_else(|| manifest.join("../../.deps/py"));
     let mlx_include = prefix.join("mlx/include");
     let mlx_lib = prefix.join("mlx/lib");
-    // The bindings are C declarations of mlx-c alone: a host build needs no MLX headers.
-    if !host_mlx && !mlx_include.join("mlx/mlx.h").exists() {
+    // mlx-c is compiled against MLX's headers in both builds; the bindings alone (`check`, a
+    // build machine checking another platform) need none.
+    if !check_only && !mlx_include.join("mlx/mlx.h").exists() {
         panic!(
             "MLX headers not found under {}: run `make deps` (or set MLX_PREFIX to a pip --target \
              install of mlx-cpu==0.32.2)",
@@ -52,12 +53,15 @@ fn main() {
     let mlx_c = env::var_os("MLX_C_SRC").map(PathBuf::from).unwrap_or_else(|| upstream_mlx_c(&out));
     let prelude = manifest.join("compat/prelude.h");
 
-    // A host build compiles none of mlx-c (nor our compat code, which exists only for compiling
-    // it), so the library defines no mlx_* and no mlx::core symbol (inline functions and
-    // templates of MLX's headers would otherwise come with mlx-c's objects), and it records no
-    // library or run path: the engine's MLX is the only one in the process.
-    if !host_mlx {
+    // Both builds compile mlx-c into the library; the shipped library and archive keep it
+    // private (only latent_cache_* stays global), so it never meets an engine's own mlx-c. A
+    // host build links no libmlx and records no run path: MLX's C++ runtime is the engine's,
+    // the only one in the process (mlx-c's objects define no static state of MLX's, only
+    // template and inline code of its headers, which the shipped files keep local).
+    if !check_only {
         compile_mlx_c(&mlx_c, &mlx_include, &prelude, &manifest.join("compat"));
+    }
+    if !host_mlx {
         println!("cargo:rustc-link-search=native={}", mlx_lib.display());
         println!("cargo:rustc-link-lib=dylib=mlx");
         println!("cargo:libdir={}", mlx_lib.display());

@@ -1,8 +1,9 @@
-// An engine that brings its own MLX: this program compiles mlx-c itself (the same mlx-c source
-// the library is built from), links MLX's libmlx itself, and uses the library built with
-// MLX=host (which defines no mlx_* and no mlx::core symbol). Arrays made with the program's mlx-c
-// go into the cache as they are, and the views the cache returns are read, and computed on, with
-// the program's mlx-c: one MLX runtime in the process. The values come from a random seed
+// An engine that brings its own MLX and its own mlx-c: this program compiles mlx-c itself (from
+// the same source as the library's, built apart) and links MLX's libmlx itself, beside the
+// library built with MLX=host, whose mlx-c is its own and private (no mlx_* symbol of either
+// meets the other's). Arrays made with the program's mlx-c go into the cache as they are, and
+// the views the cache returns are read, and computed on, with the program's mlx-c: one MLX
+// runtime in the process. The values come from a random seed
 // (printed; pass it after the label to repeat a run) and are checked against what was appended.
 //   host-shared|host-static LABEL [SEED]
 #include <mlx/c/mlx.h>
