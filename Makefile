@@ -181,9 +181,17 @@ HOST_MLX_OUT := target/host-mlx-test
 HOST_SHIP := target/ship-host
 HOST_MLXC_FOR_SHARED := $(HOST_MLX_OUT)/mlxc/libmlxc.a
 # ASan beside MLX's uninstrumented runtime: leaks of MLX's own process-lifetime state are not ours.
-HOST_CORE_ENV := ASAN_OPTIONS=detect_leaks=0
+HOST_CORE_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+# The other MLX versions the library admits (core/mlx/runtime.rs): the engine without mlx-c is
+# also built against each one's headers and run on its runtime (PyPI's wheel, in .deps).
+HOST_OTHER_MLX := 0.32.3
+HOST_OTHER_STAMPS := $(foreach v,$(HOST_OTHER_MLX),$(DEPS)/.pip-host-$(v))
+$(DEPS)/.pip-host-%:
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target $(DEPS)/py-$* $(PIP_PLATFORM) \
+	  "$(subst ==$(MLX_VERSION),==$*,$(MLX_WHEEL))"
+	@touch $@
 HOST_CXXFLAGS := -std=c++20 $(CWARN) -g -O1 -isystem $(PY)/mlx/include -include crates/mlx-sys/compat/prelude.h -Iinclude
-test-host-mlx: deps
+test-host-mlx: deps $(HOST_OTHER_STAMPS)
 	$(MAKE) --no-print-directory ship MLX=host
 	bash tests/host_mlx/check-symbols.sh $(HOST_SHIP)/lib/liblatent_cache.$(SO) $(HOST_SHIP)/lib/liblatent_cache.a \
 	  target/ship-host-work/latent_cache.o $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc
@@ -199,15 +207,26 @@ test-host-mlx: deps
 	  $$(sed -n 's/^Libs.private: *//p' $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc)
 	$(HOST_MLX_OUT)/host-shared shared
 	$(HOST_MLX_OUT)/host-static static
-	$(CXX) -std=c++20 $(CWARN) -g -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -isystem $(PY)/mlx/include \
+	$(CXX) -std=c++20 $(CWARN) -g -O1 $(SAN) -isystem $(PY)/mlx/include \
 	  -Iinclude -c tests/host_mlx/core.cpp -o $(HOST_MLX_OUT)/core.o
-	$(CXX) -fsanitize=address,undefined $(HOST_MLX_OUT)/core.o -o $(HOST_MLX_OUT)/core-shared -L$(HOST_SHIP)/lib \
+	$(CXX) $(SAN) $(HOST_MLX_OUT)/core.o -o $(HOST_MLX_OUT)/core-shared -L$(HOST_SHIP)/lib \
 	  -llatent_cache -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(CURDIR)/$(HOST_SHIP)/lib -Wl,-rpath,$(PY)/mlx/lib
-	$(CXX) -fsanitize=address,undefined $(HOST_MLX_OUT)/core.o -o $(HOST_MLX_OUT)/core-static \
+	$(CXX) $(SAN) $(HOST_MLX_OUT)/core.o -o $(HOST_MLX_OUT)/core-static \
 	  $(HOST_SHIP)/lib/liblatent_cache.a -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(PY)/mlx/lib \
 	  $$(sed -n 's/^Libs.private: *//p' $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc)
 	$(HOST_CORE_ENV) $(HOST_MLX_OUT)/core-shared core-shared
 	$(HOST_CORE_ENV) $(HOST_MLX_OUT)/core-static core-static
+	for v in $(HOST_OTHER_MLX); do \
+	  py=$(DEPS)/py-$$v; \
+	  $(CXX) -std=c++20 $(CWARN) -g -O1 $(SAN) -isystem $$py/mlx/include -Iinclude -c tests/host_mlx/core.cpp \
+	    -o $(HOST_MLX_OUT)/core-$$v.o && \
+	  $(CXX) $(SAN) $(HOST_MLX_OUT)/core-$$v.o -o $(HOST_MLX_OUT)/core-$$v-shared -L$(HOST_SHIP)/lib -llatent_cache \
+	    -L$$py/mlx/lib -lmlx -Wl,-rpath,$(CURDIR)/$(HOST_SHIP)/lib -Wl,-rpath,$$py/mlx/lib && \
+	  $(CXX) $(SAN) $(HOST_MLX_OUT)/core-$$v.o -o $(HOST_MLX_OUT)/core-$$v-static $(HOST_SHIP)/lib/liblatent_cache.a \
+	    -L$$py/mlx/lib -lmlx -Wl,-rpath,$$py/mlx/lib $$(sed -n 's/^Libs.private: *//p' $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc) && \
+	  $(HOST_CORE_ENV) $(HOST_MLX_OUT)/core-$$v-shared "MLX $$v, shared" && \
+	  $(HOST_CORE_ENV) $(HOST_MLX_OUT)/core-$$v-static "MLX $$v, static" || exit 1; \
+	done
 
 examples: ship
 	@mkdir -p $(OUT)

@@ -1,7 +1,7 @@
 # ship.mk: the library as it ships (only latent_cache_* exported, debug info split off, MLX
 # installed beside it and found through a relative run path), `make install`, and the checks
-# `make test` runs on it. `MLX=host` builds the same for an engine that brings its own MLX and
-# mlx-c (`make ship MLX=host` -> target/ship-host; every target here honours it). Included by the Makefile, whose UNAME, PY, DEPS, PIP_STAMP, CC and CXX
+# `make test` runs on it. `MLX=host` builds the same for an engine that brings its own MLX
+# (`make ship MLX=host` -> target/ship-host; every target here honours it). Included by the Makefile, whose UNAME, PY, DEPS, PIP_STAMP, CC and CXX
 # it uses. docs/packaging.md describes the layout and the versioning rules.
 
 .PHONY: ship install uninstall check-symbols symbols test-install tools staticlib-cargo
@@ -22,13 +22,14 @@ INSTALL_DEBUG ?= 0
 # 1: install MLX's runtime under lib/latent-cache/ and point the library's run path at it.
 # 0: install the library alone; the engine provides libmlx (same MLX version) itself.
 BUNDLE_MLX ?= 1
-# Where MLX and mlx-c come from. bundled: mlx-c compiled into the library, libmlx linked (and by
-# default installed beside it). host: the library defines neither and references both, for an
-# engine that links MLX and mlx-c itself (mlx-swift's Cmlx, or a C++ engine's own libmlx and
-# mlx-c, of the versions below): one MLX runtime in the process, so the engine's arrays are ours.
+# Where MLX comes from. bundled: mlx-c compiled into the library, libmlx linked (and by default
+# installed beside it). host: mlx-c compiled into the library and private, MLX's C++ runtime
+# referenced, for an engine that links MLX itself (mlx-swift's Cmlx, or a C++ engine's own
+# libmlx, with any mlx-c or none): one MLX runtime in the process, so the engine's arrays are
+# ours. The MLX versions it admits: src/core/mlx/runtime.rs.
 MLX ?= bundled
-# The versions a host's MLX and mlx-c must have (the pins of crates/mlx-sys/build.rs and of the
-# Makefile; mlx-c 0.7.0 is built against MLX 0.32.2).
+# The mlx-c inside the library (the pin of crates/mlx-sys/build.rs; mlx-c 0.7.0 is built against
+# MLX 0.32.2, the Makefile's).
 MLX_C_VERSION := $(shell sed -n 's/^const UPSTREAM_VERSION: &str = "\(.*\)";/\1/p' crates/mlx-sys/build.rs)
 
 ifeq ($(MLX),host)
@@ -67,8 +68,8 @@ SHIP_LDFLAGS := -dynamiclib -mmacosx-version-min=$(MACOSX_DEPLOYMENT_TARGET) -Wl
   -Wl,-current_version,$(VERSION) -Wl,-compatibility_version,$(ABI).0 \
   -Wl,-exported_symbols_list,$(SHIP_WORK)/exports.txt -Wl,-dead_strip
 # MLX=host: ld64 refuses undefined symbols in a dylib unless told; dynamic_lookup leaves the
-# mlx_* references to be bound at load time to whatever image defines them (the app, with
-# mlx-swift's Cmlx compiled in, or the engine's libmlxc). Apps should prefer the archive, which
+# mlx::core references to be bound at load time to whatever image defines them (the app, with
+# mlx-swift's Cmlx compiled in, or the engine's libmlx). Apps should prefer the archive, which
 # their own link resolves and checks.
 SHIP_HOST_LDFLAGS := -Wl,-undefined,dynamic_lookup
 else
@@ -81,8 +82,8 @@ SHIP_RPATH := $(if $(filter 1,$(BUNDLE_MLX)),-Wl$(comma)-rpath$(comma)'$$ORIGIN/
 SHIP_LDFLAGS := -shared -Wl,-soname,$(SHIP_SONAME) -Wl,--version-script=packaging/latent_cache.map \
   -Wl,--gc-sections -Wl,--as-needed -Wl,-z,relro,-z,now -Wl,-z,noexecstack
 # MLX=host: a shared library may keep undefined symbols on ELF (we never pass -z defs); the
-# mlx_* references bind at load time to the engine's mlx-c, and an executable's link against the
-# library fails if the engine provides none.
+# mlx::core references bind at load time to the engine's MLX, and an executable's link against
+# the library fails if the engine provides none (or another MLX's, which lacks some).
 SHIP_HOST_LDFLAGS :=
 endif
 ifeq ($(MLX),host)

@@ -6,6 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::error::{set_last_error, FfiResult};
 use super::status::latent_cache_status;
+use crate::core::mlx::runtime;
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
     let detail = payload
@@ -28,9 +29,11 @@ pub(crate) fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
 }
 
 /// Runs a fallible export body: `Ok` becomes `LATENT_CACHE_STATUS_OK`; a failure records its
-/// message and returns its status; a panic returns `LATENT_CACHE_STATUS_PANIC`.
+/// message and returns its status; a panic returns `LATENT_CACHE_STATUS_PANIC`. Under an MLX
+/// runtime this library does not admit (`core::mlx::runtime`, checked once), every such call is
+/// `BACKEND` with the message naming both versions, and runs nothing.
 pub fn run(body: impl FnOnce() -> FfiResult) -> latent_cache_status {
-    guard(latent_cache_status::Panic, || match body() {
+    guard(latent_cache_status::Panic, || match runtime::check_admitted().map_err(Into::into).and_then(|()| body()) {
         Ok(()) => latent_cache_status::Ok,
         Err(failure) => {
             set_last_error(&failure.message);

@@ -1,7 +1,7 @@
 //! The one door to MLX: array operations that return `Result` and check MLX's memory limit
 //! before they allocate (`ops`, `math`), the library's stream and its device (`device`), host data of several element types (`host`),
-//! evaluation on a thread of our own (`eval`), and MLX's memory: the allocation check, its
-//! limit and its buffer cache (`memory`). Nothing else in the core calls mlx-sys directly.
+//! evaluation on a thread of our own (`eval`), MLX's memory: the allocation check, its limit and
+//! its buffer cache (`memory`), and the running MLX's version, checked at first use (`runtime`). Nothing else in the core calls mlx-sys directly.
 //!
 //! May import: `error`.
 pub mod device;
@@ -10,3 +10,4 @@ pub mod host;
 pub mod math;
 pub mod memory;
 pub mod ops;
+pub mod runtime;
