@@ -13,28 +13,9 @@
 #include <random>
 #include <vector>
 
-#include "latent_cache.h"
+#include "checks.h"
 
 namespace mx = mlx::core;
-
-static int failures = 0;
-
-#define CHECK(cond)                                                           \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                             \
-    }                                                                         \
-  } while (0)
-
-static bool ok(latent_cache_status status, const char *what) {
-  if (status == LATENT_CACHE_STATUS_OK) return true;
-  char message[512];
-  latent_cache_last_error(message, sizeof message);
-  std::fprintf(stderr, "%s: %s: %s\n", what, latent_cache_status_name(status), message);
-  failures++;
-  return false;
-}
 
 // An array the library handed out, taken over as the program's own: the handle's array is
 // copied (an `mlx::core::array` is a shared reference) and the handle freed.
@@ -49,28 +30,13 @@ static mx::array take(mlx_array handle) {
 static void check_view(const mx::array &view, const char *family, int batch, int width,
                        const std::vector<const std::vector<float> *> &chunks, const std::vector<int> &tokens,
                        float scale, const mx::Stream &stream) {
-  int total = tokens[0] + tokens[1];
+  const int total = tokens[0] + tokens[1];
   CHECK(view.ndim() == 3 && view.shape(0) == batch && view.shape(1) == total && view.shape(2) == width);
   CHECK(view.dtype() == mx::float32);
   if (failures != 0) return;
   mx::array dense = mx::contiguous(view, false, stream);
   mx::eval(dense);
-  const float *data = dense.data<float>();
-  size_t mismatches = 0;
-  for (int b = 0; b < batch; b++) {
-    int t = 0;
-    for (size_t c = 0; c < chunks.size(); c++) {
-      for (int i = 0; i < tokens[c]; i++, t++) {
-        for (int w = 0; w < width; w++) {
-          float want = scale * (*chunks[c])[(static_cast<size_t>(b) * tokens[c] + i) * width + w];
-          float got = data[(static_cast<size_t>(b) * total + t) * width + w];
-          if (got != want && mismatches++ < 5)
-            std::fprintf(stderr, "%s[%d, %d, %d] = %g, expected %g\n", family, b, t, w, got, want);
-        }
-      }
-    }
-  }
-  CHECK(mismatches == 0);
+  check_values(dense.data<float>(), family, batch, width, chunks, tokens, scale);
 }
 
 int main(int argc, char **argv) {

@@ -14,26 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "latent_cache.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                     \
-    }                                                                 \
-  } while (0)
-
-static bool ok(latent_cache_status status, const char *what) {
-  if (status == LATENT_CACHE_STATUS_OK) return true;
-  char message[512];
-  latent_cache_last_error(message, sizeof message);
-  std::fprintf(stderr, "%s: %s: %s\n", what, latent_cache_status_name(status), message);
-  failures++;
-  return false;
-}
+#include "checks.h"
 
 // An array of the program's own mlx-c: float32 [batch, tokens, width].
 static mlx_array host_array(const std::vector<float> &values, int batch, int tokens, int width) {
@@ -63,23 +44,7 @@ static void check_view(mlx_array view, const char *family, int batch, int width,
   CHECK(mlx_array_eval(dense) == 0);
   const float *data = mlx_array_data_float32(dense);
   CHECK(data != nullptr);
-  size_t mismatches = 0, checked = 0;
-  for (int b = 0; data != nullptr && b < batch; b++) {
-    int t = 0;
-    for (size_t c = 0; c < chunks.size(); c++) {
-      for (int i = 0; i < chunk_tokens[c]; i++, t++) {
-        for (int w = 0; w < width; w++) {
-          float want = scale * (*chunks[c])[(static_cast<size_t>(b) * chunk_tokens[c] + i) * width + w];
-          float got = data[(static_cast<size_t>(b) * total + t) * width + w];
-          checked++;
-          if (got != want && mismatches++ < 5)
-            std::fprintf(stderr, "%s[%d, %d, %d] = %g, expected %g\n", family, b, t, w, got, want);
-        }
-      }
-    }
-  }
-  CHECK(mismatches == 0);
-  CHECK(checked == static_cast<size_t>(batch) * total * width);
+  check_values(data, family, batch, width, chunks, chunk_tokens, scale);
   mlx_array_free(dense);
   mlx_stream_free(stream);
 }
