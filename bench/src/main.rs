@@ -38,7 +38,8 @@
 //!   memory held, dense and DSA decode attention), and today's join and leave of a running batch
 //!   (see `shared_prefix.rs`); 4K and 16K positions (4K with `--quick`; to 64K with `--gpu`).
 //!   `--only fork` or `--only join` runs one of the two (`--only churn`: requests churning through
-//!   a running batch first-in-first-out, last-in-first-out and from anywhere, alone).
+//!   a running batch first-in-first-out, last-in-first-out and from anywhere, alone; with `--gpu`
+//!   also attention over the churned rows beside one run).
 //! - `--help`: this usage. An unknown flag is refused with it (exit status 2) before anything runs.
 mod attention;
 mod model_step;
@@ -432,7 +433,8 @@ fn main() {
             (false, true) => (&[4096, 16384, 65536], &[2, 8, 16]),
         };
         let only = std::env::args().collect::<Vec<_>>().windows(2).find(|w| w[0] == "--only").map(|w| w[1].clone());
-        out.extend(shared_prefix::run(contexts, 8, batches, if cfg.quick { 5 } else { 10 }, only.as_deref()));
+        let gpu = std::env::args().any(|a| a == "--gpu");
+        out.extend(shared_prefix::run(contexts, 8, batches, if cfg.quick { 5 } else { 10 }, only.as_deref(), gpu));
         if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
             std::fs::create_dir_all(dir).unwrap();
         }

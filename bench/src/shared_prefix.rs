@@ -254,7 +254,8 @@ fn join_and_leave(out: &mut Vec<String>, batch: usize, context: usize, samples: 
 /// a one-row request of `context` positions joins (`merge_rows` into the batch). Median, p10 and
 /// p90 of the joins and of the leaves over `steps` steps after a warm-up of `batch` steps (so
 /// that first-in-first-out has wrapped around the slots); then a decode step's attention over
-/// the rows as the churn left them beside the same rows in one run, `attention_samples` each.
+/// the rows as the churn left them beside the same rows in one run, `attention_samples` each
+/// (none: not measured; a CPU takes about a second per attention of 16 rows at 4K).
 fn churn(out: &mut Vec<String>, batch: usize, context: usize, steps: usize, attention_samples: usize) {
     let joiner = filled(1, context, 23);
     for pattern in ["first in, first out", "last in, first out", "any row leaves, order kept"] {
@@ -286,6 +287,9 @@ fn churn(out: &mut Vec<String>, batch: usize, context: usize, steps: usize, atte
         out.push(record(&format!("churn: {pattern}"), "leave", batch, context, summary(leave), steps, held));
         // A decode step's attention over the batch as the churn left it (its rows in up to four
         // runs of slots, one launch each) beside the same rows in one run (merged afresh).
+        if attention_samples == 0 {
+            continue;
+        }
         let mut one_run = LatentCache::new(geometry()).unwrap();
         one_run.merge_rows(&[&running]).unwrap();
         one_run.eval().unwrap();
@@ -324,7 +328,15 @@ fn step_own(cache: &mut LatentCache, n: usize) {
 }
 
 /// Every part (`only`: "fork", "join" or "churn" for one of them; "join" runs the churn too).
-pub fn run(contexts: &[usize], n: usize, batches: &[usize], samples: usize, only: Option<&str>) -> Vec<String> {
+/// `churn_attention`: also time attention over churned rows (GPU runs).
+pub fn run(
+    contexts: &[usize],
+    n: usize,
+    batches: &[usize],
+    samples: usize,
+    only: Option<&str>,
+    churn_attention: bool,
+) -> Vec<String> {
     let mut out = Vec::new();
     for &context in contexts {
         if only.is_none_or(|o| o == "fork") {
@@ -334,7 +346,7 @@ pub fn run(contexts: &[usize], n: usize, batches: &[usize], samples: usize, only
             join_and_leave(&mut out, batch, context, 3);
         }
         for &batch in batches.iter().filter(|_| only.is_none_or(|o| o == "churn" || o == "join")) {
-            churn(&mut out, batch, context, 16, 3);
+            churn(&mut out, batch, context, 16, if churn_attention { 3 } else { 0 });
         }
     }
     out
