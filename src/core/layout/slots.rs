@@ -3,8 +3,9 @@
 //! (its run splits, or shortens); a row joining takes a free slot, the one after the row before
 //! it where that is free (so a batch whose oldest request leaves first wraps around its slots
 //! as a ring: two runs), else the lowest free one. Attention never mixes rows, so each run is
-//! read where it lies, one view per run; at most `MAX_RUNS` runs are kept, beyond which the
-//! caller gathers the rows into one run (a move of the rows that change slots).
+//! read where it lies, one view per run; at most `MAX_RUNS` runs are kept (fewer where the
+//! process asks: `run_limit`), beyond which the caller gathers the rows into one run (a move of
+//! the rows that change slots).
 //! Integers only, tested without MLX.
 
 /// Most runs a batch's rows may form. Each run is one more launch (or one more graph of MLX's
@@ -12,6 +13,19 @@
 /// requests come and go from the front, the back or anywhere keeps within it, gathering once
 /// every few leaves when they come from the middle.
 pub(crate) const MAX_RUNS: usize = 4;
+
+/// The runs a batch's rows may form in this process: `MAX_RUNS`, or fewer where
+/// `LATENT_CACHE_SLOT_RUNS` (1 to 4, read once) asks. 1 keeps every batch in one run: attention
+/// reads each batch in one launch, and a join or leave moves the rows that must (as before runs
+/// of slots), for engines whose decode steps are bound by launches more than their joins by
+/// copies (see the README).
+pub fn run_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let asked = std::env::var("LATENT_CACHE_SLOT_RUNS").ok().and_then(|v| v.trim().parse::<usize>().ok());
+        asked.unwrap_or(MAX_RUNS).clamp(1, MAX_RUNS)
+    })
+}
 
 /// Rows `[row, row + rows)` in slots `[slot, slot + rows)`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,13 +53,14 @@ impl Placement {
         placement
     }
 
-    /// Row `b` in slot `slots[b]` (distinct slots); `None` past `MAX_RUNS` runs.
+    /// Row `b` in slot `slots[b]` (distinct slots); `None` past `run_limit()` runs.
     pub fn from_slots(slots: &[usize]) -> Option<Placement> {
+        let limit = run_limit();
         let mut placement = Placement::default();
         for (row, &slot) in slots.iter().enumerate() {
             match placement.len.checked_sub(1).map(|i| &mut placement.runs[i]) {
                 Some(run) if run.slot + run.rows == slot => run.rows += 1,
-                _ if placement.len == MAX_RUNS => return None,
+                _ if placement.len == limit => return None,
                 _ => {
                     placement.runs[placement.len] = Run { row, slot, rows: 1 };
                     placement.len += 1;
@@ -82,7 +97,7 @@ impl Placement {
     }
 
     /// The rows `keep` (rows of this placement, in their new order) in the slots they hold.
-    /// `None` past `MAX_RUNS` runs.
+    /// `None` past `run_limit()` runs.
     pub fn kept(&self, keep: &[usize]) -> Option<Placement> {
         let slots = self.slots();
         Placement::from_slots(&keep.iter().map(|&row| slots[row]).collect::<Vec<_>>())
@@ -90,7 +105,7 @@ impl Placement {
 
     /// These rows and `joining` more after them, the rows here in their slots and each joining
     /// row in a free slot of `slots`: the one after the row before it where that is free, else
-    /// the lowest free one. `None` without enough free slots, or past `MAX_RUNS` runs.
+    /// the lowest free one. `None` without enough free slots, or past `run_limit()` runs.
     pub fn joined(&self, joining: usize, slots: usize) -> Option<Placement> {
         let mut placed = self.slots();
         let mut free = vec![true; slots];
