@@ -1,10 +1,11 @@
 // checks.h: what the engines of tests/host_mlx share: the failure count, CHECK, a status check
-// that prints the library's message, and the comparison of a [batch, T, width] row-major read
-// of the stored values with the appends that made them.
+// that prints the library's message, a small random DSA layer, and the comparison of a
+// [batch, T, width] row-major read of the stored values with the appends that made them.
 #pragma once
 
 #include <cstddef>
 #include <cstdio>
+#include <random>
 #include <vector>
 
 #include "latent_cache.h"
@@ -52,4 +53,27 @@ static void check_values(const float *data, const char *family, int batch, int w
   }
   CHECK(mismatches == 0);
   CHECK(checked == static_cast<size_t>(batch) * total * width);
+}
+
+// A small DSA layer of random widths, every family in float32 (so the views must equal the
+// input exactly), and a random batch; `cache` is null (and a failure counted) if it is refused.
+struct Layer {
+  latent_cache *cache = nullptr;
+  int batch = 0;
+  int widths[3] = {0, 0, 0};
+};
+
+static Layer random_layer(std::mt19937 &rng) {
+  std::uniform_int_distribution<int> extent(1, 5);
+  latent_cache_config config = latent_cache_config_default();
+  config.kv_lora_rank = static_cast<size_t>(8 * extent(rng));
+  config.rope_head_dim = static_cast<size_t>(2 * extent(rng));
+  config.index_head_dim = static_cast<size_t>(4 * extent(rng));
+  Layer layer;
+  layer.batch = extent(rng);
+  layer.widths[0] = static_cast<int>(config.kv_lora_rank);
+  layer.widths[1] = static_cast<int>(config.rope_head_dim);
+  layer.widths[2] = static_cast<int>(config.index_head_dim);
+  ok(latent_cache_new(&config, &layer.cache), "latent_cache_new");
+  return layer;
 }

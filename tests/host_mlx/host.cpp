@@ -57,16 +57,11 @@ int main(int argc, char **argv) {
   std::uniform_real_distribution<float> value(-4.0f, 4.0f);
   std::uniform_int_distribution<int> extent(1, 5);
 
-  // A small DSA layer: every family in float32, so the views must equal the input exactly.
-  latent_cache_config config = latent_cache_config_default();
-  config.kv_lora_rank = static_cast<size_t>(8 * extent(rng));
-  config.rope_head_dim = static_cast<size_t>(2 * extent(rng));
-  config.index_head_dim = static_cast<size_t>(4 * extent(rng));
-  const int batch = extent(rng);
-  const int widths[3] = {static_cast<int>(config.kv_lora_rank), static_cast<int>(config.rope_head_dim),
-                         static_cast<int>(config.index_head_dim)};
-  latent_cache *cache = nullptr;
-  if (!ok(latent_cache_new(&config, &cache), "latent_cache_new")) return 1;
+  const Layer layer = random_layer(rng);
+  if (layer.cache == nullptr) return 1;
+  latent_cache *cache = layer.cache;
+  const int batch = layer.batch;
+  const int *widths = layer.widths;
 
   // Two appends (a prefill chunk, then a decode step), each from arrays of the program's mlx-c.
   std::vector<int> chunk_tokens = {extent(rng) + 3, 1};
