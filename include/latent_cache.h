@@ -115,6 +115,9 @@ typedef struct mlx_array_ {
 #endif
 
 
+// Appends that skip the wait on a buffer found held by views after a full wait.
+#define SKIP_AFTER_VIEWS 64
+
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
 typedef enum {
@@ -698,12 +701,26 @@ latent_cache_status latent_cache_array_to_host(mlx_array array,
 void latent_cache_array_free(mlx_array array);
 
 // Evaluates `arrays` (borrowed, `len` entries) in one MLX evaluation, under the process-wide
-// evaluation lock the library itself uses (or the one given to `latent_cache_set_eval_lock`).
-// Entries with `ctx == NULL` are skipped, so the outputs of an append or `state` on a layer
-// without index keys can be passed as they came. Engines that evaluate from several threads
-// should evaluate through this call, or under the lock they handed the library.
+// evaluation lock the library itself uses (or the one given to `latent_cache_set_eval_lock`),
+// and returns when their values are ready: for arrays already handed to
+// `latent_cache_eval_async`, it waits for them. Entries with `ctx == NULL` are skipped, so the
+// outputs of an append or `state` on a layer without index keys can be passed as they came.
+// Engines that evaluate from several threads should evaluate through this call, or under the
+// lock they handed the library.
 // Returns `OK`, `NULL_ARGUMENT` (`arrays` NULL with `len > 0`), `BACKEND`.
 latent_cache_status latent_cache_eval(const mlx_array *arrays, size_t len);
+
+// Hands `arrays` (borrowed, `len` entries; `ctx == NULL` skipped) to MLX and returns as soon
+// as their work is queued (MLX's `async_eval`), under the same lock as `latent_cache_eval`;
+// `latent_cache_eval` of the same arrays later waits for their values. A decode loop builds
+// step n + 1, hands it over with this call, and only then waits for step n, so the device runs
+// one step while the host builds the next. Appends into a layer whose buffers step n still
+// reads wait inside the append until that layer's reads are done, so they write in place
+// instead of copying the history (the host stays about a layer behind the device); views of an
+// earlier step the engine still holds make them copy, as without pipelining. Errors MLX
+// reports while running the work surface at the wait.
+// Returns `OK`, `NULL_ARGUMENT` (`arrays` NULL with `len > 0`), `BACKEND`.
+latent_cache_status latent_cache_eval_async(const mlx_array *arrays, size_t len);
 
 // Makes an array of `dtype` (a `latent_cache_dtype`: `FLOAT32`, `BFLOAT16`, `FLOAT16` or
 // `INT32`) and shape `shape` (`ndim` extents, 1 to 8, each at most INT32_MAX) holding a copy of

@@ -31,6 +31,7 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=compat");
+    println!("cargo:rerun-if-changed=shim");
 
     let (host_mlx, check_only) = match env::var("LATENT_CACHE_MLX_C").as_deref() {
         Ok("host") => (true, false),
@@ -59,7 +60,7 @@ fn main() {
     // the only one in the process (mlx-c's objects define no static state of MLX's, only
     // template and inline code of its headers, which the shipped files keep local).
     if !check_only {
-        compile_mlx_c(&mlx_c, &mlx_include, &prelude, &manifest.join("compat"));
+        compile_mlx_c(&mlx_c, &mlx_include, &prelude, &manifest);
     }
     if !host_mlx {
         println!("cargo:rustc-link-search=native={}", mlx_lib.display());
@@ -125,8 +126,12 @@ fn mlx_c_files(mlx_c: &Path, ext: &str) -> Vec<PathBuf> {
     files
 }
 
-fn compile_mlx_c(mlx_c: &Path, mlx_include: &Path, prelude: &Path, compat: &Path) {
-    let sources = mlx_c_files(mlx_c, "cpp");
+/// mlx-c's sources and ours (`shim/`: what mlx-c does not expose of an array), compiled
+/// together.
+fn compile_mlx_c(mlx_c: &Path, mlx_include: &Path, prelude: &Path, manifest: &Path) {
+    let mut sources = mlx_c_files(mlx_c, "cpp");
+    sources.push(manifest.join("shim/holders.cpp"));
+    let compat = manifest.join("compat");
 
     let mut build = cc::Build::new();
     build
@@ -142,7 +147,7 @@ fn compile_mlx_c(mlx_c: &Path, mlx_include: &Path, prelude: &Path, compat: &Path
         .flag(prelude.to_str().unwrap())
         .files(&sources);
     if !has_std_format(&build) {
-        build.include(compat);
+        build.include(&compat);
     }
     build.compile("mlxc");
 }

@@ -2,6 +2,8 @@
 //! on the same MLX runtime (one libmlx per process), plus the few array helpers an engine
 //! without mlx-c needs (make an array from host floats, free one, evaluate under the library's
 //! evaluation lock).
+use std::mem::ManuallyDrop;
+
 use mlx_sys::mlx_array;
 
 use super::args::{copy_out, in_slice, out_ptr, write};
@@ -297,19 +299,48 @@ pub unsafe extern "C" fn latent_cache_array_free(array: mlx_array) {
 }
 
 /// Evaluates `arrays` (borrowed, `len` entries) in one MLX evaluation, under the process-wide
-/// evaluation lock the library itself uses (or the one given to `latent_cache_set_eval_lock`).
-/// Entries with `ctx == NULL` are skipped, so the outputs of an append or `state` on a layer
-/// without index keys can be passed as they came. Engines that evaluate from several threads
-/// should evaluate through this call, or under the lock they handed the library.
+/// evaluation lock the library itself uses (or the one given to `latent_cache_set_eval_lock`),
+/// and returns when their values are ready: for arrays already handed to
+/// `latent_cache_eval_async`, it waits for them. Entries with `ctx == NULL` are skipped, so the
+/// outputs of an append or `state` on a layer without index keys can be passed as they came.
+/// Engines that evaluate from several threads should evaluate through this call, or under the
+/// lock they handed the library.
 /// Returns `OK`, `NULL_ARGUMENT` (`arrays` NULL with `len > 0`), `BACKEND`.
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_eval(arrays: *const mlx_array, len: usize) -> latent_cache_status {
     ffi_boundary! {
-        let handles = unsafe { in_slice(arrays, len, "arrays") }?;
-        let mut borrowed = Vec::with_capacity(handles.len());
-        for (i, &handle) in handles.iter().enumerate().filter(|(_, h)| !h.ctx.is_null()) {
-            borrowed.push(unsafe { borrow(handle, &format!("arrays[{i}]")) }?);
-        }
+        let borrowed = unsafe { borrow_all(arrays, len) }?;
         Ok(eval::eval(borrowed.iter().map(|a| &**a))?)
     }
+}
+
+/// Hands `arrays` (borrowed, `len` entries; `ctx == NULL` skipped) to MLX and returns as soon
+/// as their work is queued (MLX's `async_eval`), under the same lock as `latent_cache_eval`;
+/// `latent_cache_eval` of the same arrays later waits for their values. A decode loop builds
+/// step n + 1, hands it over with this call, and only then waits for step n, so the device runs
+/// one step while the host builds the next. Appends into a layer whose buffers step n still
+/// reads wait inside the append until that layer's reads are done, so they write in place
+/// instead of copying the history (the host stays about a layer behind the device); views of an
+/// earlier step the engine still holds make them copy, as without pipelining. Errors MLX
+/// reports while running the work surface at the wait.
+/// Returns `OK`, `NULL_ARGUMENT` (`arrays` NULL with `len > 0`), `BACKEND`.
+#[no_mangle]
+pub unsafe extern "C" fn latent_cache_eval_async(arrays: *const mlx_array, len: usize) -> latent_cache_status {
+    ffi_boundary! {
+        let borrowed = unsafe { borrow_all(arrays, len) }?;
+        Ok(eval::eval_async(borrowed.iter().map(|a| &**a))?)
+    }
+}
+
+/// Borrows the non-null entries of `arrays` (`len` entries).
+///
+/// # Safety
+/// `arrays` points to `len` handles (or is NULL with `len == 0`).
+unsafe fn borrow_all(arrays: *const mlx_array, len: usize) -> FfiResult<Vec<ManuallyDrop<mlx_rs::Array>>> {
+    let handles = unsafe { in_slice(arrays, len, "arrays") }?;
+    let mut borrowed = Vec::with_capacity(handles.len());
+    for (i, &handle) in handles.iter().enumerate().filter(|(_, h)| !h.ctx.is_null()) {
+        borrowed.push(unsafe { borrow(handle, &format!("arrays[{i}]")) }?);
+    }
+    Ok(borrowed)
 }

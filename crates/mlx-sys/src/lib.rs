@@ -17,3 +17,12 @@ pub extern "C" fn mach_approximate_time() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
 }
+
+extern "C" {
+    /// References holding `arr`'s buffer (the array itself, its evaluated views, and MLX's work
+    /// in flight that reads it); -1 for a null handle, 0 before the array is evaluated. Compiled
+    /// from `shim/holders.cpp` with mlx-c.
+    pub fn lc_mlx_data_holders(arr: mlx_array) -> std::os::raw::c_long;
+    /// Batches of work MLX has handed to its devices and not seen complete (see the shim).
+    pub fn lc_mlx_active_tasks() -> std::os::raw::c_int;
+}

@@ -72,13 +72,22 @@ pub fn evaluation_thread() -> bool {
     ON_EVALUATION_THREAD.load(Ordering::SeqCst)
 }
 
+/// How an evaluation ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Finish {
+    /// When the arrays are available.
+    Wait,
+    /// Then also when MLX has let go of the buffers its kernels read (see `eval_settled`).
+    Settle,
+    /// As soon as the work is handed to MLX (`eval_async`).
+    HandOff,
+}
+
 /// One evaluation handed to the evaluation thread: references to the arrays (MLX arrays are
 /// reference-counted, so these are not copies) and where to send the outcome.
 struct Job {
     arrays: Vec<Array>,
-    /// Whether to wait, after the evaluation, until MLX has let go of the buffers its kernels
-    /// read (see `eval_settled`).
-    settle: bool,
+    finish: Finish,
     reply: SyncSender<Result<()>>,
 }
 
@@ -96,7 +105,7 @@ fn evaluator() -> Result<&'static Sender<Job>> {
             .spawn(move || {
                 for job in jobs {
                     let arrays: Vec<&Array> = job.arrays.iter().collect();
-                    let outcome = catch_unwind(AssertUnwindSafe(|| eval_locked(&arrays, job.settle)))
+                    let outcome = catch_unwind(AssertUnwindSafe(|| eval_locked(&arrays, job.finish)))
                         .unwrap_or_else(|_| fail!(Backend, "MLX evaluation panicked"));
                     drop(job.arrays);
                     let _ = job.reply.send(outcome);
@@ -109,12 +118,16 @@ fn evaluator() -> Result<&'static Sender<Job>> {
 
 /// Evaluates under the engine's lock or the library's (on the evaluation thread, unless it is
 /// turned off).
-fn eval_locked(arrays: &[&Array], settle: bool) -> Result<()> {
+fn eval_locked(arrays: &[&Array], finish: Finish) -> Result<()> {
     let engine = ENGINE_LOCK.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
     let run = || -> Result<()> {
-        mlx_rs::transforms::eval(arrays.iter().copied())?;
+        match finish {
+            Finish::HandOff => return Ok(mlx_rs::transforms::async_eval(arrays.iter().copied())?),
+            _ if arrays.is_empty() => {}
+            _ => mlx_rs::transforms::eval(arrays.iter().copied())?,
+        }
         // SAFETY: the library's stream is valid for the process; the call only waits.
-        if settle && unsafe { mlx_sys::mlx_synchronize(device::library_stream()) } != 0 {
+        if finish == Finish::Settle && unsafe { mlx_sys::mlx_synchronize(device::library_stream()) } != 0 {
             return fail!(Backend, "MLX could not wait for the library's stream");
         }
         Ok(())
@@ -136,7 +149,22 @@ fn eval_locked(arrays: &[&Array], settle: bool) -> Result<()> {
 /// evaluation thread is turned off). Arrays already evaluated are skipped, and a call with
 /// nothing left to evaluate returns at once, without a hand-off.
 pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
-    eval_with(arrays, false)
+    eval_with(arrays, Finish::Wait)
+}
+
+/// Hands `arrays` to MLX and returns once their work is queued (MLX's `async_eval`), on the
+/// evaluation thread and under the lock as `eval`. Their values are ready after a later `eval`
+/// of them, which waits. This is how a decode loop overlaps building step n + 1 with the device
+/// running step n; the library's writes into a buffer that step n still reads wait for it to
+/// let go (`readers`), so they stay in place.
+pub fn eval_async<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
+    eval_with(arrays, Finish::HandOff)
+}
+
+/// Waits until MLX has run everything handed to it on the library's stream and let go of the
+/// buffers that work read (see `eval_settled`).
+pub fn settle() -> Result<()> {
+    run_job(Vec::new(), Finish::Settle)
 }
 
 /// `eval`, then a wait on the library's stream, so that MLX lets go of the buffers the
@@ -149,20 +177,25 @@ pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
 /// measured on the H200); on Metal it waits for the GPU's work, and a handler still running then
 /// costs a copy, never a wrong value.
 pub fn eval_settled<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
-    eval_with(arrays, true)
+    eval_with(arrays, Finish::Settle)
 }
 
-fn eval_with<'a>(arrays: impl IntoIterator<Item = &'a Array>, settle: bool) -> Result<()> {
-    let pending: Vec<&Array> = arrays.into_iter().filter(|a| !is_evaluated(a)).collect();
+fn eval_with<'a>(arrays: impl IntoIterator<Item = &'a Array>, finish: Finish) -> Result<()> {
+    let pending: Vec<Array> = arrays.into_iter().filter(|a| !is_evaluated(a)).cloned().collect();
     if pending.is_empty() {
         return Ok(());
     }
+    run_job(pending, finish)
+}
+
+/// Runs one job on the evaluation thread and waits for its outcome (or on this thread, when the
+/// evaluation thread is turned off).
+fn run_job(arrays: Vec<Array>, finish: Finish) -> Result<()> {
     if !evaluation_thread() {
-        return eval_locked(&pending, settle);
+        return eval_locked(&arrays.iter().collect::<Vec<_>>(), finish);
     }
     let (reply, outcome) = mpsc::sync_channel(1);
-    let arrays = pending.into_iter().cloned().collect();
-    if evaluator()?.send(Job { arrays, settle, reply }).is_err() {
+    if evaluator()?.send(Job { arrays, finish, reply }).is_err() {
         return fail!(Backend, "the evaluation thread has stopped");
     }
     outcome.recv().unwrap_or_else(|_| fail!(Backend, "the evaluation thread has stopped"))

@@ -23,12 +23,15 @@
 mod read;
 mod write;
 
+use std::cell::Cell;
+
 use mlx_rs::Array;
 
 use crate::core::error::{fail, Result};
 use crate::core::layout::slots::Placement;
 use crate::core::mlx::eval::{eval, is_evaluated};
 use crate::core::mlx::memory::check_alloc;
+use crate::core::mlx::readers::{wait_for_readers, Holders, SKIP_AFTER_VIEWS};
 use crate::core::mlx::{math, ops};
 use crate::core::model::families::Families;
 use crate::core::model::geometry::{Family, Geometry};
@@ -55,6 +58,9 @@ struct Buffer {
     data: Option<Parts>,
     /// Writes chained on `data` since it was last seen evaluated.
     lazy_writes: usize,
+    /// Appends left that skip waiting for readers in flight, after views were found holding
+    /// the buffer (`mlx::readers`); a hint only, so it changes behind a shared reference.
+    skip_waits: Cell<u32>,
 }
 
 /// The shape of the buffers and what of them holds rows: the rows lie in `placement`'s runs of
@@ -133,6 +139,18 @@ impl Buffer {
         }
     }
 
+    /// Waits until MLX's work in flight has let go of `data` (this buffer's parts), so that a
+    /// write into it is done in place (`mlx::readers`); views someone keeps are remembered for
+    /// a while, so the next appends do not wait for them again.
+    fn wait_for_readers(&self, data: &[Array]) -> Result<()> {
+        let skip = self.skip_waits.get();
+        match wait_for_readers(&data.iter().collect::<Vec<_>>(), skip > 0)? {
+            Holders::Alone => self.skip_waits.set(0),
+            Holders::Views => self.skip_waits.set(if skip > 0 { skip - 1 } else { SKIP_AFTER_VIEWS }),
+        }
+        Ok(())
+    }
+
     /// Bytes one position of one row holds (none for a family the storage leaves out).
     fn bytes_per_position(&self) -> usize {
         match self.parts.is_empty() {
@@ -202,7 +220,7 @@ impl Storage {
         let buffers = Families::for_geometry(geometry, |family, width| {
             let mode = geometry.storage(family);
             let parts = if kept(family) { mode.parts(width) } else { Vec::new() };
-            Buffer { mode, width, parts, data: None, lazy_writes: 0 }
+            Buffer { mode, width, parts, data: None, lazy_writes: 0, skip_waits: Cell::new(0) }
         });
         Storage { frame: Frame::default(), buffers }
     }

@@ -155,6 +155,7 @@ impl Storage {
             let positions = row_positions(&starts, tokens, frame.slots, &placement);
             let data = self.buffers.as_ref().zip(encoded).try_map(|_, (buffer, update)| {
                 let data = buffer.data.as_ref().expect("written buffers have data");
+                buffer.wait_for_readers(data)?;
                 let mut lazy = buffer.chained_writes();
                 if lazy >= MAX_LAZY_WRITES {
                     eval(data)?;
