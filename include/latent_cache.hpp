@@ -92,6 +92,15 @@ inline void eval(const std::vector<const Array *> &arrays) {
   check(latent_cache_eval(raw.data(), raw.size()));
 }
 
+// Hands arrays to MLX and returns once their work is queued; `eval` of them later waits (a
+// pipelined decode loop: build step n + 1, eval_async it, then eval step n).
+inline void eval_async(const std::vector<const Array *> &arrays) {
+  std::vector<mlx_array> raw;
+  raw.reserve(arrays.size());
+  for (const Array *a : arrays) raw.push_back(a->get());
+  check(latent_cache_eval_async(raw.data(), raw.size()));
+}
+
 // Hands the library the engine's evaluation lock (both callbacks NULL restores its own).
 inline void set_eval_lock(latent_cache_lock_fn lock, latent_cache_lock_fn unlock, void *ctx) {
   check(latent_cache_set_eval_lock(lock, unlock, ctx));

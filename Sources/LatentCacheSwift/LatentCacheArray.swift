@@ -185,6 +185,15 @@ public final class LatentCacheArray: @unchecked Sendable {
     try handles.withUnsafeBufferPointer { try check(latent_cache_eval($0.baseAddress, $0.count)) }
   }
 
+  /// Hands `arrays` to MLX and returns once their work is queued (`latent_cache_eval_async`);
+  /// `eval` of them later waits. A pipelined decode loop builds step n + 1, hands it over, then
+  /// waits for step n; appends into a layer step n still reads wait for those reads, so they
+  /// write in place.
+  public static func evalAsync(_ arrays: [LatentCacheArray?]) throws {
+    let handles = arrays.map { $0?.handle ?? mlx_array(ctx: nil) }
+    try handles.withUnsafeBufferPointer { try check(latent_cache_eval_async($0.baseAddress, $0.count)) }
+  }
+
   /// `toHost` for any array (borrowed): an engine's own, for example.
   public static func toHost(_ array: mlx_array) throws -> [Float] {
     // An array's shape never changes, so its element count sizes the buffer exactly.

@@ -57,6 +57,33 @@ final class AttentionTests: XCTestCase {
     XCTAssertEqual(try rope.toHost(), try cache.read(.rope))
   }
 
+  func testPipelinedStepsStoreWhatWasAppended() throws {
+    // A decode loop as MLX engines run it: step n + 1 appended, attended and handed to MLX
+    // (evalAsync) before the wait for step n; every stored value equals the model's, and the
+    // last step's attention what a fresh donor computes once everything has run.
+    let config = smallConfig()
+    let cache = try Cache(config: config)
+    var model = CacheModel(config)
+    let ql = try LatentCacheArray(randoms(2 * 3 * 16), shape: [2, 3, 1, 16])
+    let qr = try LatentCacheArray(randoms(2 * 3 * 4), shape: [2, 3, 1, 4])
+    var inFlight: LatentCacheArray? = nil
+    for step in 0..<6 {
+      let tokens = step == 0 ? 5 : 1
+      let data = model.data(batch: 2, tokens: tokens, seed: 100 + step)
+      let arrays = try zip(data, [16, 4, 8]).map { try LatentCacheArray($0, batch: 2, tokens: tokens, width: $1) }
+      try cache.append(latent: arrays[0], rope: arrays[1], indexKeys: arrays[2])
+      model.append(batch: 2, tokens: tokens, data)
+      let out = try cache.captureDonor().attend(qLatent: ql, qRope: qr, scale: 0.3, mode: .none)
+      try LatentCacheArray.evalAsync([out])
+      try LatentCacheArray.eval([inFlight])
+      inFlight = out
+    }
+    try LatentCacheArray.eval([inFlight])
+    try assertMatches(cache, model, "pipelined steps")
+    let fresh = try cache.captureDonor().attend(qLatent: ql, qRope: qr, scale: 0.3, mode: .none)
+    XCTAssertEqual(try inFlight?.toHost(), try fresh.toHost())
+  }
+
   func testQuantizedStorageReadsCloseAndPacksParts() throws {
     var config = CacheConfig()
     config.kvLoraRank = 64

@@ -14,9 +14,10 @@
 //! - pipelined (`"timing": "pipelined"`): step n+1's graph is built (and its layers trimmed)
 //!   while the device runs step n, as an engine's decode loop overlaps them: build n+1, MLX
 //!   `async_eval` it, then wait for n. Timed is the interval between one step's completion and
-//!   the next's. The bench calls mlx-rs's `async_eval` itself (the library has no asynchronous
-//!   evaluation), with the library's evaluation thread turned off for the measurement so that
-//!   every evaluation runs on this one thread, in order (nothing else evaluates meanwhile).
+//!   the next's, with the library's `eval_async` (`latent_cache_eval_async`) and `eval`, as an
+//!   engine on the C API runs it. Appends into a layer step n still reads wait inside the append
+//!   for those reads to finish (`LATENT_CACHE_WAIT_FOR_READERS=0` turns that off, to measure the
+//!   copies it saves).
 //! - build (`"timing": "build"`): building the step's graph alone (the appends, the index scores
 //!   and selections, the attention; no evaluation), the host's share of a step; each graph is
 //!   then evaluated and trimmed outside the timing.
@@ -25,7 +26,7 @@
 //! step reads, for the bandwidth floor. mlx-lm's peer of this step: bench/mlx_lm_model_step.py.
 use latent_cache::core::attention::{Donor, MaskMode};
 use latent_cache::core::kernels::{cuda, decode, metal};
-use latent_cache::core::mlx::eval::{eval, evaluation_thread, set_evaluation_thread};
+use latent_cache::core::mlx::eval::{eval, eval_async};
 use latent_cache::core::mlx::{memory, ops};
 use latent_cache::core::model::presets::{glm52_selection_source, glm52_selects, GLM52_TARGET_LAYERS};
 use latent_cache::{Family, Geometry, LatentCache, StorageMode};
@@ -225,16 +226,14 @@ fn build_time(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usi
 /// n. Median, p10, p90 (us) of the intervals between successive steps' completions, after
 /// `warmup` steps.
 fn pipelined(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usize, samples: usize) -> [f64; 3] {
-    let threaded = evaluation_thread();
-    set_evaluation_thread(false);
     let mut prev = build(layers, q, sparse);
-    mlx_rs::transforms::async_eval(prev.iter()).unwrap();
+    eval_async(prev.iter()).unwrap();
     trim(layers);
     let mut last = Instant::now();
     let mut us = Vec::with_capacity(samples);
     for i in 0..warmup + samples {
         let next = build(layers, q, sparse);
-        mlx_rs::transforms::async_eval(next.iter()).unwrap();
+        eval_async(next.iter()).unwrap();
         trim(layers);
         eval(prev.iter()).unwrap();
         let now = Instant::now();
@@ -246,7 +245,6 @@ fn pipelined(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usiz
     }
     eval(prev.iter()).unwrap();
     drop(prev);
-    set_evaluation_thread(threaded);
     us.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let at = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
     [at(0.5), at(0.1), at(0.9)]
