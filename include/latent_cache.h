@@ -115,9 +115,6 @@ typedef struct mlx_array_ {
 #endif
 
 
-// Appends that skip the wait on a buffer found held by views after a full wait.
-#define SKIP_AFTER_VIEWS 64
-
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
 typedef enum {

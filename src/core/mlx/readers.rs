@@ -38,7 +38,7 @@ const POLL: Duration = Duration::from_millis(250);
 const MAX_PAUSE: Duration = Duration::from_micros(50);
 
 /// Appends that skip the wait on a buffer found held by views after a full wait.
-pub const SKIP_AFTER_VIEWS: u32 = 64;
+pub(crate) const SKIP_AFTER_VIEWS: u32 = 64;
 
 /// References holding `a`'s buffer (0 before it is evaluated).
 fn holders(a: &Array) -> i64 {
