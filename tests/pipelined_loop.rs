@@ -7,7 +7,9 @@
 //! themselves allocate, in every storage mode, both layouts and composed storage; with
 //! `LATENT_CACHE_WAIT_FOR_READERS=0` the same loop copies and this test fails. The stored values
 //! are checked against the reference model (plain vectors) bit for bit, and the last step's
-//! attention against the float64 reference. Its own binary: MLX's counters are process-wide.
+//! attention against the float64 reference. A loop that builds each step on a short-lived thread
+//! and keeps the previous step's views (so its appends copy, as documented) stores exactly too.
+//! Its own binary: MLX's counters are process-wide.
 mod common;
 
 use common::attention_ref;
@@ -144,6 +146,31 @@ impl Loop {
         written
     }
 
+    /// `pipelined`, each step built on a thread of its own that ends with it, the views of every
+    /// layer's window (`state`) kept until the step after next is built: the appends then find
+    /// their buffers held by views, not only by work in flight, and copy them.
+    fn pipelined_keeping_views(&mut self, steps: usize) -> Vec<Array> {
+        let mut kept: Vec<Array> = Vec::new();
+        let mut prev: Vec<Array> = Vec::new();
+        for _ in 0..steps {
+            let (next, views) = std::thread::scope(|s| {
+                s.spawn(|| {
+                    let next = self.build();
+                    let views: Vec<Array> = self.layers.iter().map(|c| c.state().unwrap().latent).collect();
+                    (next, views)
+                })
+                .join()
+                .unwrap()
+            });
+            eval_async(next.iter().chain(&views)).unwrap();
+            eval(prev.iter()).unwrap();
+            kept = views;
+            prev = next;
+        }
+        eval(prev.iter().chain(&kept)).unwrap();
+        prev
+    }
+
     /// `steps` steps one at a time: build, evaluate, wait.
     fn single(&mut self, steps: usize) -> Vec<Array> {
         let mut outs = Vec::new();
@@ -241,5 +268,16 @@ fn pipelined_steps_write_in_place_with_composed_storage() {
             ..geometry_in(WIDTHS, [StorageMode::Q8, StorageMode::Bf16, StorageMode::Q8], layout)
         };
         run(g, &format!("composed Q8, {layout:?}"));
+    }
+}
+
+#[test]
+fn pipelined_steps_on_short_lived_threads_keeping_views_store_exactly() {
+    let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    for layout in [LayoutKind::RightJustified, LayoutKind::Ragged] {
+        let g = geometry_in(WIDTHS, [StorageMode::Bf16; 3], layout);
+        let mut engine = Loop::new(g);
+        let outs = engine.pipelined_keeping_views(STEPS);
+        engine.check(&outs, &format!("views kept, {layout:?}"));
     }
 }
