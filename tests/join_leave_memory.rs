@@ -4,6 +4,9 @@
 //! nothing (every kept row stays in its slot); batches through which requests churn in any order
 //! keep to that. A batch rebuilt whole would allocate every row. Values are checked against
 //! plain vectors. Its own binary: MLX's counters are process-wide.
+mod common;
+
+use common::mlx_helpers::released;
 use latent_cache::core::mlx::eval::eval;
 use latent_cache::core::mlx::memory;
 use latent_cache::core::mlx::ops;
@@ -43,24 +46,6 @@ fn measure(f: impl FnOnce()) -> (usize, isize) {
     f();
     let info = memory::info();
     (info.peak.saturating_sub(before), released() as isize - before as isize)
-}
-
-/// MLX's active memory once the buffers the last call dropped are released: on CUDA a buffer
-/// a finished kernel used is released by the stream's completion, after the evaluation returns,
-/// so the count is read once it has stopped moving. (No synchronize here: evaluations run on
-/// the library's evaluation thread, whose stream this thread does not own.)
-fn released() -> usize {
-    let mut last = usize::MAX;
-    for _ in 0..100 {
-        memory::clear_cache().unwrap();
-        let now = memory::info().active;
-        if now == last {
-            return now;
-        }
-        last = now;
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    last
 }
 
 /// Every row's values equal its request's seed, and the rows' lengths are `lengths`.

@@ -15,7 +15,7 @@ mod common;
 use common::attention_ref;
 use common::composed_ref::Reference;
 use common::core_check::{assert_matches, model_of};
-use common::mlx_helpers::{array, geometry_in, host};
+use common::mlx_helpers::{array, geometry_in, host, released};
 use common::model::Model;
 use common::model::Rng;
 use latent_cache::core::attention::MaskMode;
@@ -37,22 +37,6 @@ const WORK_CHAIN: usize = 12;
 
 /// MLX's counters are process-wide: the tests here measure one at a time.
 static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Memory MLX counts as active once the buffers just dropped are released (the CPU's queue
-/// lets go of a task's inputs when it has run).
-fn released() -> usize {
-    let mut last = usize::MAX;
-    for _ in 0..100 {
-        memory::clear_cache().unwrap();
-        let now = memory::info().active;
-        if now == last {
-            return now;
-        }
-        last = now;
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    last
-}
 
 /// The most memory MLX held while `f` ran, above what it held at its start.
 fn peak_above(f: impl FnOnce()) -> usize {
