@@ -14,9 +14,8 @@ mod common;
 
 use common::attention_ref;
 use common::composed_ref::Reference;
-use common::core_check::{assert_matches, model_of};
+use common::core_check::assert_matches;
 use common::mlx_helpers::{array, geometry_in, host, released};
-use common::model::Model;
 use common::model::Rng;
 use latent_cache::core::attention::MaskMode;
 use latent_cache::core::mlx::eval::{eval, eval_async};
@@ -48,10 +47,9 @@ fn peak_above(f: impl FnOnce()) -> usize {
 
 struct Loop {
     layers: Vec<LatentCache>,
-    /// Each layer's reference: the model of what it stores, and with composed storage what it
-    /// reads (`Reference`).
-    models: Vec<Model>,
-    composed: Vec<Reference>,
+    /// Each layer's reference: what it stores (`compact`), and with composed storage what it
+    /// reads.
+    references: Vec<Reference>,
     rng: Rng,
     work: Array,
     q: [Array; 2],
@@ -62,21 +60,18 @@ impl Loop {
     fn new(g: Geometry) -> Loop {
         let mut rng = Rng::new(7);
         let pads = [0, 37];
-        let (mut layers, mut models, mut composed) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut layers, mut references) = (Vec::new(), Vec::new());
         for _ in 0..LAYERS {
             let mut cache = LatentCache::new(g).unwrap();
-            let mut model = model_of(&g);
             let data: [Vec<f32>; 3] = std::array::from_fn(|f| rng.uniform(BATCH * HISTORY * WIDTHS[f], 1.0));
             cache.append_host_padded(BATCH, HISTORY, &pads, &data[0], &data[1], Some(&data[2])).unwrap();
             cache.reserve(HISTORY + 4 * STEPS).unwrap();
             cache.eval().unwrap();
-            model.append_padded(BATCH, HISTORY, &pads, &data);
             let mut reference = Reference::new(g);
             reference.both(|m| m.append_padded(BATCH, HISTORY, &pads, &data));
             reference.settle();
             layers.push(cache);
-            models.push(model);
-            composed.push(reference);
+            references.push(reference);
         }
         // Entries of about 1.7 / sqrt(WORK): the work keeps the hidden state's scale.
         let scale = 1.7 / (WORK as f32).sqrt();
@@ -86,7 +81,7 @@ impl Loop {
         let q_host = [rng.uniform(BATCH * HEADS * WIDTHS[0], 1.0), rng.uniform(BATCH * HEADS * WIDTHS[1], 1.0)];
         let q = [array(&q_host[0], &[BATCH, HEADS, 1, WIDTHS[0]]), array(&q_host[1], &[BATCH, HEADS, 1, WIDTHS[1]])];
         eval([&work, &q[0], &q[1]]).unwrap();
-        Loop { layers, models, composed, rng, work, q, q_host }
+        Loop { layers, references, rng, work, q, q_host }
     }
 
     /// One step's graph, shaped as a model's: every layer appends one position per row, the
@@ -98,14 +93,13 @@ impl Loop {
         let mut written = Vec::new();
         let mut outs = Vec::new();
         let mut hidden = self.work.clone();
-        for ((cache, model), reference) in self.layers.iter_mut().zip(&mut self.models).zip(&mut self.composed) {
+        for (cache, reference) in self.layers.iter_mut().zip(&mut self.references) {
             let data: [Vec<f32>; 3] = std::array::from_fn(|f| self.rng.uniform(BATCH * WIDTHS[f], 1.0));
             reference.both(|m| m.append(BATCH, 1, &data));
             reference.settle();
             let [latent, rope, index_keys] =
                 std::array::from_fn(|f| ops::from_host(&data[f], &[BATCH, 1, WIDTHS[f]], "positions").unwrap());
             cache.append(&latent, &rope, Some(&index_keys)).unwrap();
-            model.append(BATCH, 1, &data);
             let parts = cache.stored_parts(Family::Latent).unwrap();
             let newest = ops::slice(&parts[0], &[0, cache.offset() - 1, 0], &[BATCH, cache.offset(), 1]).unwrap();
             written.push(
@@ -185,8 +179,8 @@ impl Loop {
         for (l, cache) in self.layers.iter().enumerate() {
             let step = format!("{what}, layer {l}");
             match cache.geometry().hot_window {
-                0 => assert_matches(cache, &self.models[l], &step),
-                _ => self.composed[l].check(cache, &step),
+                0 => assert_matches(cache, &self.references[l].compact, &step),
+                _ => self.references[l].check(cache, &step),
             }
             let got = host(&outs[LAYERS + l]);
             let r = WIDTHS[0];

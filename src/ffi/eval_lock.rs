@@ -33,11 +33,11 @@ impl EvalLock for EngineLock {
 }
 
 /// Makes every MLX evaluation the library performs (appends through the host path, host reads,
-/// `latent_cache_eval`, `latent_cache_eval_async`, and the synchronisation an append may run while
-/// it waits for the previous step's reads of its buffer) run between `lock(ctx)` and
+/// `latent_cache_eval`, `latent_cache_eval_async`, and the synchronisation an append may run
+/// while it waits for the previous step's reads of its buffer) run between `lock(ctx)` and
 /// `unlock(ctx)`, instead of under the library's own process-wide lock. Do not hold the lock
-/// while calling the library: any call that allocates or appends may take it. Give it the lock your engine holds around its own
-/// evaluations, so one lock covers the process. Pass both as NULL to go back to the library's
+/// while calling the library: any call that allocates or appends may take it. Give it the lock
+/// your engine holds around its own evaluations, so one lock covers the process. Pass both as NULL to go back to the library's
 /// lock.
 ///
 /// The callbacks are called on the thread that evaluates (the library's evaluation thread, see

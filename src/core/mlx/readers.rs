@@ -53,7 +53,7 @@ fn in_flight() -> bool {
 }
 
 /// Whether some buffer of `arrays` is held by more than its array.
-fn shared(arrays: &[&Array]) -> bool {
+fn shared(arrays: &[Array]) -> bool {
     arrays.iter().any(|a| holders(a) > 1)
 }
 
@@ -67,8 +67,8 @@ pub enum Holders {
 }
 
 /// Waits until the work in flight has let go of the buffers of `arrays` (see the module doc).
-/// `skip` (the caller's count of appends to skip the wait for) answers `Views` at once.
-pub fn wait_for_readers(arrays: &[&Array], skip: bool) -> Result<Holders> {
+/// `skip` (the caller is skipping waits on these buffers) answers `Views` at once.
+pub fn wait_for_readers(arrays: &[Array], skip: bool) -> Result<Holders> {
     if !*ENABLED || !shared(arrays) {
         return Ok(Holders::Alone);
     }

@@ -144,7 +144,7 @@ impl Buffer {
     /// a while, so the next appends do not wait for them again.
     fn wait_for_readers(&self, data: &[Array]) -> Result<()> {
         let skip = self.skip_waits.get();
-        match wait_for_readers(&data.iter().collect::<Vec<_>>(), skip > 0)? {
+        match wait_for_readers(data, skip > 0)? {
             Holders::Alone => self.skip_waits.set(0),
             Holders::Views => self.skip_waits.set(if skip > 0 { skip - 1 } else { SKIP_AFTER_VIEWS }),
         }
