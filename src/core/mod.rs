@@ -13,6 +13,7 @@
 //! | [`cache`] | `LatentCache`: one layer's API, rounds, rows, prefills, composed storage, sets |
 //! | [`attention`] | donor rows and attention over them: dense, DSA, through the kernels |
 //! | [`persist`] | files: mlx-lm's safetensors format and the seed's `.mlxbun` |
+//! | [`store`] | the prefix store: stored prefixes by their tokens, in RAM and on SSD |
 pub mod attention;
 pub mod cache;
 pub mod error;
@@ -22,6 +23,7 @@ pub mod mlx;
 pub mod model;
 pub mod persist;
 pub mod storage;
+pub mod store;
 
 pub use cache::{Change, LatentCache, LatentState};
 pub use error::{CacheError, ErrorKind, Result};

@@ -46,6 +46,12 @@ fn holders(a: &Array) -> i64 {
     unsafe { mlx_sys::lc_mlx_data_holders(a.as_ptr()) as i64 }
 }
 
+/// Whether something besides `a` itself (a view, another array over its buffer, work in
+/// flight) holds `a`'s buffer.
+pub fn held_elsewhere(a: &Array) -> bool {
+    holders(a) > 1
+}
+
 /// Whether MLX counts work in flight.
 fn in_flight() -> bool {
     // SAFETY: reads the scheduler's count.

@@ -38,7 +38,7 @@
 //! ours) is imported: float storage in the file's dtype, rows right-justified, no padding.
 pub mod checksum;
 mod contents;
-mod file;
+pub(crate) mod file;
 mod hot;
 mod json;
 mod load;

@@ -32,5 +32,5 @@ mod restore;
 mod save;
 
 pub use header::SegmentHeader;
-pub use restore::{extend_segments, load_segments, read_segment_header, SegmentSource};
-pub use save::{save_segment, save_segment_to_bytes, SegmentRange};
+pub use restore::{extend_segments, load_segments, read_segment, read_segment_header, SegmentSource};
+pub use save::{save_segment, save_segment_to_bytes, segment_of_parts, SegmentRange};

@@ -53,6 +53,19 @@ fn header_of(source: SegmentSource<'_>, what: &str) -> Result<SegmentHeader> {
     Ok(parse(&meta, what)?.0)
 }
 
+/// One segment's header and each layer's stored parts (`[1, to - from, part_width]`), every
+/// tensor checked against its checksum, shape and dtype: what the prefix store reads of a
+/// block. Segments of composed storage (with a hot side) are refused.
+pub fn read_segment(source: SegmentSource<'_>) -> Result<(SegmentHeader, Vec<Families<Vec<Array>>>)> {
+    let what = source.what(0);
+    let header = header_of(source, &what)?;
+    if header.hot.iter().any(Option::is_some) {
+        return fail!(InvalidArgument, "{what} holds composed storage's hot side");
+    }
+    let layers = read_parts(source, 0, &header)?;
+    Ok((header, layers.into_iter().map(|(parts, _)| parts).collect()))
+}
+
 /// Checks that `headers` follow `start` (the digest and length of the chain before them) link
 /// by link, all of one geometry (`geometry`, each layer described).
 fn check_links(headers: &[SegmentHeader], start: (u64, usize), geometry: &[String]) -> Result<()> {

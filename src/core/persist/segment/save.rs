@@ -5,10 +5,14 @@
 //! chain up to `to`.
 use std::path::Path;
 
+use mlx_rs::Array;
+
 use crate::core::cache::LatentCache;
 use crate::core::error::{error, fail, Result};
 use crate::core::mlx::eval::eval;
 use crate::core::mlx::ops;
+use crate::core::model::families::Families;
+use crate::core::model::geometry::Geometry;
 use crate::core::persist::checksum::{self, Hasher};
 use crate::core::persist::file;
 use crate::core::persist::mlx_read::mlx_path;
@@ -155,11 +159,49 @@ pub fn save_segment_to_bytes(layers: &mut [&mut LatentCache], range: SegmentRang
     let shared: Vec<&LatentCache> = layers.iter().map(|l| &**l).collect();
     let mut h = plan(&shared, range)?;
     let tensors = tensors(&shared, &h, range.row)?;
+    let out = to_bytes(&mut h, &tensors)?;
+    mark(layers, h.digest, range);
+    Ok((out, h))
+}
+
+/// The bytes of a segment of `tensors` under `h`, whose digest is set.
+fn to_bytes(h: &mut SegmentHeader, tensors: &[Tensor]) -> Result<Vec<u8>> {
     let sums = tensors.iter().map(|t| checksum::checksum(&t.array, &t.shape, SUM_VERSION)).collect::<Result<Vec<_>>>()?;
-    let (meta, digest) = metadata(&h, &named_sums(&tensors, sums));
+    let (meta, digest) = metadata(h, &named_sums(tensors, sums));
     let mut out = Vec::new();
-    safetensors::write(&mut out, &tensors, &meta)?;
+    safetensors::write(&mut out, tensors, &meta)?;
     h.digest = digest;
-    mark(layers, digest, range);
+    Ok(out)
+}
+
+/// A first segment (no chain before it) of positions `[from, to)` given as each layer's stored
+/// parts (`[1, to - from, part_width]` in `tensor_names` order, evaluated, laid out along their
+/// innermost axis), as the bytes a file holds: what a block of the prefix store writes. No
+/// cache is read or marked; composed storage is not written this way (its hot side is a row's).
+pub fn segment_of_parts(
+    geometries: &[Geometry],
+    parts: &[Families<Vec<Array>>],
+    (from, to): (usize, usize),
+    key: &[u8],
+) -> Result<(Vec<u8>, SegmentHeader)> {
+    if key.len() > MAX_KEY || geometries.is_empty() || geometries.len() != parts.len() || from >= to {
+        return fail!(InvalidArgument, "a segment of {} layers, positions [{from}, {to}), a {}-byte key", parts.len(), key.len());
+    }
+    if geometries.iter().any(|g| g.composed()) {
+        return fail!(InvalidArgument, "composed storage is saved as a row's segment, with its hot side");
+    }
+    let hot = vec![None; geometries.len()];
+    let mut h = SegmentHeader { from, to, previous: 0, digest: 0, key: key.to_vec(), geometries: geometries.to_vec(), hot };
+    let mut tensors = Vec::new();
+    for (i, family, k, name) in tensor_names(&h.geometries, &h.hot) {
+        let Some(array) = parts[i].get(family).and_then(|p| p.get(k.expect("no hot values"))) else {
+            return fail!(InvalidArgument, "layer {i} lacks its {} parts", family.name());
+        };
+        if array.shape() != [1, (to - from) as i32, array.shape().get(2).copied().unwrap_or(0)] {
+            return fail!(InvalidArgument, "layer {i}'s {} part is {:?}, not {} positions", family.name(), array.shape(), to - from);
+        }
+        tensors.push(Tensor { name, shape: array.shape().to_vec(), array: array.clone() });
+    }
+    let out = to_bytes(&mut h, &tensors)?;
     Ok((out, h))
 }
