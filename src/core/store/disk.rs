@@ -277,6 +277,15 @@ impl Disk {
         Ok(evicted)
     }
 
+    /// Moves the files of `keys` it indexes to the newest end of the LRU order.
+    pub fn touch(&self, keys: &[Key]) {
+        let paths: Vec<PathBuf> = {
+            let index = self.index.lock().expect("index");
+            keys.iter().filter_map(|k| index.get(k).map(|e| e.path.clone())).collect()
+        };
+        paths.iter().for_each(|p| touch(p));
+    }
+
     /// Reads block `key` of root `root` (its record, range and geometry checked, every tensor
     /// against its checksum) and refreshes its place in the LRU order. A file that does not
     /// check is removed; one another process evicted is forgotten. Either way the block is a miss.

@@ -91,6 +91,7 @@ impl Store {
         if got == 0 {
             return Ok(0);
         }
+        self.used(&keys[..got]);
         let positions = got * self.block;
         let reserved: Vec<usize> = layers.iter().map(|l| l.reserved).collect();
         let done = (|| {
@@ -130,6 +131,7 @@ impl Store {
         if got == 0 {
             return Ok(0);
         }
+        self.used(&keys[..got]);
         if chunks.len() > MAX_LENT {
             let joined = joined(&chunks, got * self.block)?;
             let _ = self.ram.insert(Span::new(keys[..got].to_vec(), joined.clone()));

@@ -177,6 +177,20 @@ impl Store {
         keys.iter().take_while(|k| self.held(k)).count()
     }
 
+    /// Marks blocks used: their RAM spans now, their files by the writer.
+    fn used(&mut self, keys: &[Key]) {
+        for key in keys {
+            if let Some((id, _)) = self.ram.at(key) {
+                self.ram.touch(id);
+            }
+        }
+        // All of them: the writer touches those on the SSD when it comes to them, after the
+        // writes sent before (a block put a moment ago is on the SSD by then).
+        if let Some(w) = &self.writer {
+            w.touch(keys.to_vec());
+        }
+    }
+
     /// Positions of the longest stored prefix of `tokens` (whole blocks), from the indexes alone.
     pub fn lookup(&mut self, geometries: &[Geometry], namespace: &[u8], tokens: &[u32]) -> Result<usize> {
         let (_, keys) = self.keys_for(geometries, namespace, tokens)?;
@@ -209,11 +223,8 @@ impl Store {
         keys.truncate(held / self.block);
         let mut put = Put { blocks: keys.len(), ..Put::default() };
         let missing: Vec<usize> = (0..keys.len()).filter(|&i| !self.held(&keys[i])).collect();
-        for i in (0..keys.len()).filter(|i| !missing.contains(i)) {
-            if let Some((id, _)) = self.ram.at(&keys[i]) {
-                self.ram.touch(id);
-            }
-        }
+        let known: Vec<Key> = (0..keys.len()).filter(|i| !missing.contains(i)).map(|i| keys[i]).collect();
+        self.used(&known);
         // Runs of consecutive missing blocks, one span each.
         let mut runs: Vec<(usize, usize)> = Vec::new();
         for &i in &missing {

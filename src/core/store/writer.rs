@@ -15,6 +15,7 @@ use crate::core::model::geometry::Geometry;
 use crate::core::persist::segment::segment_of_parts;
 use crate::core::storage::shared::Piece;
 use crate::core::store::disk::{Disk, Record};
+use crate::core::store::keys::Key;
 
 /// Blocks to write: `records[i]` is the block at positions `[i * block, (i + 1) * block)` of
 /// `layers`.
@@ -27,6 +28,8 @@ pub struct Job {
 
 enum Message {
     Write(Job),
+    /// Blocks used again: their files move to the newest end of the folder's LRU order.
+    Touch(Vec<Key>),
     Sync(Sender<()>),
 }
 
@@ -64,6 +67,13 @@ impl Writer {
         }
     }
 
+    /// Refreshes the files of `keys` (those on the SSD) in the LRU order, behind the caller.
+    pub fn touch(&self, keys: Vec<Key>) {
+        if let Some(tx) = self.tx.as_ref().filter(|_| !keys.is_empty()) {
+            let _ = tx.send(Message::Touch(keys));
+        }
+    }
+
     /// Waits until every block sent before is written (or failed); `Backend` with the first
     /// failure since the last sync, if any.
     pub fn sync(&self) -> Result<()> {
@@ -93,6 +103,7 @@ impl Drop for Writer {
 fn run(rx: Receiver<Message>, disk: &Disk, counts: &Counts) {
     for message in rx {
         match message {
+            Message::Touch(keys) => disk.touch(&keys),
             Message::Sync(done) => {
                 let _ = done.send(());
             }
