@@ -155,6 +155,7 @@ test-c: ship
 	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_persist.c -o $(OUT)/test_persist $(LINK)
 	$(OUT)/test_persist save $(OUT)/persisted.safetensors
 	$(OUT)/test_persist load $(OUT)/persisted.safetensors
+	rm -rf $(OUT)/store && $(OUT)/test_persist store-put $(OUT)/store && $(OUT)/test_persist store-restore $(OUT)/store
 	$(CXX) -std=c++17 $(CWARN) $(SAN) -g -Iinclude examples/decode.cpp -o $(OUT)/decode_cpp_asan $(LINK)
 	$(OUT)/test_cpp
 	$(OUT)/engine_asan --layers 6 --dsa 2 --prefill 600 --chunk 256 --decode 12

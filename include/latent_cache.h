@@ -115,6 +115,12 @@ typedef struct mlx_array_ {
 #endif
 
 
+// Longest namespace the store takes, in bytes.
+#define MAX_NAMESPACE 1024
+
+// The largest block, in tokens.
+#define MAX_BLOCK (1 << 16)
+
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
 typedef enum {
@@ -285,6 +291,11 @@ typedef struct latent_cache_prefix latent_cache_prefix;
 // `latent_cache_set_extract_row`), released with `latent_cache_set_free`, never reused.
 typedef struct latent_cache_set latent_cache_set;
 
+// A prefix store. Opaque: a token from `latent_cache_store_open`, released with
+// `latent_cache_store_free`, never reused. Every call may come from any thread; calls on one
+// store run one at a time.
+typedef struct latent_cache_store latent_cache_store;
+
 // Geometry of one layer's cache. Start from `latent_cache_config_default()` and set the fields
 // you need, so that code written today keeps compiling and meaning the same when fields are
 // added. A field left 0 keeps the default behaviour.
@@ -366,6 +377,31 @@ typedef struct {
   size_t key_len;
   size_t n_layers;
 } latent_cache_segment_info;
+
+// A store's numbers (`latent_cache_store_info`). Blocks and bytes are what each tier holds
+// now (the SSD's as this process last saw its folder); the rest count since it opened.
+typedef struct {
+  uint64_t ram_blocks;
+  uint64_t ram_bytes;
+  uint64_t ssd_blocks;
+  uint64_t ssd_bytes;
+  // Lookups, restores and attaches that found at least one block, and those that found none.
+  uint64_t hits;
+  uint64_t misses;
+  // Blocks evicted from RAM; block files evicted from the folder by this process's writes.
+  uint64_t ram_evictions;
+  uint64_t ssd_evictions;
+  uint64_t restores;
+  uint64_t attaches;
+  // Blocks puts copied in, and blocks the budgets let no tier take.
+  uint64_t blocks_put;
+  uint64_t blocks_not_stored;
+  // Block files written behind, and writes that failed (full disk, read-only folder, budget).
+  uint64_t blocks_written;
+  uint64_t write_failures;
+  // Block files found damaged, moved or planted (at open, a refresh or a read) and dropped.
+  uint64_t damaged;
+} latent_cache_store_stats;
 
 // What a file of the seed's format says besides the caches. Every pointer is borrowed for the
 // call; a NULL string is left out of the file.
@@ -1462,6 +1498,106 @@ latent_cache_status latent_cache_set_row_segment_chain(const latent_cache_set *s
                                                        size_t row,
                                                        size_t *positions,
                                                        uint64_t *digest);
+
+// Opens a prefix store. Blocks of `block_tokens` tokens (1 to 65536; 256 is a good start) are
+// the unit it stores, keys, evicts and restores. The RAM tier holds at most `ram_bytes` bytes
+// of MLX arrays; where `folder` is not NULL, blocks are also written, behind the calls, to
+// files in it (made where missing), at most `ssd_bytes` bytes of them, and the blocks already
+// there (from earlier runs or other processes) are indexed from their headers: files that do
+// not check (damaged, truncated, another namespace's or geometry's, planted) are removed,
+// temporaries of writes that never finished reaped, symlinks, FIFOs and other names never
+// opened. Processes may share a folder: every change to it holds a lock on `folder/.lock`.
+// `*out` receives the store, owned by the caller (`latent_cache_store_free`).
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a block size out of range, a folder that
+// cannot be made or is not a folder, a path not UTF-8), `BACKEND` (the folder stayed locked).
+latent_cache_status latent_cache_store_open(const char *folder,
+                                            size_t block_tokens,
+                                            uint64_t ram_bytes,
+                                            uint64_t ssd_bytes,
+                                            latent_cache_store **out);
+
+// Releases a store: the blocks already handed to its writer are written first; its RAM blocks
+// stay alive with the sets they were lent to. `NULL` is accepted; a store that is not live is
+// ignored with a message.
+void latent_cache_store_free(latent_cache_store *store);
+
+// Stores row `row` of `set`, whose first positions are `tokens` (`n_tokens` of them, the
+// engine's token ids), under `namespace` (the caller's bytes, at most 1024: model identity,
+// adapter, anything that must never mix; `NULL, 0` for none): every whole block of those
+// positions (up to the row's length) the store lacks is copied into RAM (nothing the set holds
+// is kept or changed) and written to the folder behind the call; blocks it holds are marked
+// used. `*stored` (may be NULL) receives the blocks newly stored. Blocks neither tier can take
+// (budgets) are counted, not refused.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (composed storage, a namespace too long),
+// `OUT_OF_RANGE` (`row`), `INVALID_STATE` (a round, prefill or maintenance open; layers that
+// disagree), `CAPACITY` (the copies over MLX's memory limit; nothing stored).
+latent_cache_status latent_cache_store_put(latent_cache_store *store,
+                                           latent_cache_set *set,
+                                           size_t row,
+                                           const uint8_t *namespace_,
+                                           size_t namespace_len,
+                                           const uint32_t *tokens,
+                                           size_t n_tokens,
+                                           size_t *stored);
+
+// `*positions` receives the positions of the longest prefix of `tokens` the store holds for
+// `set`'s layers under `namespace` (whole blocks; 0 for none), answered from the indexes
+// alone (no file is read). `set` only names the layers' geometry; it is not changed.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (composed storage, a namespace too long).
+latent_cache_status latent_cache_store_lookup(latent_cache_store *store,
+                                              const latent_cache_set *set,
+                                              const uint8_t *namespace_,
+                                              size_t namespace_len,
+                                              const uint32_t *tokens,
+                                              size_t n_tokens,
+                                              size_t *positions);
+
+// Restores the longest prefix of `tokens` the store holds into `set`, which must be empty: it
+// then holds one row of those positions, bit for bit as they were put, copied once into its
+// buffers (RAM blocks are read where they lie; blocks from the folder are read, checked
+// against their checksums and promoted to RAM). A block that fails its read (damaged, or
+// evicted by another process) ends the prefix there. `*positions` receives the positions
+// restored (0: none stored; the set stays empty). Every layer or none.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (composed storage, a namespace too long),
+// `INVALID_STATE` (the set holds rows), `CAPACITY` (over MLX's memory limit; the set stays empty).
+latent_cache_status latent_cache_store_restore(latent_cache_store *store,
+                                               latent_cache_set *set,
+                                               const uint8_t *namespace_,
+                                               size_t namespace_len,
+                                               const uint32_t *tokens,
+                                               size_t n_tokens,
+                                               size_t *positions);
+
+// Puts `rows` empty rows of `set` (which must be empty) over the longest prefix of `tokens` the
+// store holds, as `latent_cache_set_attach_prefix` does: RAM blocks are lent as the store holds
+// them, not copied (where the prefix lies in more than 4 stored spans, they are joined once
+// into one, which later attaches lend); blocks from the folder are read and promoted first.
+// Lent blocks are pinned: never evicted while a set reads them. `*positions` receives the
+// prefix's positions (0: none stored; the set stays empty). Every layer or none.
+// Returns what `latent_cache_store_restore` returns, and `INVALID_ARGUMENT` for `rows` 0.
+latent_cache_status latent_cache_store_attach(latent_cache_store *store,
+                                              latent_cache_set *set,
+                                              const uint8_t *namespace_,
+                                              size_t namespace_len,
+                                              const uint32_t *tokens,
+                                              size_t n_tokens,
+                                              size_t rows,
+                                              size_t *positions);
+
+// Waits until every block put so far is in the folder (durable: synced and renamed).
+// Returns `OK`, `NULL_ARGUMENT`, `BACKEND` (a write since the last sync failed: the message
+// names the first; those blocks stay in RAM only).
+latent_cache_status latent_cache_store_sync(latent_cache_store *store);
+
+// Indexes the folder again (blocks other processes wrote since the store opened, files they
+// removed); `*blocks` (may be NULL) receives the blocks it holds.
+// Returns `OK`, `NULL_ARGUMENT`, `BACKEND` (the folder stayed locked).
+latent_cache_status latent_cache_store_refresh(latent_cache_store *store, size_t *blocks);
+
+// `*out` receives the store's numbers.
+// Returns `OK`, `NULL_ARGUMENT`.
+latent_cache_status latent_cache_store_info(const latent_cache_store *store,
+                                            latent_cache_store_stats *out);
 
 // Saves every layer of `set` as the seed's implementation (mlx-bun) saves a prompt cache, so
 // its loader reads it: format version 3, kinds `mla`, `mla-dsa` and `mtp-mla`, float32

@@ -603,6 +603,69 @@ class Set {
   std::unique_ptr<latent_cache_set, Free> handle_;
 };
 
+// The prefix store (latent_cache_store_*): the longest stored prefix of a token sequence,
+// restored into an empty set or lent below its rows, from RAM and an SSD folder within byte
+// budgets. Move-only; freed (after the writes already handed to its writer) when it goes.
+class Store {
+ public:
+  struct Options {
+    std::string folder;  // empty: RAM only
+    size_t block_tokens = 256;
+    uint64_t ram_bytes = 0;
+    uint64_t ssd_bytes = 0;
+  };
+  explicit Store(const Options &o) {
+    latent_cache_store *raw = nullptr;
+    check(latent_cache_store_open(o.folder.empty() ? nullptr : o.folder.c_str(), o.block_tokens, o.ram_bytes,
+                                  o.ssd_bytes, &raw));
+    handle_.reset(raw);
+  }
+  latent_cache_store *get() const noexcept { return handle_.get(); }
+
+  // Blocks newly stored.
+  size_t put(const Set &set, size_t row, const std::string &ns, const std::vector<uint32_t> &tokens) {
+    size_t stored = 0;
+    check(latent_cache_store_put(get(), set.get(), row, bytes(ns), ns.size(), tokens.data(), tokens.size(), &stored));
+    return stored;
+  }
+  // Positions of the longest stored prefix (no file read).
+  size_t lookup(const Set &set, const std::string &ns, const std::vector<uint32_t> &tokens) {
+    size_t out = 0;
+    check(latent_cache_store_lookup(get(), set.get(), bytes(ns), ns.size(), tokens.data(), tokens.size(), &out));
+    return out;
+  }
+  // Positions restored into the (empty) set's one row.
+  size_t restore(const Set &set, const std::string &ns, const std::vector<uint32_t> &tokens) {
+    size_t out = 0;
+    check(latent_cache_store_restore(get(), set.get(), bytes(ns), ns.size(), tokens.data(), tokens.size(), &out));
+    return out;
+  }
+  // Positions lent below `rows` empty rows of the (empty) set.
+  size_t attach(const Set &set, const std::string &ns, const std::vector<uint32_t> &tokens, size_t rows) {
+    size_t out = 0;
+    check(latent_cache_store_attach(get(), set.get(), bytes(ns), ns.size(), tokens.data(), tokens.size(), rows, &out));
+    return out;
+  }
+  void sync() { check(latent_cache_store_sync(get())); }
+  size_t refresh() {
+    size_t out = 0;
+    check(latent_cache_store_refresh(get(), &out));
+    return out;
+  }
+  latent_cache_store_stats stats() const {
+    latent_cache_store_stats out{};
+    check(latent_cache_store_info(get(), &out));
+    return out;
+  }
+
+ private:
+  static const uint8_t *bytes(const std::string &s) noexcept { return reinterpret_cast<const uint8_t *>(s.data()); }
+  struct Free {
+    void operator()(latent_cache_store *store) const noexcept { latent_cache_store_free(store); }
+  };
+  std::unique_ptr<latent_cache_store, Free> handle_;
+};
+
 }  // namespace latent_cache_cpp
 
 #endif  // LATENT_CACHE_HPP

@@ -20,7 +20,7 @@ pub struct latent_cache_store {
     _opaque: [u8; 0],
 }
 
-/// A store's numbers (`latent_cache_store_stats`). Blocks and bytes are what each tier holds
+/// A store's numbers (`latent_cache_store_info`). Blocks and bytes are what each tier holds
 /// now (the SSD's as this process last saw its folder); the rest count since it opened.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -246,7 +246,7 @@ pub unsafe extern "C" fn latent_cache_store_refresh(store: *mut latent_cache_sto
 /// `*out` receives the store's numbers.
 /// Returns `OK`, `NULL_ARGUMENT`.
 #[no_mangle]
-pub unsafe extern "C" fn latent_cache_store_stats(
+pub unsafe extern "C" fn latent_cache_store_info(
     store: *const latent_cache_store,
     out: *mut latent_cache_store_stats,
 ) -> latent_cache_status {

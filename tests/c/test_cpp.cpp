@@ -233,6 +233,32 @@ int main() {
     }
     set.reset();
   }
+  // The prefix store: a put, a lookup, a restore into an empty set, and a refusal.
+  {
+    std::vector<latent_cache_config> one(2, config);
+    latent_cache_cpp::Set from(one), into(one);
+    std::vector<float> l4(4 * 4), r4(4 * 2);
+    for (size_t i = 0; i < l4.size(); i++) l4[i] = static_cast<float>(i);
+    for (size_t l = 0; l < 2; l++)
+      latent_cache_cpp::check(
+          latent_cache_append_host(from.layer(l), 1, 4, l4.data(), l4.size(), r4.data(), r4.size(), nullptr, 0));
+    latent_cache_cpp::Store store({"", 2, 1 << 20, 0});
+    const std::vector<uint32_t> tokens{5, 6, 7, 8, 9};
+    CHECK(store.put(from, 0, "ns", tokens) == 2);
+    CHECK(store.lookup(from, "ns", tokens) == 4 && store.lookup(from, "other", tokens) == 0);
+    CHECK(store.restore(into, "ns", tokens) == 4);
+    std::vector<float> back(l4.size());
+    size_t written = 0;
+    latent_cache_cpp::check(latent_cache_read_row_host(into.layer(1), 0, 0, back.data(), back.size(), &written));
+    CHECK(written == l4.size() && back == l4);
+    try {
+      (void)store.restore(into, "ns", tokens);  // the set is no longer empty
+      CHECK(false);
+    } catch (const Error &err) {
+      CHECK(err.status() == LATENT_CACHE_STATUS_INVALID_STATE);
+    }
+    CHECK(store.stats().restores == 1);
+  }
   CHECK(std::string(latent_cache_cpp::version()) == LATENT_CACHE_VERSION);
   if (failures) {
     std::fprintf(stderr, "test_cpp: %d failure(s)\n", failures);

@@ -1,7 +1,10 @@
 /* Saving in one process and loading in another, under ASan/UBSan: `test_persist save FILE`
  * writes a three-layer set (float, 8-bit and ragged layers, padded rows) and `test_persist load
  * FILE` loads it in a fresh process and checks every value; the load side also damages copies of
- * the file (truncated, bytes flipped) and expects a status every time, with nothing created. */
+ * the file (truncated, bytes flipped) and expects a status every time, with nothing created.
+ * `test_persist store-put DIR` puts a conversation into a prefix store on DIR (and checks its
+ * lookups, attaches and refusals); `test_persist store-restore DIR` restores it in a fresh
+ * process and checks every value. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,12 +115,107 @@ static void load(const char *path) {
   free(file);
 }
 
+enum { STORE_T = 40, STORE_BLOCK = 16 };
+static const uint8_t NS[] = "model-a";
+
+static void store_tokens(uint32_t *tokens) {
+  for (uint32_t t = 0; t < STORE_T; t++) tokens[t] = 1000 + t * 7;
+}
+
+/* Checks every layer of `set` holds `rows` rows of the conversation's first `n` positions. */
+static void check_store_rows(latent_cache_set *set, size_t rows, size_t n) {
+  static float out[STORE_T * K];
+  for (size_t l = 0; l < LAYERS; l++) {
+    latent_cache *layer = NULL;
+    MUST(latent_cache_set_layer(set, l, &layer));
+    size_t offsets[4], held = 0, written = 0;
+    MUST(latent_cache_row_offsets(layer, offsets, 4, &held));
+    CHECK(held == rows);
+    for (size_t b = 0; b < held && b < 4; b++) {
+      CHECK(offsets[b] == n);
+      for (size_t f = 0; f < (l == 0 ? 3u : 2u); f++) {
+        MUST(latent_cache_read_row_host(layer, (uint32_t)f, b, out, STORE_T * K, &written));
+        for (size_t t = 0; t < n; t++)
+          for (size_t c = 0; c < width(f); c++) CHECK(out[t * width(f) + c] == value_at(l, 0, t, f, c));
+      }
+    }
+  }
+}
+
+static void store_put(const char *dir) {
+  latent_cache_config cfg[LAYERS];
+  configs(cfg);
+  latent_cache_set *set = NULL;
+  MUST(latent_cache_set_new(cfg, LAYERS, &set));
+  static float buf[3][STORE_T * K];
+  for (size_t l = 0; l < LAYERS; l++) {
+    latent_cache *layer = NULL;
+    MUST(latent_cache_set_layer(set, l, &layer));
+    for (size_t f = 0; f < 3; f++)
+      for (size_t t = 0; t < STORE_T; t++)
+        for (size_t c = 0; c < width(f); c++) buf[f][t * width(f) + c] = value_at(l, 0, t, f, c);
+    MUST(latent_cache_append_host(layer, 1, STORE_T, buf[0], STORE_T * R, buf[1], STORE_T * P, l == 0 ? buf[2] : NULL,
+                                  l == 0 ? STORE_T * K : 0));
+  }
+  uint32_t tokens[STORE_T];
+  store_tokens(tokens);
+  latent_cache_store *store = (latent_cache_store *)0x1;
+  EXPECT(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_store_open(dir, 0, 1 << 26, 1 << 26, &store));
+  CHECK(store == (latent_cache_store *)0x1);
+  MUST(latent_cache_store_open(dir, STORE_BLOCK, 1 << 26, 1 << 26, &store));
+  size_t stored = 0, n = 0;
+  EXPECT(LATENT_CACHE_STATUS_NULL_ARGUMENT, latent_cache_store_put(store, set, 0, NS, sizeof NS, NULL, 3, &stored));
+  MUST(latent_cache_store_put(store, set, 0, NS, sizeof NS, tokens, STORE_T, &stored));
+  CHECK(stored == 2);
+  MUST(latent_cache_store_lookup(store, set, NS, sizeof NS, tokens, STORE_T, &n));
+  CHECK(n == 32);
+  EXPECT(LATENT_CACHE_STATUS_INVALID_STATE, latent_cache_store_restore(store, set, NS, sizeof NS, tokens, STORE_T, &n));
+  latent_cache_set *lent = NULL;
+  MUST(latent_cache_set_new(cfg, LAYERS, &lent));
+  MUST(latent_cache_store_attach(store, lent, NS, sizeof NS, tokens, STORE_T, 2, &n));
+  CHECK(n == 32);
+  check_store_rows(lent, 2, 32);
+  OK(latent_cache_store_sync(store));
+  latent_cache_store_stats stats;
+  OK(latent_cache_store_info(store, &stats));
+  CHECK(stats.blocks_written == 2 && stats.ram_blocks == 2 && stats.attaches == 1 && stats.write_failures == 0);
+  latent_cache_store_free(store);
+  latent_cache_store_free(NULL);
+  latent_cache_set_free(lent);
+  latent_cache_set_free(set);
+}
+
+static void store_restore(const char *dir) {
+  latent_cache_config cfg[LAYERS];
+  configs(cfg);
+  latent_cache_set *set = NULL;
+  MUST(latent_cache_set_new(cfg, LAYERS, &set));
+  uint32_t tokens[STORE_T];
+  store_tokens(tokens);
+  latent_cache_store *store = NULL;
+  MUST(latent_cache_store_open(dir, STORE_BLOCK, 1 << 26, 1 << 26, &store));
+  size_t n = 0;
+  MUST(latent_cache_store_restore(store, set, NS, sizeof NS, tokens, STORE_T, &n));
+  CHECK(n == 32);
+  check_store_rows(set, 1, 32);
+  tokens[3] ^= 1;
+  MUST(latent_cache_store_lookup(store, set, NS, sizeof NS, tokens, STORE_T, &n));
+  CHECK(n == 0);
+  latent_cache_store_stats stats;
+  OK(latent_cache_store_info(store, &stats));
+  CHECK(stats.ssd_blocks == 2 && stats.restores == 1 && stats.damaged == 0);
+  latent_cache_store_free(store);
+  latent_cache_set_free(set);
+}
+
 int main(int argc, char **argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: test_persist save|load FILE\n");
+    fprintf(stderr, "usage: test_persist save|load FILE, or store-put|store-restore DIR\n");
     return 2;
   }
   if (!strcmp(argv[1], "save")) save(argv[2]);
+  else if (!strcmp(argv[1], "store-put")) store_put(argv[2]);
+  else if (!strcmp(argv[1], "store-restore")) store_restore(argv[2]);
   else load(argv[2]);
   if (failures) {
     fprintf(stderr, "test_persist %s: %d failure(s)\n", argv[1], failures);
