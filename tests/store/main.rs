@@ -12,3 +12,4 @@ mod engine;
 mod hostile;
 mod processes;
 mod roundtrip;
+mod threads;

@@ -1,7 +1,7 @@
 //! Puts and restores in every storage mode and both layouts, from RAM and from the SSD (after a
 //! restart too), attaches that lend the stored blocks, namespaces that never mix, pins, and
 //! every refusal leaving the set as it was.
-use super::engine::{geometries, open, scratch, tokens, Engine};
+use super::engine::{folder_bytes, geometries, open, scratch, tokens, Engine};
 use crate::common::mlx_helpers::geometry_in;
 use crate::common::model::Rng;
 
@@ -74,6 +74,11 @@ fn blocks_go_to_the_ssd_behind_the_put_and_survive_a_restart() {
         assert_eq!(store.attach(&mut c.refs(), b"ns", &a.tokens, 1).unwrap(), 80);
         c.tokens = a.tokens.clone();
         c.check(&format!("{mode:?}: attached over promoted blocks"));
+        drop(store);
+        // Reopened under a smaller budget: brought within it at once, newest blocks kept.
+        let two = 2 * (folder_bytes(&dir) / 5) + 512;
+        let s = open(Some(&dir), 16, 1 << 30, two);
+        assert!(folder_bytes(&dir) <= two && s.stats().ssd_evictions >= 3, "{mode:?}: {:?}", s.stats());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

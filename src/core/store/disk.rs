@@ -97,6 +97,8 @@ pub struct Scan {
     pub dropped: usize,
     /// Temporaries of writes that never finished, removed.
     pub reaped: usize,
+    /// Block files evicted to bring the folder within its budget.
+    pub evicted: usize,
 }
 
 pub struct Disk {
@@ -161,7 +163,40 @@ impl Disk {
             }
         }
         *self.index.lock().expect("index") = found;
+        if guard.is_some() {
+            // A folder left over its budget (a smaller budget than the last run's) is brought
+            // within it now, not at the next write.
+            scan.evicted = self.evict_to(0)?.1;
+        }
         Ok(scan)
+    }
+
+    /// Under the lock: evicts the folder's least recently used block files until `len` more
+    /// bytes fit the budget; returns the bytes then held and the files evicted.
+    fn evict_to(&self, len: u64) -> Result<(u64, usize)> {
+        let mut files: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
+        for (p, _, name) in self.listing() {
+            if name.ends_with(EXT) && !name.starts_with('.') {
+                if let Ok(m) = std::fs::symlink_metadata(&p) {
+                    files.push((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len(), p));
+                }
+            }
+        }
+        files.sort();
+        let mut total: u64 = files.iter().map(|f| f.1).sum();
+        let mut evicted = 0;
+        for (_, n, p) in &files {
+            if total + len <= self.budget {
+                break;
+            }
+            if std::fs::remove_file(p).is_ok() {
+                total -= n;
+                evicted += 1;
+                let key = p.file_stem().and_then(|s| keys::parse_hex(&s.to_string_lossy()));
+                key.map(|k| self.index.lock().expect("index").remove(&k));
+            }
+        }
+        Ok((total, evicted))
     }
 
     /// Every regular file under a root's folder: (path, folder name, file name). Symlinks,
@@ -239,33 +274,13 @@ impl Disk {
             std::fs::create_dir(&folder).map_err(|e| error!(Backend, "making {}: {e}", folder.display()))?;
         }
         let path = folder.join(format!("{}.{EXT}", keys::hex(&record.key)));
-        let mut files: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
-        for (p, _, name) in self.listing() {
-            if name.ends_with(EXT) && !name.starts_with('.') {
-                if let Ok(m) = std::fs::symlink_metadata(&p) {
-                    files.push((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len(), p));
-                }
-            }
-        }
-        if let Some((_, n, _)) = files.iter().find(|f| f.2 == path) {
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
             // Another process wrote it first.
-            self.index.lock().expect("index").insert(record.key, Entry { path, bytes: *n });
+            let bytes = std::fs::symlink_metadata(&path).map_or(len, |m| m.len());
+            self.index.lock().expect("index").insert(record.key, Entry { path, bytes });
             return Ok(0);
         }
-        files.sort();
-        let mut total: u64 = files.iter().map(|f| f.1).sum();
-        let mut evicted = 0;
-        for (_, n, p) in &files {
-            if total + len <= self.budget {
-                break;
-            }
-            if std::fs::remove_file(p).is_ok() {
-                total -= n;
-                evicted += 1;
-                let key = p.file_stem().and_then(|s| keys::parse_hex(&s.to_string_lossy()));
-                key.map(|k| self.index.lock().expect("index").remove(&k));
-            }
-        }
+        let (total, evicted) = self.evict_to(len)?;
         if total + len > self.budget {
             return fail!(Capacity, "the store's SSD budget ({} bytes) is held by files it cannot evict", self.budget);
         }

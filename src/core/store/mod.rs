@@ -106,7 +106,7 @@ impl Store {
             None => (None, None),
             Some(dir) => {
                 let (disk, scan) = Disk::open(dir, config.ssd_bytes)?;
-                stats.damaged = scan.dropped as u64;
+                (stats.damaged, stats.ssd_evictions) = (scan.dropped as u64, scan.evicted as u64);
                 let disk = Arc::new(disk);
                 (Some(disk.clone()), Some(Writer::start(disk)?))
             }
@@ -128,7 +128,7 @@ impl Store {
         if let Some(w) = &self.writer {
             s.blocks_written = w.counts.written.load(Ordering::Relaxed);
             s.write_failures = w.counts.failed.load(Ordering::Relaxed);
-            s.ssd_evictions = w.counts.evicted.load(Ordering::Relaxed);
+            s.ssd_evictions += w.counts.evicted.load(Ordering::Relaxed);
         }
         s
     }
@@ -147,6 +147,7 @@ impl Store {
         };
         let scan = disk.rescan()?;
         self.stats.damaged += scan.dropped as u64;
+        self.stats.ssd_evictions += scan.evicted as u64;
         Ok(scan.kept)
     }
 
