@@ -19,6 +19,9 @@
 //! - `--segments`: a small turn's segment saved after a long context, beside a whole-set save of
 //!   the same state, and the chain restored beside reading its files (see `segments.rs`); 16K
 //!   positions (2K with `--quick`, the first of `--points` when given), turns of 64.
+//! - `--store`: the prefix store: puts, restores from RAM and from the SSD beside reading the
+//!   files' bytes, attaches, and lookups and a restart's scan among 10,000 blocks (see
+//!   `store.rs`); 4K positions (1K with `--quick`, the first of `--points` when given).
 //! - `--rounds`: the two row layouts instead (right-justified and ragged, Rust API), side by
 //!   side: decode, uniform rounds and rounds where rows keep different counts, at batch 8 with
 //!   1K and 4K positions per row (and 16K with `--gpu`: 25 GB per system).
@@ -46,6 +49,7 @@ mod model_step;
 mod modes;
 mod persist;
 mod segments;
+mod store;
 mod shared_prefix;
 mod systems;
 
@@ -321,13 +325,14 @@ struct Maker {
 }
 
 /// Flags the driver takes, and whether each is followed by a value.
-const FLAGS: [(&str, bool); 15] = [
+const FLAGS: [(&str, bool); 16] = [
     ("--quick", false),
     ("--gpu", false),
     ("--modes", false),
     ("--rounds", false),
     ("--persist", false),
     ("--segments", false),
+    ("--store", false),
     ("--attention", false),
     ("--model-step", false),
     ("--shared-prefix", false),
@@ -340,7 +345,7 @@ const FLAGS: [(&str, bool); 15] = [
 ];
 
 const USAGE: &str =
-    "usage: latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention [--only NAME]
+    "usage: latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --store | --attention [--only NAME]
                           | --model-step | --shared-prefix]
                           [--points BxT,...] [--no-concat] [--c-first] [--no-earlier] [--out FILE]
 (see the top of bench/src/main.rs for what each flag does)";
@@ -435,6 +440,16 @@ fn main() {
         let only = std::env::args().collect::<Vec<_>>().windows(2).find(|w| w[0] == "--only").map(|w| w[1].clone());
         let gpu = std::env::args().any(|a| a == "--gpu");
         out.extend(shared_prefix::run(contexts, 8, batches, if cfg.quick { 5 } else { 10 }, only.as_deref(), gpu));
+        if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
+        return;
+    }
+    if std::env::args().any(|a| a == "--store") {
+        let given = std::env::args().any(|a| a == "--points").then(|| cfg.points[0].1);
+        let context = given.unwrap_or(if cfg.quick { 1024 } else { 4096 });
+        out.extend(store::run(std::path::Path::new("target/bench/store"), context, if cfg.quick { 2 } else { 5 }));
         if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
             std::fs::create_dir_all(dir).unwrap();
         }

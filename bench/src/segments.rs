@@ -18,7 +18,7 @@ use crate::attention::uniform;
 use crate::persist::{median, seconds};
 use crate::systems::{model_layers, WIDTHS};
 
-fn append(layers: &mut [LatentCache], at: usize, n: usize) {
+pub(crate) fn append(layers: &mut [LatentCache], at: usize, n: usize) {
     for (l, cache) in layers.iter_mut().enumerate() {
         // Values that differ from layer to layer and position to position: the seed's block
         // layout names blocks by their content, so repeated values would share blocks no real

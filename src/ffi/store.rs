@@ -58,7 +58,12 @@ fn with_store<T>(ptr: *const latent_cache_store, f: impl FnOnce(&mut Store) -> F
 }
 
 /// The caller's namespace and tokens, borrowed for the call.
-unsafe fn request<'a>(namespace: *const u8, namespace_len: usize, tokens: *const u32, n_tokens: usize) -> FfiResult<(&'a [u8], &'a [u32])> {
+unsafe fn request<'a>(
+    namespace: *const u8,
+    namespace_len: usize,
+    tokens: *const u32,
+    n_tokens: usize,
+) -> FfiResult<(&'a [u8], &'a [u32])> {
     Ok((unsafe { in_slice(namespace, namespace_len, "namespace") }?, unsafe { in_slice(tokens, n_tokens, "tokens") }?))
 }
 

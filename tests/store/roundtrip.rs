@@ -116,7 +116,11 @@ fn lent_blocks_are_pinned_and_refusals_change_nothing() {
     let err = store.put(&b.shared(), 0, &[0u8; 1025], &b.tokens).unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
     assert_eq!(store.put(&b.shared(), 1, b"", &b.tokens).unwrap_err().kind, ErrorKind::OutOfRange);
-    let composed = Geometry { hot_window: 32, hot_storage: StorageMode::Bf16, ..geometry_in([128, 64, 0], [StorageMode::Q8; 3], LayoutKind::RightJustified) };
+    let composed = Geometry {
+        hot_window: 32,
+        hot_storage: StorageMode::Bf16,
+        ..geometry_in([128, 64, 0], [StorageMode::Q8; 3], LayoutKind::RightJustified)
+    };
     let mut c = Engine::new(&[composed]);
     c.extend(&tokens(&mut rng, 40));
     assert_eq!(store.put(&c.shared(), 0, b"", &c.tokens).unwrap_err().kind, ErrorKind::InvalidArgument);

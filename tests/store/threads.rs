@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::engine::{scratch, tokens, values};
 use crate::common::model::Rng;
 
+use ::latent_cache::ffi::{latent_cache as Cache, latent_cache_config, latent_cache_status};
 use latent_cache::ffi::cache::{latent_cache_append_host, latent_cache_read_row_host};
 use latent_cache::ffi::config::latent_cache_config_default;
 use latent_cache::ffi::set::{latent_cache_set, latent_cache_set_free, latent_cache_set_layer, latent_cache_set_new};
 use latent_cache::ffi::store::*;
-use ::latent_cache::ffi::{latent_cache as Cache, latent_cache_config, latent_cache_status};
 
 const OK: latent_cache_status = latent_cache_status::Ok;
 const W: [usize; 3] = [128, 64, 0];
@@ -37,7 +37,19 @@ fn layer(set: *mut latent_cache_set, i: usize) -> *mut Cache {
 fn append(set: *mut latent_cache_set, t: &[u32], from: usize) {
     for i in 0..2 {
         let v = values(t, from, t.len(), i, W);
-        let s = unsafe { latent_cache_append_host(layer(set, i), 1, t.len() - from, v[0].as_ptr(), v[0].len(), v[1].as_ptr(), v[1].len(), std::ptr::null(), 0) };
+        let s = unsafe {
+            latent_cache_append_host(
+                layer(set, i),
+                1,
+                t.len() - from,
+                v[0].as_ptr(),
+                v[0].len(),
+                v[1].as_ptr(),
+                v[1].len(),
+                std::ptr::null(),
+                0,
+            )
+        };
         assert_eq!(s, OK);
     }
 }
@@ -49,7 +61,10 @@ fn check(set: *mut latent_cache_set, row: usize, t: &[u32], what: &str) {
         for f in 0..2 {
             let mut out = vec![0f32; v[f].len() + 1];
             let mut written = 0;
-            assert_eq!(unsafe { latent_cache_read_row_host(layer(set, i), f as u32, row, out.as_mut_ptr(), out.len(), &mut written) }, OK);
+            assert_eq!(
+                unsafe { latent_cache_read_row_host(layer(set, i), f as u32, row, out.as_mut_ptr(), out.len(), &mut written) },
+                OK
+            );
             assert_eq!(&out[..written], &v[f][..], "{what}: layer {i} family {f}");
         }
     }
@@ -90,7 +105,9 @@ fn puts_lookups_and_restores_from_threads_while_another_decodes() {
                     let mut got = 0;
                     let s = match turns % 2 {
                         0 => unsafe { latent_cache_store_restore(store, set, b"ns".as_ptr(), 2, t.as_ptr(), t.len(), &mut got) },
-                        _ => unsafe { latent_cache_store_attach(store, set, b"ns".as_ptr(), 2, t.as_ptr(), t.len(), 1, &mut got) },
+                        _ => unsafe {
+                            latent_cache_store_attach(store, set, b"ns".as_ptr(), 2, t.as_ptr(), t.len(), 1, &mut got)
+                        },
                     };
                     assert_eq!(s, OK);
                     assert_eq!(got % 16, 0);
@@ -100,9 +117,15 @@ fn puts_lookups_and_restores_from_threads_while_another_decodes() {
                     append(set, &t, got);
                     check(set, 0, &t, &format!("worker {worker} turn {turns}: prefilled on"));
                     let mut stored = 0;
-                    assert_eq!(unsafe { latent_cache_store_put(store, set, 0, b"ns".as_ptr(), 2, t.as_ptr(), t.len(), &mut stored) }, OK);
+                    assert_eq!(
+                        unsafe { latent_cache_store_put(store, set, 0, b"ns".as_ptr(), 2, t.as_ptr(), t.len(), &mut stored) },
+                        OK
+                    );
                     let mut n = 0;
-                    assert_eq!(unsafe { latent_cache_store_lookup(store, set, b"ns".as_ptr(), 2, t.as_ptr(), t.len(), &mut n) }, OK);
+                    assert_eq!(
+                        unsafe { latent_cache_store_lookup(store, set, b"ns".as_ptr(), 2, t.as_ptr(), t.len(), &mut n) },
+                        OK
+                    );
                     assert_eq!(n, t.len() / 16 * 16, "worker {worker}: a lookup right after a put");
                     unsafe { latent_cache_set_free(set) };
                     turns += 1;

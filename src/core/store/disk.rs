@@ -6,7 +6,7 @@
 //! never opened. Every change to the folder (a write, an eviction, the scan) holds an exclusive
 //! `flock` on `<dir>/.lock`, so processes sharing the folder never see a half-made change, and
 //! the byte budget is enforced at each write against the folder as it is (every process's
-//! files), least recently used (by modification time, which a read refreshes) first.
+//! files; `ledger.rs`), least recently used (by modification time, which a use refreshes) first.
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -20,6 +20,7 @@ use crate::core::model::families::Families;
 use crate::core::persist::file::{self, Access};
 use crate::core::persist::segment::{read_segment, read_segment_header, SegmentHeader, SegmentSource};
 use crate::core::store::keys::{self, Key, MAX_NAMESPACE};
+use crate::core::store::ledger::Ledger;
 
 /// What a block file's key record starts with.
 const MAGIC: &[u8; 8] = b"lcstore1";
@@ -106,6 +107,7 @@ pub struct Disk {
     budget: u64,
     lock: Option<File>,
     index: Mutex<HashMap<Key, Entry>>,
+    ledger: Ledger,
 }
 
 /// Holds the folder's lock while alive.
@@ -126,7 +128,13 @@ impl Disk {
         if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
             return fail!(InvalidArgument, "the store's folder {} is not a folder", dir.display());
         }
-        let disk = Disk { dir: dir.to_owned(), budget, lock: open_lock(&dir.join(".lock")), index: Mutex::new(HashMap::new()) };
+        let disk = Disk {
+            dir: dir.to_owned(),
+            budget,
+            lock: open_lock(&dir.join(".lock")),
+            index: Mutex::new(HashMap::new()),
+            ledger: Ledger::new(budget),
+        };
         let scan = disk.rescan()?;
         Ok((disk, scan))
     }
@@ -163,40 +171,37 @@ impl Disk {
             }
         }
         *self.index.lock().expect("index") = found;
-        if guard.is_some() {
+        self.ledger.forget();
+        if let Some(g) = &guard {
             // A folder left over its budget (a smaller budget than the last run's) is brought
             // within it now, not at the next write.
-            scan.evicted = self.evict_to(0)?.1;
+            scan.evicted = self.evict_to(g.0, 0).1;
         }
         Ok(scan)
     }
 
     /// Under the lock: evicts the folder's least recently used block files until `len` more
-    /// bytes fit the budget; returns the bytes then held and the files evicted.
-    fn evict_to(&self, len: u64) -> Result<(u64, usize)> {
-        let mut files: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
-        for (p, _, name) in self.listing() {
-            if name.ends_with(EXT) && !name.starts_with('.') {
-                if let Ok(m) = std::fs::symlink_metadata(&p) {
-                    files.push((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len(), p));
+    /// bytes fit the budget (`ledger.rs`); returns the bytes then held and the files evicted.
+    fn evict_to(&self, lock: &File, len: u64) -> (u64, usize) {
+        let list = || {
+            let mut files = Vec::new();
+            for (p, _, name) in self.listing() {
+                if name.ends_with(EXT) && !name.starts_with('.') {
+                    if let Ok(m) = std::fs::symlink_metadata(&p) {
+                        files.push((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len(), p));
+                    }
                 }
             }
-        }
-        files.sort();
-        let mut total: u64 = files.iter().map(|f| f.1).sum();
-        let mut evicted = 0;
-        for (_, n, p) in &files {
-            if total + len <= self.budget {
-                break;
-            }
-            if std::fs::remove_file(p).is_ok() {
-                total -= n;
-                evicted += 1;
-                let key = p.file_stem().and_then(|s| keys::parse_hex(&s.to_string_lossy()));
-                key.map(|k| self.index.lock().expect("index").remove(&k));
+            files
+        };
+        let (total, removed) = self.ledger.make_room(lock, list, len);
+        let mut index = self.index.lock().expect("index");
+        for p in &removed {
+            if let Some(k) = p.file_stem().and_then(|s| keys::parse_hex(&s.to_string_lossy())) {
+                index.remove(&k);
             }
         }
-        Ok((total, evicted))
+        (total, removed.len())
     }
 
     /// Every regular file under a root's folder: (path, folder name, file name). Symlinks,
@@ -266,7 +271,7 @@ impl Disk {
         if len > self.budget {
             return fail!(Capacity, "a block of {len} bytes exceeds the store's SSD budget ({} bytes)", self.budget);
         }
-        let Some(_guard) = self.locked()? else {
+        let Some(guard) = self.locked()? else {
             return fail!(Backend, "the store's folder {} cannot be locked: it is read-only here", self.dir.display());
         };
         let folder = self.dir.join(folder_name(&record.root));
@@ -280,7 +285,7 @@ impl Disk {
             self.index.lock().expect("index").insert(record.key, Entry { path, bytes });
             return Ok(0);
         }
-        let (total, evicted) = self.evict_to(len)?;
+        let (total, evicted) = self.evict_to(guard.0, len);
         if total + len > self.budget {
             return fail!(Capacity, "the store's SSD budget ({} bytes) is held by files it cannot evict", self.budget);
         }
@@ -288,6 +293,7 @@ impl Disk {
             use std::io::Write;
             f.write_all(bytes).map_err(|e| error!(Backend, "writing {}: {e}", path.display()))
         })?;
+        self.ledger.added(guard.0, path.clone(), len);
         self.index.lock().expect("index").insert(record.key, Entry { path, bytes: len });
         Ok(evicted)
     }
@@ -298,7 +304,13 @@ impl Disk {
             let index = self.index.lock().expect("index");
             keys.iter().filter_map(|k| index.get(k).map(|e| e.path.clone())).collect()
         };
-        paths.iter().for_each(|p| touch(p));
+        if paths.is_empty() {
+            return;
+        }
+        if let Ok(Some(guard)) = self.locked() {
+            paths.iter().for_each(|p| touch(p));
+            self.ledger.touched(guard.0, &paths.iter().map(PathBuf::as_path).collect::<Vec<_>>());
+        }
     }
 
     /// Reads block `key` of root `root` (its record, range and geometry checked, every tensor

@@ -10,7 +10,8 @@
 //! |---|---|
 //! | `keys.rs` | the chain's root and block keys (SHA-256) |
 //! | `ram.rs` | the RAM tier: spans of blocks, LRU by span within a byte budget, pins |
-//! | `disk.rs` | the SSD tier: block files, the header-only scan, the folder's lock and budget |
+//! | `disk.rs` | the SSD tier: block files, the header-only scan, the folder's lock |
+//! | `ledger.rs` | the SSD tier's budget: its files in LRU order, kept true between processes |
 //! | `writer.rs` | write-behind: the thread writing RAM blocks to the SSD |
 //! | `fetch.rs` | a hit's blocks gathered from both tiers; restore and attach |
 //!
@@ -19,6 +20,7 @@
 mod disk;
 mod fetch;
 mod keys;
+mod ledger;
 mod ram;
 mod writer;
 
@@ -36,8 +38,8 @@ use crate::core::model::geometry::{Family, Geometry};
 use crate::core::storage::shared::Piece;
 
 use disk::{Disk, Record};
-pub use keys::{MAX_BLOCK, MAX_NAMESPACE};
 use keys::Key;
+pub use keys::{MAX_BLOCK, MAX_NAMESPACE};
 use ram::{Ram, Span};
 use writer::{Job, Writer};
 

@@ -198,7 +198,13 @@ pub fn segment_of_parts(
             return fail!(InvalidArgument, "layer {i} lacks its {} parts", family.name());
         };
         if array.shape() != [1, (to - from) as i32, array.shape().get(2).copied().unwrap_or(0)] {
-            return fail!(InvalidArgument, "layer {i}'s {} part is {:?}, not {} positions", family.name(), array.shape(), to - from);
+            return fail!(
+                InvalidArgument,
+                "layer {i}'s {} part is {:?}, not {} positions",
+                family.name(),
+                array.shape(),
+                to - from
+            );
         }
         tensors.push(Tensor { name, shape: array.shape().to_vec(), array: array.clone() });
     }
