@@ -12,6 +12,7 @@ use super::set::{latent_cache_set, with_set_layers};
 use super::status::latent_cache_status;
 use crate::core::model::geometry::Geometry;
 use crate::core::store::{Store, StoreConfig, StoreStats};
+use crate::core::LatentCache;
 
 /// A prefix store. Opaque: a token from `latent_cache_store_open`, released with
 /// `latent_cache_store_free`, never reused. Every call may come from any thread; calls on one
@@ -65,6 +66,22 @@ unsafe fn request<'a>(
     n_tokens: usize,
 ) -> FfiResult<(&'a [u8], &'a [u32])> {
     Ok((unsafe { in_slice(namespace, namespace_len, "namespace") }?, unsafe { in_slice(tokens, n_tokens, "tokens") }?))
+}
+
+/// A call answering positions (`*positions`, written on success): the request checked, then
+/// `f` with the store and the set's layers locked.
+unsafe fn answer(
+    store: *mut latent_cache_store,
+    set: *const latent_cache_set,
+    (namespace, namespace_len, tokens, n_tokens): (*const u8, usize, *const u32, usize),
+    positions: *mut usize,
+    f: impl FnOnce(&mut Store, &mut [&mut LatentCache], &[u8], &[u32]) -> FfiResult<usize>,
+) -> FfiResult<()> {
+    let out = out_ptr(positions, "positions")?;
+    let (namespace, tokens) = unsafe { request(namespace, namespace_len, tokens, n_tokens) }?;
+    let n = with_store(store, |store| with_set_layers(set, |layers| f(store, layers, namespace, tokens)))?;
+    unsafe { write(out, n) };
+    Ok(())
 }
 
 /// Opens a prefix store. Blocks of `block_tokens` tokens (1 to 65536; 256 is a good start) are
@@ -159,12 +176,12 @@ pub unsafe extern "C" fn latent_cache_store_lookup(
     positions: *mut usize,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let out = out_ptr(positions, "positions")?;
-        let (namespace, tokens) = unsafe { request(namespace, namespace_len, tokens, n_tokens) }?;
-        let geometries: Vec<Geometry> = with_set_layers(set, |layers| Ok(layers.iter().map(|l| *l.geometry()).collect()))?;
-        let n = with_store(store, |store| Ok(store.lookup(&geometries, namespace, tokens)?))?;
-        unsafe { write(out, n) };
-        Ok(())
+        unsafe {
+            answer(store, set, (namespace, namespace_len, tokens, n_tokens), positions, |store, layers, ns, tokens| {
+                let geometries: Vec<Geometry> = layers.iter().map(|l| *l.geometry()).collect();
+                Ok(store.lookup(&geometries, ns, tokens)?)
+            })
+        }
     }
 }
 
@@ -187,11 +204,11 @@ pub unsafe extern "C" fn latent_cache_store_restore(
     positions: *mut usize,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let out = out_ptr(positions, "positions")?;
-        let (namespace, tokens) = unsafe { request(namespace, namespace_len, tokens, n_tokens) }?;
-        let n = with_store(store, |store| with_set_layers(set, |layers| Ok(store.restore(layers, namespace, tokens)?)))?;
-        unsafe { write(out, n) };
-        Ok(())
+        unsafe {
+            answer(store, set, (namespace, namespace_len, tokens, n_tokens), positions, |store, layers, ns, tokens| {
+                Ok(store.restore(layers, ns, tokens)?)
+            })
+        }
     }
 }
 
@@ -214,11 +231,11 @@ pub unsafe extern "C" fn latent_cache_store_attach(
     positions: *mut usize,
 ) -> latent_cache_status {
     ffi_boundary! {
-        let out = out_ptr(positions, "positions")?;
-        let (namespace, tokens) = unsafe { request(namespace, namespace_len, tokens, n_tokens) }?;
-        let n = with_store(store, |store| with_set_layers(set, |layers| Ok(store.attach(layers, namespace, tokens, rows)?)))?;
-        unsafe { write(out, n) };
-        Ok(())
+        unsafe {
+            answer(store, set, (namespace, namespace_len, tokens, n_tokens), positions, |store, layers, ns, tokens| {
+                Ok(store.attach(layers, ns, tokens, rows)?)
+            })
+        }
     }
 }
 

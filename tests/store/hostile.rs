@@ -33,24 +33,22 @@ fn folder(name: &str, a: &Engine) -> (PathBuf, Vec<PathBuf>) {
 fn order(dir: &Path, a: &Engine) -> Vec<PathBuf> {
     let gs: Vec<_> = a.layers.iter().map(|l| *l.geometry()).collect();
     let files = block_files(dir);
-    let mut out = vec![PathBuf::new(); files.len()];
+    let mut out: Vec<PathBuf> = Vec::with_capacity(files.len());
     let hidden = dir.join("hidden");
     std::fs::create_dir_all(&hidden).unwrap();
     for f in &files {
         std::fs::rename(f, hidden.join(f.file_name().unwrap())).unwrap();
     }
-    let mut present: Vec<PathBuf> = Vec::new();
     for k in 0..files.len() {
         // Bring back the file that makes the hit one block longer.
         for f in &files {
-            if present.contains(f) {
+            if out.contains(f) {
                 continue;
             }
             std::fs::rename(hidden.join(f.file_name().unwrap()), f).unwrap();
             let mut s = open(Some(dir), BLOCK, 0, 1 << 30);
             if s.lookup(&gs, b"ns", &a.tokens).unwrap() == (k + 1) * BLOCK {
-                out[k] = f.clone();
-                present.push(f.clone());
+                out.push(f.clone());
                 break;
             }
             std::fs::rename(f, hidden.join(f.file_name().unwrap())).unwrap();

@@ -32,7 +32,7 @@ fn restores_equal_what_was_put_in_every_mode_and_layout() {
             let mut b = Engine::new(&gs);
             assert_eq!(b.restore(&mut store, b"model-a", &other), 32, "{what}");
             b.check(&format!("{what}: restored"));
-            b.extend(&other[32..70].to_vec());
+            b.extend(&other[32..70]);
             b.check(&format!("{what}: restored, then prefilled on"));
 
             let mut c = Engine::new(&gs);

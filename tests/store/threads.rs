@@ -58,14 +58,14 @@ fn append(set: *mut latent_cache_set, t: &[u32], from: usize) {
 fn check(set: *mut latent_cache_set, row: usize, t: &[u32], what: &str) {
     for i in 0..2 {
         let v = values(t, 0, t.len(), i, W);
-        for f in 0..2 {
-            let mut out = vec![0f32; v[f].len() + 1];
+        for (f, want) in v.iter().enumerate().take(2) {
+            let mut out = vec![0f32; want.len() + 1];
             let mut written = 0;
             assert_eq!(
                 unsafe { latent_cache_read_row_host(layer(set, i), f as u32, row, out.as_mut_ptr(), out.len(), &mut written) },
                 OK
             );
-            assert_eq!(&out[..written], &v[f][..], "{what}: layer {i} family {f}");
+            assert_eq!(&out[..written], &want[..], "{what}: layer {i} family {f}");
         }
     }
 }

@@ -173,8 +173,7 @@ fn view(span: &Span, at: usize, run: usize, block: usize) -> Result<Chunk> {
 /// The chunks joined into one piece per layer (one copy, evaluated), checked against MLX's
 /// memory limit first.
 fn joined(chunks: &[Chunk], positions: usize) -> Result<Chunk> {
-    let bytes: usize =
-        chunks[0].iter().map(|p| p.held_bytes / p.len.max(1)).sum::<usize>().checked_mul(positions).unwrap_or(usize::MAX);
+    let bytes: usize = chunks[0].iter().map(|p| p.held_bytes / p.len.max(1)).sum::<usize>().saturating_mul(positions);
     check_alloc(Some(bytes), "joining a stored prefix's blocks")?;
     let layers = chunks[0].len();
     let out = (0..layers)

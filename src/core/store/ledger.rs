@@ -72,7 +72,7 @@ impl Ledger {
             }
         }
         if !removed.is_empty() {
-            bump(lock, &mut *cached);
+            bump(lock, &mut cached);
         }
         (total, removed)
     }
@@ -85,7 +85,7 @@ impl Ledger {
             c.files.push((SystemTime::now(), len, path));
             c.writes += 1;
         }
-        bump(lock, &mut *cached);
+        bump(lock, &mut cached);
     }
 
     /// Records files just used (their modification times set to now).
@@ -99,7 +99,7 @@ impl Ledger {
             kept.append(&mut moved);
             c.files = kept;
         }
-        bump(lock, &mut *cached);
+        bump(lock, &mut cached);
     }
 }
 
