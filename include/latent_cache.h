@@ -115,12 +115,6 @@ typedef struct mlx_array_ {
 #endif
 
 
-// Longest namespace the store takes, in bytes.
-#define MAX_NAMESPACE 1024
-
-// The largest block, in tokens.
-#define MAX_BLOCK (1 << 16)
-
 // Result of a call. `LATENT_CACHE_STATUS_OK` is 0; every other value is a failure, after which
 // `latent_cache_last_error` holds a message and the cache is exactly as it was before the call.
 typedef enum {

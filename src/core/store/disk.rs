@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use mlx_rs::Array;
 
-use crate::core::error::{error, fail, Result};
+use crate::core::error::{error, fail, ErrorKind, Result};
 use crate::core::model::families::Families;
 use crate::core::persist::file::{self, Access};
 use crate::core::persist::segment::{read_segment, read_segment_header, SegmentHeader, SegmentSource};
@@ -315,7 +315,8 @@ impl Disk {
 
     /// Reads block `key` of root `root` (its record, range and geometry checked, every tensor
     /// against its checksum) and refreshes its place in the LRU order. A file that does not
-    /// check is removed; one another process evicted is forgotten. Either way the block is a miss.
+    /// check is removed, one another process evicted forgotten (`InvalidArgument` either way:
+    /// the block is a miss); other failures leave the file as it is.
     pub fn read(&self, root: &Key, key: &Key, block: usize) -> Result<Vec<Families<Vec<Array>>>> {
         let Some(entry) = self.index.lock().expect("index").get(key).cloned() else {
             return fail!(InvalidArgument, "block {} is not on the SSD", keys::hex(key));
@@ -332,13 +333,16 @@ impl Disk {
                 touch(&entry.path);
                 Ok(parts)
             }
-            Err(e) => {
+            // Damaged, moved or gone: forgotten (and removed). Anything else (MLX's memory
+            // limit, an I/O error) says nothing of the file, which stays.
+            Err(e) if e.kind == ErrorKind::InvalidArgument => {
                 self.index.lock().expect("index").remove(key);
                 if let Ok(Some(_guard)) = self.locked() {
                     let _ = std::fs::remove_file(&entry.path);
                 }
                 Err(e)
             }
+            Err(e) => Err(e),
         }
     }
 }

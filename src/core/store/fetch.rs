@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::core::cache::LatentCache;
-use crate::core::error::{fail, Result};
+use crate::core::error::{fail, ErrorKind, Result};
 use crate::core::mlx::eval::eval;
 use crate::core::mlx::math;
 use crate::core::mlx::memory::check_alloc;
@@ -27,8 +27,9 @@ type Chunk = Vec<Arc<Piece>>;
 
 impl Store {
     /// The pieces of the first `keys` the store holds, in order, and the blocks they cover
-    /// (fewer than `keys` where a read failed).
-    fn gather(&mut self, root: &Key, keys: &[Key]) -> (Vec<Chunk>, usize) {
+    /// (fewer than `keys` where a block's file was damaged or gone). A read that failed for
+    /// another reason (MLX's memory limit, an I/O error) fails the call.
+    fn gather(&mut self, root: &Key, keys: &[Key]) -> Result<(Vec<Chunk>, usize)> {
         let (mut chunks, mut got) = (Vec::new(), 0);
         while got < keys.len() {
             if let Some((id, at)) = self.ram.at(&keys[got]) {
@@ -36,19 +37,20 @@ impl Store {
                 let span = self.ram.span(id);
                 // The run of this span's blocks the hit goes on with.
                 let run = span.keys[at..].iter().zip(&keys[got..]).take_while(|(a, b)| a == b).count();
-                match view(span, at, run, self.block) {
-                    Ok(chunk) => chunks.push(chunk),
-                    Err(_) => break,
-                }
+                chunks.push(view(span, at, run, self.block)?);
                 got += run;
                 continue;
             }
             let Some(disk) = &self.disk else {
                 break;
             };
-            let Ok(layers) = disk.read(root, &keys[got], self.block) else {
-                self.stats.damaged += 1;
-                break;
+            let layers = match disk.read(root, &keys[got], self.block) {
+                Ok(layers) => layers,
+                Err(e) if e.kind == ErrorKind::InvalidArgument => {
+                    self.stats.damaged += 1;
+                    break;
+                }
+                Err(e) => return Err(e),
             };
             let chunk: Chunk = layers
                 .into_iter()
@@ -62,7 +64,7 @@ impl Store {
             chunks.push(chunk);
             got += 1;
         }
-        (chunks, got)
+        Ok((chunks, got))
     }
 
     /// The set's keys and hit, after the checks a restore and an attach make: layers empty.
@@ -86,7 +88,7 @@ impl Store {
     /// or none.
     pub fn restore(&mut self, layers: &mut [&mut LatentCache], namespace: &[u8], tokens: &[u32]) -> Result<usize> {
         let (root, keys) = self.hit_for(layers, namespace, tokens)?;
-        let (chunks, got) = self.gather(&root, &keys);
+        let (chunks, got) = self.gather(&root, &keys)?;
         self.count_hit(got);
         if got == 0 {
             return Ok(0);
@@ -126,7 +128,7 @@ impl Store {
     /// returns its positions (0: nothing stored, the set left empty). Every layer or none.
     pub fn attach(&mut self, layers: &mut [&mut LatentCache], namespace: &[u8], tokens: &[u32], rows: usize) -> Result<usize> {
         let (root, keys) = self.hit_for(layers, namespace, tokens)?;
-        let (mut chunks, got) = self.gather(&root, &keys);
+        let (mut chunks, got) = self.gather(&root, &keys)?;
         self.count_hit(got);
         if got == 0 {
             return Ok(0);

@@ -12,9 +12,9 @@ use crate::core::persist::sha256::sha256;
 pub type Key = [u8; 32];
 
 /// Longest namespace the store takes, in bytes.
-pub const MAX_NAMESPACE: usize = 1024;
+pub(crate) const MAX_NAMESPACE: usize = 1024;
 /// The largest block, in tokens.
-pub const MAX_BLOCK: usize = 1 << 16;
+pub(crate) const MAX_BLOCK: usize = 1 << 16;
 
 /// What a layer's stored positions depend on: widths, storage modes and role (not the row
 /// layout nor `max_tokens`, which decide where rows lie, not what a position holds).

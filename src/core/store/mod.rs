@@ -39,7 +39,7 @@ use crate::core::storage::shared::Piece;
 
 use disk::{Disk, Record};
 use keys::Key;
-pub use keys::{MAX_BLOCK, MAX_NAMESPACE};
+use keys::{MAX_BLOCK, MAX_NAMESPACE};
 use ram::{Ram, Span};
 use writer::{Job, Writer};
 
