@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-ROOMS = ["error", "layout", "mlx", "model", "kernels", "storage", "cache", "attention", "persist", "store"]
+ROOMS = ["error", "layout", "mlx", "model", "kernels", "storage", "cache", "attention", "persist", "store", "transfer"]
 # What each room may import besides itself (DESIGN: error at the bottom; attention and persist
 # side by side on top).
 ALLOWED = {
@@ -27,6 +27,7 @@ ALLOWED = {
     "attention": {"error", "layout", "mlx", "model", "kernels", "storage", "cache"},
     "persist": {"error", "layout", "mlx", "model", "kernels", "storage", "cache"},
     "store": {"error", "layout", "mlx", "model", "kernels", "storage", "cache", "persist"},
+    "transfer": {"error", "layout", "mlx", "model", "kernels", "storage", "cache", "persist"},
 }
 MAX_LINES = 400
 

@@ -14,6 +14,7 @@
 //! | [`attention`] | donor rows and attention over them: dense, DSA, through the kernels |
 //! | [`persist`] | files: mlx-lm's safetensors format and the seed's `.mlxbun` |
 //! | [`store`] | the prefix store: stored prefixes by their tokens, in RAM and on SSD |
+//! | [`transfer`] | a set's row handed to another process over MLX's distributed layer |
 pub mod attention;
 pub mod cache;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod model;
 pub mod persist;
 pub mod storage;
 pub mod store;
+pub mod transfer;
 
 pub use cache::{Change, LatentCache, LatentState};
 pub use error::{CacheError, ErrorKind, Result};

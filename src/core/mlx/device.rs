@@ -73,6 +73,26 @@ fn stream() -> &'static LibraryStream {
     })
 }
 
+/// A process-wide stream on MLX's CPU, for the operations MLX runs there only (its distributed
+/// layer's sends and receives): the library's stream where that is on the CPU, else one more
+/// made the same way, once.
+pub(crate) fn cpu_stream() -> mlx_sys::mlx_stream {
+    static CPU_STREAM: OnceCell<LibraryStream> = OnceCell::new();
+    let library = stream();
+    if !library.on_gpu {
+        return library.stream;
+    }
+    // SAFETY: as the library's stream is made.
+    CPU_STREAM
+        .get_or_init(|| unsafe {
+            let device = mlx_sys::mlx_device_new_type(CPU, 0);
+            let stream = mlx_sys::mlx_stream_new_thread_unsafe(device);
+            mlx_sys::mlx_device_free(device);
+            LibraryStream { stream, on_gpu: false }
+        })
+        .stream
+}
+
 const CPU: mlx_sys::mlx_device_type = mlx_sys::mlx_device_type__MLX_CPU;
 const GPU: mlx_sys::mlx_device_type = mlx_sys::mlx_device_type__MLX_GPU;
 

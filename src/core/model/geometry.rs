@@ -210,6 +210,22 @@ impl Geometry {
         kind
     }
 
+    /// What a stored position depends on: widths, storage modes and role (not the row layout
+    /// nor `max_tokens`, which decide where rows lie, not what a position holds). Two layers of
+    /// one stored form hold the same parts for the same positions.
+    pub fn stored_form(&self) -> String {
+        format!(
+            "{};{};{};{};{};{};{:?}",
+            self.kv_lora_rank,
+            self.rope_head_dim,
+            self.index_head_dim,
+            self.latent_storage.name(),
+            self.rope_storage.name(),
+            self.index_storage.name(),
+            self.role
+        )
+    }
+
     /// Everything two caches must share to exchange rows, for messages.
     pub fn describe(&self) -> String {
         format!(

@@ -1,7 +1,7 @@
 //! Block keys: a hash chain over fixed blocks of tokens. The chain starts at a root that names
 //! everything that must never mix (the caller's namespace, the block size, each layer's widths,
 //! storage modes and role), and block `k`'s key is SHA-256 of block `k - 1`'s key and block
-//! `k`'s tokens, so a key stands for every token before it: two sequences share a block's key
+//! `k`'s tokens (`Geometry::stored_form` names a layer), so a key stands for every token before it: two sequences share a block's key
 //! exactly where they share every token up to its end, whoever stored it first. SHA-256, not a
 //! fast hash, because a stored block is restored on a key match alone: a collision would be a
 //! wrong restore.
@@ -16,28 +16,13 @@ pub(crate) const MAX_NAMESPACE: usize = 1024;
 /// The largest block, in tokens.
 pub(crate) const MAX_BLOCK: usize = 1 << 16;
 
-/// What a layer's stored positions depend on: widths, storage modes and role (not the row
-/// layout nor `max_tokens`, which decide where rows lie, not what a position holds).
-fn layer_text(g: &Geometry) -> String {
-    format!(
-        "{};{};{};{};{};{};{:?}",
-        g.kv_lora_rank,
-        g.rope_head_dim,
-        g.index_head_dim,
-        g.latent_storage.name(),
-        g.rope_storage.name(),
-        g.index_storage.name(),
-        g.role
-    )
-}
-
 /// The chain's root for `namespace`, blocks of `block` tokens and these layers.
 pub fn root(namespace: &[u8], block: usize, geometries: &[Geometry]) -> Key {
     let mut text = format!("latent-cache prefix store 1\nblock {block}\nnamespace {}\n", namespace.len()).into_bytes();
     text.extend_from_slice(namespace);
     for g in geometries {
         text.push(b'\n');
-        text.extend_from_slice(layer_text(g).as_bytes());
+        text.extend_from_slice(g.stored_form().as_bytes());
     }
     sha256(&text)
 }
