@@ -156,6 +156,8 @@ test-c: ship
 	$(OUT)/test_persist save $(OUT)/persisted.safetensors
 	$(OUT)/test_persist load $(OUT)/persisted.safetensors
 	rm -rf $(OUT)/store && $(OUT)/test_persist store-put $(OUT)/store && $(OUT)/test_persist store-restore $(OUT)/store
+	$(CC) -std=c11 $(CWARN) $(SAN) -g -Iinclude tests/c/test_distributed.c -o $(OUT)/test_distributed $(LINK)
+	$(OUT)/test_distributed $(OUT)/ring-hosts.json
 	$(CXX) -std=c++17 $(CWARN) $(SAN) -g -Iinclude examples/decode.cpp -o $(OUT)/decode_cpp_asan $(LINK)
 	$(OUT)/test_cpp
 	$(OUT)/engine_asan --layers 6 --dsa 2 --prefill 600 --chunk 256 --decode 12

@@ -276,6 +276,10 @@ typedef struct latent_cache latent_cache;
 // with `latent_cache_donor_free`, never reused.
 typedef struct latent_cache_donor latent_cache_donor;
 
+// A group of processes on MLX's distributed layer. Opaque: a token from
+// `latent_cache_group_init`, released with `latent_cache_group_free`, never reused.
+typedef struct latent_cache_group latent_cache_group;
+
 // Shared positions of one cache or of every layer of a set (`latent_cache_share_prefix`,
 // `latent_cache_set_share_prefix`). Opaque; a token released with `latent_cache_prefix_free`.
 // Caches attached to it keep what they read alive after it is freed.
@@ -1592,6 +1596,90 @@ latent_cache_status latent_cache_store_refresh(latent_cache_store *store, size_t
 // Returns `OK`, `NULL_ARGUMENT`.
 latent_cache_status latent_cache_store_info(const latent_cache_store *store,
                                             latent_cache_store_stats *out);
+
+// Joins the group MLX's distributed `backend` describes (`"ring"`: TCP, configured by
+// `MLX_RANK` and `MLX_HOSTFILE`; `"mpi"`, `"jaccl"`, `"nccl"`, or `"any"`; NULL for `"any"`).
+// Without `strict`, a backend that is not configured gives a group of this process alone.
+// `*out` receives the group, owned by the caller (`latent_cache_group_free`).
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (a name not UTF-8), `BACKEND` (the backend
+// did not start).
+latent_cache_status latent_cache_group_init(const char *backend,
+                                            bool strict,
+                                            latent_cache_group **out);
+
+// `*rank` and `*size` (each may be NULL): this process's rank and the group's size.
+// Returns `OK`, `NULL_ARGUMENT`.
+latent_cache_status latent_cache_group_info(const latent_cache_group *g,
+                                            size_t *rank,
+                                            size_t *size);
+
+// Releases a group. `NULL` is accepted; a group that is not live is ignored with a message.
+void latent_cache_group_free(latent_cache_group *g);
+
+// Sends `x` (borrowed) to rank `dst` of `g` and waits until it is sent (the receiver calls
+// `latent_cache_group_recv`). Pipeline stages send what a later stage needs this way: the
+// hidden state, and the DSA selection (`[B, Lq, k]` int32) where the split cuts between an
+// indexer layer and the layers that reuse it (`latent_cache_glm52_crossing`).
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`dst` this process or not in the group),
+// `BACKEND` (the send failed).
+latent_cache_status latent_cache_group_send(const latent_cache_group *g, mlx_array x, size_t dst);
+
+// `*out` receives, evaluated, the array rank `src` of `g` sends next, which has the shape and
+// dtype of `like` (borrowed; only its shape and dtype are read). Owned by the caller.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`src` this process or not in the group),
+// `BACKEND` (the receive failed).
+latent_cache_status latent_cache_group_recv(const latent_cache_group *g,
+                                            mlx_array like,
+                                            size_t src,
+                                            mlx_array *out);
+
+// Hands row `row` of `set` to rank `dst` of `g`, which calls `latent_cache_set_recv_row` with
+// this rank: first a handshake (the receiver checks it can take the row: an empty set of the
+// same widths, storage modes and roles, room under `max_tokens`, memory under MLX's limit),
+// then each layer's stored parts as MLX arrays, exactly as stored. The set is not changed; its
+// layers stay locked, and the library's evaluations wait, until the row is sent. `*positions`
+// (may be NULL) receives the positions sent.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (composed storage), `OUT_OF_RANGE` (`row`),
+// `INVALID_STATE` (a round, prefill or maintenance open; the receiver refused the row; the
+// receiver is told of a refusal here too), `BACKEND` (the transfer failed).
+latent_cache_status latent_cache_set_send_row(latent_cache_set *set,
+                                              size_t row,
+                                              const latent_cache_group *g,
+                                              size_t dst,
+                                              size_t *positions);
+
+// Receives into `set` (empty) the row rank `src` of `g` sends with `latent_cache_set_send_row`:
+// the set then holds that row, bit for bit, and decodes on. `*positions` (may be NULL)
+// receives its positions. Every layer or none.
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (this set refused the row: it holds rows,
+// its layers differ from the sender's, it lacks room or memory; the sender is told),
+// `INVALID_STATE` (the sender refused to send), `BACKEND` (the transfer failed).
+latent_cache_status latent_cache_set_recv_row(latent_cache_set *set,
+                                              const latent_cache_group *g,
+                                              size_t src,
+                                              size_t *positions);
+
+// Copies into `out` the target layers at which a pipeline stage of GLM-5.2 may begin with every
+// selection its layers attend with made on the stage (layer 0 and the 21 indexer layers;
+// `*written` = 21).
+// Returns `OK`, `NULL_ARGUMENT`, `BUFFER_TOO_SMALL` (`out_len` < 21; nothing written).
+latent_cache_status latent_cache_glm52_local_starts(size_t *out, size_t out_len, size_t *written);
+
+// Copies into `out` the first target layer of each of `stages` pipeline stages of GLM-5.2 (stage
+// s holds the layers from `out[s]` to the next start, the last stage also the MTP layer), as
+// even as starts that keep every selection local allow (`*written` = `stages`).
+// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (`stages` 0 or over 21),
+// `BUFFER_TOO_SMALL` (`out_len` < `stages`; nothing written).
+latent_cache_status latent_cache_glm52_stage_starts(size_t stages,
+                                                    size_t *out,
+                                                    size_t out_len,
+                                                    size_t *written);
+
+// For a pipeline stage of GLM-5.2 beginning at target layer `start`: `*crosses` says whether
+// its first layers attend with a selection made on an earlier stage, and `*source` (when it
+// does) which layer's, to send each step with `latent_cache_group_send` (`[B, Lq, k]` int32).
+// Returns `OK`, `NULL_ARGUMENT`, `OUT_OF_RANGE` (`start` not a target layer).
+latent_cache_status latent_cache_glm52_crossing(size_t start, bool *crosses, size_t *source);
 
 // Saves every layer of `set` as the seed's implementation (mlx-bun) saves a prompt cache, so
 // its loader reads it: format version 3, kinds `mla`, `mla-dsa` and `mtp-mla`, float32

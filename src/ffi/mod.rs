@@ -17,7 +17,8 @@
 //! (merge, extract, filter); `prefix` (shared prefixes: store, attach, fork); `query` (read-only queries, composed storage's boundaries
 //! included); `set` (the model-level set: every set-wide export); `presets` (GLM-5.2's layer
 //! configs and selection schedule); `persist`, `segment` and `mlxbun` (saving
-//! and loading); `store` (the prefix store); `donor` (the read path); `last_error`; `eval_lock`; `device` (the device
+//! and loading); `store` (the prefix store); `distributed` (several processes: a group, rows handed over,
+//! pipeline stages); `donor` (the read path); `last_error`; `eval_lock`; `device` (the device
 //! the library runs on); `memory` (MLX's memory limit and buffer cache); `version`.
 //!
 //! A new export goes into the file of its concept, its body one `ffi_boundary!` (see `panic`).
@@ -45,6 +46,7 @@ pub mod presets;
 pub mod persist;
 pub mod segment;
 pub mod store;
+pub mod distributed;
 pub mod mlxbun;
 pub mod donor;
 pub mod last_error;

@@ -880,6 +880,42 @@ static void test_config_growth_and_host_types(void) {
   CHECK(device == LATENT_CACHE_DEVICE_CPU || device == LATENT_CACHE_DEVICE_GPU);
 }
 
+/* Several processes, from one: a group of this process alone, refusals of sends to itself and
+ * of a strict backend that is not configured, and GLM-5.2's pipeline stages. (Two processes over
+ * the ring backend: tests/distributed.rs and tests/distributed_stages.rs.) */
+static void test_distributed(void) {
+  latent_cache_group *g = (latent_cache_group *)0x1;
+  EXPECT(LATENT_CACHE_STATUS_BACKEND, latent_cache_group_init("ring", true, &g));
+  CHECK(g == (latent_cache_group *)0x1);
+  MUST(latent_cache_group_init(NULL, false, &g));
+  size_t rank = 9, size = 0;
+  OK(latent_cache_group_info(g, &rank, &size));
+  CHECK(rank == 0 && size == 1);
+  float v[2] = {1, 2};
+  mlx_array x = {0};
+  MUST(latent_cache_array_from_host(v, 2, 1, 1, 2, &x));
+  EXPECT(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_group_send(g, x, 0));
+  mlx_array got = {0};
+  EXPECT(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_group_recv(g, x, 1, &got));
+  CHECK(got.ctx == NULL);
+  latent_cache_array_free(x);
+  latent_cache_group_free(g);
+  latent_cache_group_free(NULL);
+  size_t starts[21], written = 0;
+  OK(latent_cache_glm52_stage_starts(2, starts, 21, &written));
+  CHECK(written == 2 && starts[0] == 0 && starts[1] == 38);
+  EXPECT(LATENT_CACHE_STATUS_INVALID_ARGUMENT, latent_cache_glm52_stage_starts(22, starts, 21, &written));
+  OK(latent_cache_glm52_local_starts(starts, 21, &written));
+  CHECK(written == 21 && starts[3] == 6 && starts[20] == 74);
+  bool crosses = false;
+  size_t source = 0;
+  OK(latent_cache_glm52_crossing(4, &crosses, &source));
+  CHECK(crosses && source == 2);
+  OK(latent_cache_glm52_crossing(6, &crosses, &source));
+  CHECK(!crosses);
+  EXPECT(LATENT_CACHE_STATUS_OUT_OF_RANGE, latent_cache_glm52_crossing(78, &crosses, &source));
+}
+
 int main(void) {
   test_status_names();
   test_config();
@@ -894,6 +930,7 @@ int main(void) {
   test_ragged_layout();
   test_donor_attention();
   test_composed();
+  test_distributed();
   if (failures) {
     fprintf(stderr, "test_api: %d failure(s)\n", failures);
     return 1;
