@@ -78,10 +78,8 @@ fn run(
                     selections.insert(l, top);
                 }
                 let source = glm52_selection_source(l);
-                if !selections.contains_key(&source) {
-                    selections.insert(source, recv(source, step));
-                }
-                donor.attend_selected(&ql, &qr, scale, MaskMode::None, &selections[&source]).unwrap()
+                let selection = selections.entry(source).or_insert_with(|| recv(source, step));
+                donor.attend_selected(&ql, &qr, scale, MaskMode::None, selection).unwrap()
             };
             out.extend(host(&output));
         }

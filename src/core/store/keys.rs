@@ -1,10 +1,10 @@
 //! Block keys: a hash chain over fixed blocks of tokens. The chain starts at a root that names
 //! everything that must never mix (the caller's namespace, the block size, each layer's widths,
 //! storage modes and role), and block `k`'s key is SHA-256 of block `k - 1`'s key and block
-//! `k`'s tokens (`Geometry::stored_form` names a layer), so a key stands for every token before it: two sequences share a block's key
-//! exactly where they share every token up to its end, whoever stored it first. SHA-256, not a
-//! fast hash, because a stored block is restored on a key match alone: a collision would be a
-//! wrong restore.
+//! `k`'s tokens (`Geometry::stored_form` names a layer), so a key stands for every token
+//! before it: two sequences share a block's key exactly where they share every token up to its
+//! end, whoever stored it first. SHA-256, not a fast hash, because a stored block is restored
+//! on a key match alone: a collision would be a wrong restore.
 use crate::core::model::geometry::Geometry;
 use crate::core::persist::sha256::sha256;
 
