@@ -10,11 +10,9 @@ mod common;
 #[allow(dead_code)]
 mod engine;
 
-use std::process::Command;
-use std::time::{Duration, Instant};
-
 use common::mlx_helpers::geometry_in;
 use common::model::Rng;
+use common::ranks::run_ranks;
 use engine::{tokens, Engine};
 
 use latent_cache::core::mlx::distributed::Group;
@@ -31,12 +29,6 @@ fn geometries() -> Vec<Geometry> {
         geometry_in([128, 64, 0], [StorageMode::Q8, StorageMode::Bf16, StorageMode::Q8], LayoutKind::Ragged),
         mtp,
     ]
-}
-
-/// Free TCP ports on 127.0.0.1 (bound, then released for the ranks to take).
-fn ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
 /// Run by the parent below only.
@@ -72,34 +64,7 @@ fn rank() {
 
 #[test]
 fn a_prefill_handed_to_another_process_decodes_on_bit_for_bit() {
-    let dir = std::env::temp_dir().join(format!("latent-cache-ring-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let hostfile = dir.join("hosts.json");
-    let [p0, p1] = ports(2)[..] else { unreachable!() };
-    std::fs::write(&hostfile, format!("[[\"127.0.0.1:{p0}\"], [\"127.0.0.1:{p1}\"]]")).unwrap();
-    let spawn = |rank: usize| {
-        Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "rank", "--ignored", "--nocapture", "--test-threads=1"])
-            .env("MLX_RANK", rank.to_string())
-            .env("MLX_HOSTFILE", &hostfile)
-            .spawn()
-            .unwrap()
-    };
-    let mut ranks = [spawn(0), spawn(1)];
-    let start = Instant::now();
-    let mut codes = [None, None];
-    while codes.iter().any(Option::is_none) && start.elapsed() < Duration::from_secs(120) {
-        for (r, child) in ranks.iter_mut().enumerate() {
-            if codes[r].is_none() {
-                codes[r] = child.try_wait().unwrap().map(|s| s.success());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for child in ranks.iter_mut() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(codes, [Some(true), Some(true)], "both ranks finished their checks within two minutes");
+    run_ranks("rank", |codes, _| {
+        assert_eq!(codes, [Some(true), Some(true)], "both ranks finished their checks within two minutes");
+    });
 }

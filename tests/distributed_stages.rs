@@ -11,11 +11,10 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
 
 use common::mlx_helpers::{array, host};
 use common::model::Rng;
+use common::ranks::run_ranks;
 
 use latent_cache::core::attention::MaskMode;
 use latent_cache::core::mlx::distributed::Group;
@@ -94,11 +93,11 @@ fn bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
 }
 
-/// Run by the parent below only: one stage, its outputs written to `LC_STAGE_OUT`.
+/// Run by the parent below only: one stage, its outputs written to the ranks' shared folder.
 #[test]
 #[ignore]
 fn stage_rank() {
-    let Ok(out) = std::env::var("LC_STAGE_OUT") else {
+    let Ok(dir) = std::env::var("LC_RANK_DIR") else {
         return;
     };
     let group = Group::init("ring", true).unwrap();
@@ -119,49 +118,19 @@ fn stage_rank() {
         };
         run(&layers, &mut recv, &mut |_, _, _| unreachable!("the last stage sends nothing"), &[])
     };
-    std::fs::write(out, bytes(&outputs)).unwrap();
-}
-
-fn spawn(rank: usize, hostfile: &Path, out: &Path) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "stage_rank", "--ignored", "--nocapture", "--test-threads=1"])
-        .env("MLX_RANK", rank.to_string())
-        .env("MLX_HOSTFILE", hostfile)
-        .env("LC_STAGE_OUT", out)
-        .spawn()
-        .unwrap()
+    std::fs::write(Path::new(&dir).join(format!("stage-{}.bin", group.rank())), bytes(&outputs)).unwrap();
 }
 
 #[test]
 fn two_stages_with_a_selection_crossing_the_split_match_one_process() {
-    let dir = std::env::temp_dir().join(format!("latent-cache-stages-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let hostfile = dir.join("hosts.json");
-    let ports: Vec<u16> = (0..2)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect::<Vec<_>>()
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect();
-    std::fs::write(&hostfile, format!("[[\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"]]", ports[0], ports[1])).unwrap();
-    let outs: Vec<PathBuf> = (0..2).map(|r| dir.join(format!("stage-{r}.bin"))).collect();
-    let mut ranks = [spawn(0, &hostfile, &outs[0]), spawn(1, &hostfile, &outs[1])];
-    let start = Instant::now();
-    let mut codes = [None, None];
-    while codes.iter().any(Option::is_none) && start.elapsed() < Duration::from_secs(120) {
-        for (r, child) in ranks.iter_mut().enumerate() {
-            if codes[r].is_none() {
-                codes[r] = child.try_wait().unwrap().map(|s| s.success());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for child in ranks.iter_mut() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    assert_eq!(codes, [Some(true), Some(true)], "both stages finished within two minutes");
+    run_ranks("stage_rank", |codes, dir| {
+        assert_eq!(codes, [Some(true), Some(true)], "both stages finished within two minutes");
+        compare(&[dir.join("stage-0.bin"), dir.join("stage-1.bin")]);
+    });
+}
 
+/// The stages' outputs, step by step, against one process running every layer.
+fn compare(outs: &[PathBuf]) {
     // One process, every layer.
     let all: Vec<usize> = (0..=GLM52_TARGET_LAYERS).collect();
     let whole = run(&all, &mut |_, _| unreachable!(), &mut |_, _, _| unreachable!(), &[]);
@@ -175,5 +144,4 @@ fn two_stages_with_a_selection_crossing_the_split_match_one_process() {
     }
     assert_eq!(joined.len(), whole.len() * 4);
     assert!(joined == bytes(&whole), "the stages' outputs equal one process's, bit for bit");
-    let _ = std::fs::remove_dir_all(&dir);
 }

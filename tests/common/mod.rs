@@ -8,3 +8,4 @@ pub mod composed_rule;
 pub mod core_check;
 pub mod mlx_helpers;
 pub mod model;
+pub mod ranks;
