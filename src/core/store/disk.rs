@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use mlx_rs::Array;
@@ -106,12 +106,15 @@ pub struct Disk {
     dir: PathBuf,
     budget: u64,
     lock: Option<File>,
+    /// Held with the folder's lock, by one thread of this process at a time.
+    changing: Mutex<()>,
     index: Mutex<HashMap<Key, Entry>>,
     ledger: Ledger,
 }
 
-/// Holds the folder's lock while alive.
-struct Locked<'a>(&'a File);
+/// Holds the folder's lock while alive: this process's (a writer thread and a caller's refresh
+/// share one descriptor, which `flock` does not tell apart) and then the folder's.
+struct Locked<'a>(&'a File, #[allow(dead_code)] MutexGuard<'a, ()>);
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
@@ -132,6 +135,7 @@ impl Disk {
             dir: dir.to_owned(),
             budget,
             lock: open_lock(&dir.join(".lock")),
+            changing: Mutex::new(()),
             index: Mutex::new(HashMap::new()),
             ledger: Ledger::new(budget),
         };
@@ -234,12 +238,13 @@ impl Disk {
         let Some(lock) = &self.lock else {
             return Ok(None);
         };
+        let ours = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         let start = Instant::now();
         let mut pause = Duration::from_micros(100);
         loop {
             // SAFETY: flock on a descriptor the store owns.
             if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Ok(Some(Locked(lock)));
+                return Ok(Some(Locked(lock, ours)));
             }
             if start.elapsed() > LOCK_WAIT {
                 return fail!(Backend, "the store's folder {} stayed locked by another process", self.dir.display());
