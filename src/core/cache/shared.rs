@@ -102,9 +102,7 @@ impl LatentCache {
                 left -= piece.len;
                 continue;
             }
-            let parts = piece.parts.as_ref().try_map(|_, parts| {
-                parts.iter().map(|p| ops::slice(p, &[0, 0, 0], &[1, left, p.shape()[2] as usize])).collect::<Result<Vec<_>>>()
-            })?;
+            let parts = piece.views(0, left)?;
             // A view evaluates to the same buffer; evaluated now, so no reader ever evaluates it.
             eval(parts.iter().flatten())?;
             // The view keeps the piece's whole buffer alive: it holds what the piece holds.

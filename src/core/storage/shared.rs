@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use mlx_rs::Array;
 
+use crate::core::error::Result;
+use crate::core::mlx::ops;
 use crate::core::model::families::Families;
 use crate::core::model::geometry::Geometry;
 
@@ -21,6 +23,16 @@ pub struct Piece {
     /// Bytes the arrays behind the parts hold (the buffer a piece was cut from, where it shares
     /// one: see `cache::shared`).
     pub held_bytes: usize,
+}
+
+impl Piece {
+    /// Views of its positions `[lo, hi)`, every family's parts (`[1, hi - lo, part_width]`
+    /// each; no copy, lazily).
+    pub fn views(&self, lo: usize, hi: usize) -> Result<Families<Vec<Array>>> {
+        self.parts.as_ref().try_map(|_, parts| {
+            parts.iter().map(|p| ops::slice(p, &[0, lo, 0], &[1, hi, p.shape()[2] as usize])).collect::<Result<Vec<_>>>()
+        })
+    }
 }
 
 // SAFETY: a piece never changes after it is made, and its arrays are evaluated when it is made

@@ -11,7 +11,6 @@ use crate::core::error::{fail, ErrorKind, Result};
 use crate::core::mlx::eval::eval;
 use crate::core::mlx::math;
 use crate::core::mlx::memory::check_alloc;
-use crate::core::mlx::ops;
 use crate::core::model::geometry::Geometry;
 use crate::core::storage::shared::{Piece, SharedPrefix};
 use crate::core::store::keys::Key;
@@ -161,9 +160,7 @@ fn view(span: &Span, at: usize, run: usize, block: usize) -> Result<Chunk> {
         .layers
         .iter()
         .map(|piece| {
-            let parts = piece.parts.as_ref().try_map(|_, parts| {
-                parts.iter().map(|p| ops::slice(p, &[0, lo, 0], &[1, hi, p.shape()[2] as usize])).collect::<Result<Vec<_>>>()
-            })?;
+            let parts = piece.views(lo, hi)?;
             let held_bytes = piece.held_bytes / piece.len.max(1) * (hi - lo);
             Ok(Arc::new(Piece { len: hi - lo, parts, held_bytes }))
         })

@@ -10,7 +10,6 @@ use std::thread::JoinHandle;
 
 use crate::core::error::{fail, Result};
 use crate::core::mlx::eval::eval;
-use crate::core::mlx::ops;
 use crate::core::model::geometry::Geometry;
 use crate::core::persist::segment::segment_of_parts;
 use crate::core::storage::shared::Piece;
@@ -131,15 +130,7 @@ fn write_block(disk: &Disk, job: &Job, i: usize, record: &Record) -> Result<usiz
         return Ok(0);
     }
     let (lo, hi) = (i * job.block, (i + 1) * job.block);
-    let parts = job
-        .layers
-        .iter()
-        .map(|piece| {
-            piece.parts.as_ref().try_map(|_, parts| {
-                parts.iter().map(|p| ops::slice(p, &[0, lo, 0], &[1, hi, p.shape()[2] as usize])).collect::<Result<Vec<_>>>()
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let parts = job.layers.iter().map(|piece| piece.views(lo, hi)).collect::<Result<Vec<_>>>()?;
     // Views of evaluated arrays: evaluating them reads nothing, and lets the writer read their
     // bytes where they lie.
     eval(parts.iter().flat_map(|f| f.iter().flatten()))?;
