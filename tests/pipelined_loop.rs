@@ -207,23 +207,33 @@ impl Loop {
     }
 }
 
+/// Tries at the peak comparison: MLX's peak for the same steps varies by the timing of frees
+/// (a single-step loop's peak was seen 0.7 MB under its usual value on a loaded machine), while
+/// an append that copies does so at every try.
+const TRIES: usize = 3;
+
 fn run(g: Geometry, what: &str) {
     let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     let mut engine = Loop::new(g);
     let mut outs = engine.single(2);
-    let single = peak_above(|| outs = engine.single(STEPS));
-    engine.check(&outs, &format!("{what}, single steps"));
-    let pipelined = peak_above(|| outs = engine.pipelined(STEPS));
-    engine.check(&outs, &format!("{what}, pipelined steps"));
     // The steps' own transients (on the CPU, MLX's attention reads the window through a copy
     // per layer, in either loop), and a quarter of a layer: an append that copied would add the
     // layer's latent and rope buffers, which step n's attention reads (most of the layer).
     let layer = engine.layer_bytes();
-    let bound = single + layer / 4;
-    assert!(
-        pipelined <= bound,
-        "{what}: pipelined steps peaked {pipelined} B above their start (single steps: {single} B; one layer's buffers: \
-         {layer} B): an append copied its layer's history"
+    let (mut single, mut seen) = (0, Vec::new());
+    for _ in 0..TRIES {
+        single = single.max(peak_above(|| outs = engine.single(STEPS)));
+        engine.check(&outs, &format!("{what}, single steps"));
+        let pipelined = peak_above(|| outs = engine.pipelined(STEPS));
+        engine.check(&outs, &format!("{what}, pipelined steps"));
+        seen.push(pipelined);
+        if pipelined <= single + layer / 4 {
+            return;
+        }
+    }
+    panic!(
+        "{what}: pipelined steps peaked {seen:?} B above their start in {TRIES} tries (single steps: at most {single} B; \
+         one layer's buffers: {layer} B): an append copied its layer's history"
     );
 }
 
