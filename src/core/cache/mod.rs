@@ -270,6 +270,12 @@ impl LatentCache {
         }
     }
 
+    /// Hands every buffer's pending writes to MLX and returns; a later `eval` waits for them.
+    /// Composed storage's hot side is not handed over (`eval` covers it).
+    pub(crate) fn eval_async(&self) -> Result<()> {
+        self.storage.eval_async()
+    }
+
     /// Drops the last `n` positions of every row; returns `n`. Moves the offset, copies nothing.
     pub fn trim(&mut self, n: usize, bypass: bool) -> Result<usize> {
         let change = self.prepare_trim(n, bypass)?;

@@ -331,7 +331,11 @@ fn read_source(data: Data, len: u64, what: &str) -> Result<Contents> {
     let (_, data_bytes) = check_frame(&source, what)?;
     check_alloc(usize::try_from(data_bytes).ok(), &format!("loading {what}"))?;
     let desc = Box::into_raw(Box::new(Reader { source: Arc::clone(&source), pos: Mutex::new(0) })).cast::<c_void>();
-    let stream = device::library_stream();
+    // Read on MLX's CPU: the checksums read every tensor on the host next, and MLX's CUDA loader
+    // on a GPU stream reads into host memory, copies that to the device, and the host's read
+    // then brings it back. Read on the CPU, the bytes stay where they were read until the
+    // device first uses them (and on a Mac's unified memory the stream changes nothing).
+    let stream = device::cpu_stream();
     // SAFETY: `desc` is handed to MLX's reader, which frees it through `free` (or here when no
     // reader was made); the maps are MLX's results, read and freed here; arrays are copied into
     // owned handles, strings into Rust strings.

@@ -25,18 +25,19 @@ const MAX_LENT: usize = 4;
 type Chunk = Vec<Arc<Piece>>;
 
 impl Store {
-    /// The pieces of the first `keys` the store holds, in order, and the blocks they cover
-    /// (fewer than `keys` where a block's file was damaged or gone). A read that failed for
-    /// another reason (MLX's memory limit, an I/O error) fails the call.
-    fn gather(&mut self, root: &Key, keys: &[Key]) -> Result<(Vec<Chunk>, usize)> {
-        let (mut chunks, mut got) = (Vec::new(), 0);
+    /// Hands `each` the pieces of the first `keys` the store holds, chunk by chunk in order, as
+    /// they are gathered (a restore copies a chunk while the next is read); returns the blocks
+    /// they cover (fewer than `keys` where a block's file was damaged or gone). A read that
+    /// failed for another reason (MLX's memory limit, an I/O error) fails the call.
+    fn gather(&mut self, root: &Key, keys: &[Key], mut each: impl FnMut(Chunk) -> Result<()>) -> Result<usize> {
+        let mut got = 0;
         while got < keys.len() {
             if let Some((id, at)) = self.ram.at(&keys[got]) {
                 self.ram.touch(id);
                 let span = self.ram.span(id);
                 // The run of this span's blocks the hit goes on with.
                 let run = span.keys[at..].iter().zip(&keys[got..]).take_while(|(a, b)| a == b).count();
-                chunks.push(view(span, at, run, self.block)?);
+                each(view(span, at, run, self.block)?)?;
                 got += run;
                 continue;
             }
@@ -60,10 +61,10 @@ impl Store {
                 .collect();
             // Promoted as read: the arrays MLX's loader made.
             let _ = self.ram.insert(Span::new(vec![keys[got]], chunk.clone()));
-            chunks.push(chunk);
+            each(chunk)?;
             got += 1;
         }
-        Ok((chunks, got))
+        Ok(got)
     }
 
     /// The set's keys and hit, after the checks a restore and an attach make: layers empty.
@@ -87,39 +88,47 @@ impl Store {
     /// or none.
     pub fn restore(&mut self, layers: &mut [&mut LatentCache], namespace: &[u8], tokens: &[u32]) -> Result<usize> {
         let (root, keys) = self.hit_for(layers, namespace, tokens)?;
-        let (chunks, got) = self.gather(&root, &keys)?;
-        self.count_hit(got);
-        if got == 0 {
-            return Ok(0);
-        }
-        self.used(&keys[..got]);
-        let positions = got * self.block;
         let reserved: Vec<usize> = layers.iter().map(|l| l.reserved).collect();
-        let done = (|| {
-            for layer in layers.iter_mut() {
-                layer.reserve(positions)?;
-            }
-            // Chunk by chunk, every layer prepared before any is applied; each chunk is copied
-            // once, into buffers reserved for the whole hit.
-            for chunk in &chunks {
-                let mut changes = Vec::with_capacity(layers.len());
-                for (layer, piece) in layers.iter().zip(chunk) {
-                    changes.push(layer.prepare_append_stored(piece.parts.as_ref().map(|_, p| p.clone()), piece.len)?);
-                }
-                layers.iter_mut().zip(changes).for_each(|(l, c)| l.apply(c));
-            }
-            Ok(())
-        })();
-        if let Err(e) = done {
+        let filled = self.fill(layers, &root, &keys);
+        let got = *filled.as_ref().unwrap_or(&0);
+        if got == 0 {
             // The set was empty: emptied again, as it was.
             for (layer, r) in layers.iter_mut().zip(reserved) {
                 layer.reset();
                 layer.reserved = r;
             }
-            return Err(e);
         }
+        filled?;
+        self.count_hit(got);
+        if got == 0 {
+            return Ok(0);
+        }
+        self.used(&keys[..got]);
         self.stats.restores += 1;
-        Ok(positions)
+        Ok(got * self.block)
+    }
+
+    /// A restore's copies: buffers reserved for the whole hit, then chunk by chunk as gathered,
+    /// every layer prepared before any is applied, each chunk copied once and handed to MLX
+    /// before the next is read, so that the device copies one block while the host reads and
+    /// checks the next file. Returns the blocks restored.
+    fn fill(&mut self, layers: &mut [&mut LatentCache], root: &Key, keys: &[Key]) -> Result<usize> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        for layer in layers.iter_mut() {
+            layer.reserve(keys.len() * self.block)?;
+        }
+        let got = self.gather(root, keys, |chunk| {
+            let mut changes = Vec::with_capacity(layers.len());
+            for (layer, piece) in layers.iter().zip(&chunk) {
+                changes.push(layer.prepare_append_stored(piece.parts.as_ref().map(|_, p| p.clone()), piece.len)?);
+            }
+            layers.iter_mut().zip(changes).for_each(|(l, c)| l.apply(c));
+            layers.iter().try_for_each(|l| l.eval_async())
+        })?;
+        layers.iter().try_for_each(|l| l.eval())?;
+        Ok(got)
     }
 
     /// Puts `rows` empty rows of `layers` (an empty set) over the longest stored prefix of
@@ -127,7 +136,11 @@ impl Store {
     /// returns its positions (0: nothing stored, the set left empty). Every layer or none.
     pub fn attach(&mut self, layers: &mut [&mut LatentCache], namespace: &[u8], tokens: &[u32], rows: usize) -> Result<usize> {
         let (root, keys) = self.hit_for(layers, namespace, tokens)?;
-        let (mut chunks, got) = self.gather(&root, &keys)?;
+        let mut chunks = Vec::new();
+        let got = self.gather(&root, &keys, |chunk| {
+            chunks.push(chunk);
+            Ok(())
+        })?;
         self.count_hit(got);
         if got == 0 {
             return Ok(0);

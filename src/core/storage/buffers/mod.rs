@@ -29,7 +29,7 @@ use mlx_rs::Array;
 
 use crate::core::error::{fail, Result};
 use crate::core::layout::slots::Placement;
-use crate::core::mlx::eval::{eval, is_evaluated};
+use crate::core::mlx::eval::{eval, eval_async, is_evaluated};
 use crate::core::mlx::memory::check_alloc;
 use crate::core::mlx::readers::{wait_for_readers, Holders, SKIP_AFTER_VIEWS};
 use crate::core::mlx::{math, ops};
@@ -325,6 +325,11 @@ impl Storage {
     /// Evaluates every buffer (pending writes land in place).
     pub fn eval(&self) -> Result<()> {
         eval(self.buffers.iter().filter_map(|b| b.data.as_ref()).flatten())
+    }
+
+    /// Hands every buffer's pending writes to MLX and returns (`eval_async`).
+    pub fn eval_async(&self) -> Result<()> {
+        eval_async(self.buffers.iter().filter_map(|b| b.data.as_ref()).flatten())
     }
 
     /// Releases every buffer.
