@@ -16,35 +16,44 @@ use crate::core::persist::contents::extents;
 use crate::core::persist::hot::read_hot;
 use crate::core::persist::metadata::{float_layer, parse_geometry, parse_list, FORMAT_VERSION, PREFIX};
 use crate::core::persist::mlx_lm::{float_tensor, import_mlx_lm};
-use crate::core::persist::mlx_read::{read_safetensors, read_safetensors_bytes};
+use crate::core::persist::mlx_read::{read_safetensors, read_safetensors_bytes, Streamed};
 use crate::core::storage::buffers::Storage;
 
 /// Loads the caches saved in `path`, every check passed before any cache is made.
 pub fn load(path: &Path) -> Result<Vec<LatentCache>> {
-    let (tensors, metadata) = read_safetensors(path)?;
-    load_read(tensors, metadata)
+    let (tensors, metadata, streamed) = read_safetensors(path)?;
+    load_read(tensors, metadata, streamed)
 }
 
 /// Loads from bytes a save wrote, read from memory (no temporary file).
 pub fn load_from_bytes(bytes: &[u8]) -> Result<Vec<LatentCache>> {
-    let (tensors, metadata) = read_safetensors_bytes(bytes)?;
-    load_read(tensors, metadata)
+    let (tensors, metadata, streamed) = read_safetensors_bytes(bytes)?;
+    load_read(tensors, metadata, streamed)
 }
 
 /// The caches of a file's tensors and metadata, as read.
-fn load_read(tensors: HashMap<String, Array>, metadata: HashMap<String, String>) -> Result<Vec<LatentCache>> {
+fn load_read(
+    tensors: HashMap<String, Array>,
+    metadata: HashMap<String, String>,
+    streamed: HashMap<String, Streamed>,
+) -> Result<Vec<LatentCache>> {
     // Any key of ours makes it our file: a damaged format key must not turn it into a foreign
     // (unchecked) one.
     if !metadata.keys().any(|k| k.starts_with(PREFIX)) {
         return import_mlx_lm(&tensors, &metadata);
     }
     match metadata.get(&format!("{PREFIX}format")) {
-        Some(version) => load_ours(version, &tensors, &metadata),
+        Some(version) => load_ours(version, &tensors, &metadata, &streamed),
         None => fail!(InvalidArgument, "the file's format version is missing (the file is damaged)"),
     }
 }
 
-fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<String, String>) -> Result<Vec<LatentCache>> {
+fn load_ours(
+    version: &str,
+    tensors: &HashMap<String, Array>,
+    meta: &HashMap<String, String>,
+    streamed: &HashMap<String, Streamed>,
+) -> Result<Vec<LatentCache>> {
     let Some(version) = version.parse::<u32>().ok().filter(|v| (1..=FORMAT_VERSION).contains(v)) else {
         return fail!(InvalidArgument, "format version {version:?}: this library reads 1 to {FORMAT_VERSION}");
     };
@@ -57,7 +66,7 @@ fn load_ours(version: &str, tensors: &HashMap<String, Array>, meta: &HashMap<Str
     // Verifying the checksums reads every tensor into MLX's memory, where the loaded caches keep
     // them: all of it must fit under MLX's memory limit first.
     for (name, a) in tensors {
-        if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum::evaluated(a, a.shape(), version)?) {
+        if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum::of_read(a, version, streamed.get(name))?) {
             return fail!(InvalidArgument, "tensor {name} does not match its checksum (the file is damaged)");
         }
     }

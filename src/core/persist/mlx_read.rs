@@ -13,12 +13,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
 use crate::core::error::{error, fail, Result};
 use crate::core::mlx::{device, eval::eval, memory::check_alloc};
+use crate::core::persist::checksum::Hasher;
 use crate::core::persist::file::open_regular;
+use crate::core::persist::safetensors::dtype_of_name;
 
 fn cstring(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| error!(InvalidArgument, "{s:?} contains a NUL byte"))
@@ -123,10 +125,82 @@ impl Drop for Revoke<'_> {
     }
 }
 
-/// MLX's view of a source: the source and a position for its sequential reads.
+/// MLX's view of a source: the source, a position for its sequential reads, and the tensors
+/// whose checksums are computed from the bytes as they are read.
 struct Reader {
     source: Arc<Source>,
     pos: Mutex<u64>,
+    tracked: Arc<Vec<Tracked>>,
+}
+
+/// The checksum (format version `STREAMED_VERSION`) of a tensor computed from its bytes as MLX's
+/// loader read them: verifying a read then makes no second pass over the tensor, and none on the
+/// host over memory the loader put on a device (MLX's CUDA loader reads into host memory, then
+/// copies to the device, where a host read would bring the bytes back).
+pub(super) struct Streamed {
+    pub dtype: Dtype,
+    pub shape: Vec<i32>,
+    pub sum: String,
+}
+
+/// The checksum format version streamed checksums are computed in.
+pub(super) const STREAMED_VERSION: u32 = 2;
+
+/// A tensor's bytes `start..end` in the source, and its checksum as far as read.
+struct Tracked {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<i32>,
+    start: u64,
+    end: u64,
+    state: Mutex<Track>,
+}
+
+enum Track {
+    /// Read in order up to `next`.
+    Running {
+        next: u64,
+        hasher: Hasher,
+    },
+    Done(String),
+    /// Read out of order, in pieces that overlap, or more than once: verified the usual way.
+    Broken,
+}
+
+impl Tracked {
+    fn new(name: String, dtype: Dtype, shape: Vec<i32>, start: u64, end: u64) -> Tracked {
+        let hasher = Hasher::new(dtype, &shape, STREAMED_VERSION);
+        let state = match start == end {
+            true => Track::Done(hasher.finish()),
+            false => Track::Running { next: start, hasher },
+        };
+        Tracked { name, dtype, shape, start, end, state: Mutex::new(state) }
+    }
+}
+
+impl Reader {
+    /// Hashes `bytes`, just read whole from `at`, into the tensor they belong to.
+    fn track(&self, bytes: &[u8], at: u64) {
+        let i = self.tracked.partition_point(|t| t.start <= at);
+        let Some(t) = i.checked_sub(1).map(|i| &self.tracked[i]).filter(|t| at < t.end) else {
+            return;
+        };
+        let mut state = t.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let end = at.saturating_add(bytes.len() as u64);
+        match &mut *state {
+            Track::Running { next, hasher } if *next == at && end <= t.end => {
+                hasher.update(bytes);
+                *next = end;
+                if end == t.end {
+                    let Track::Running { hasher, .. } = std::mem::replace(&mut *state, Track::Broken) else {
+                        unreachable!("matched above")
+                    };
+                    *state = Track::Done(hasher.finish());
+                }
+            }
+            _ => *state = Track::Broken,
+        }
+    }
 }
 
 /// The reader behind `desc`.
@@ -172,7 +246,9 @@ unsafe fn fill(r: &Reader, data: *mut c_char, n: usize, at: u64) -> usize {
     if n > 0 {
         // SAFETY: MLX hands a buffer of `n` bytes.
         let buf = unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), n) };
-        r.source.read_at(buf, at);
+        if r.source.read_at(buf, at) {
+            r.track(buf, at);
+        }
     }
     n
 }
@@ -225,9 +301,16 @@ fn dtype_size(dtype: &str) -> Option<u64> {
     })
 }
 
-/// Checks the frame (see the module's comment) before MLX reads anything; returns the header's
-/// metadata (its string entries) and the bytes its tensors take.
-fn check_frame(source: &Source, what: &str) -> Result<(HashMap<String, String>, u64)> {
+/// What a checked frame says: the header's metadata (its string entries), the bytes its tensors
+/// take, and each tensor of a dtype MLX reads as is, to checksum as read (ordered by its start).
+struct Frame {
+    metadata: HashMap<String, String>,
+    data_bytes: u64,
+    tracked: Vec<Tracked>,
+}
+
+/// Checks the frame (see the module's comment) before MLX reads anything.
+fn check_frame(source: &Source, what: &str) -> Result<Frame> {
     let size = source.len;
     let mut len = [0u8; 8];
     if size < 8 || !source.read_at(&mut len, 0) {
@@ -252,14 +335,18 @@ fn check_frame(source: &Source, what: &str) -> Result<(HashMap<String, String>, 
     };
     let data_len = size - 8 - header_len;
     let mut ranges = Vec::with_capacity(entries.len());
+    let mut tracked = Vec::with_capacity(entries.len());
     for (name, t) in entries.iter().filter(|(name, _)| *name != "__metadata__") {
         let damaged = || error!(InvalidArgument, "{what}: tensor {name:?} has a damaged entry (dtype, shape or data_offsets)");
-        let item = t.get("dtype").and_then(Value::as_str).and_then(dtype_size).ok_or_else(damaged)?;
+        let dtype = t.get("dtype").and_then(Value::as_str).ok_or_else(damaged)?;
+        let item = dtype_size(dtype).ok_or_else(damaged)?;
         let shape = t.get("shape").and_then(Value::as_array).ok_or_else(damaged)?;
         let mut bytes = Some(item);
+        let mut dims = Vec::with_capacity(shape.len());
         for d in shape {
             let d = d.as_u64().filter(|&d| d <= i32::MAX as u64).ok_or_else(damaged)?;
             bytes = bytes.and_then(|b| b.checked_mul(d));
+            dims.push(d as i32);
         }
         let offsets = t.get("data_offsets").and_then(Value::as_array).ok_or_else(damaged)?;
         let [start, end] = offsets.as_slice() else {
@@ -270,8 +357,13 @@ fn check_frame(source: &Source, what: &str) -> Result<(HashMap<String, String>, 
             return fail!(InvalidArgument, "{what}: tensor {name:?} spans bytes {start}..{end}, not its shape's size");
         }
         ranges.push((start, end));
+        if let Some(dtype) = dtype_of_name(dtype) {
+            let data = 8 + header_len;
+            tracked.push(Tracked::new(name.clone(), dtype, dims, data + start, data + end));
+        }
     }
     ranges.sort_unstable();
+    tracked.sort_unstable_by_key(|t| t.start);
     let mut at = 0u64;
     for (start, end) in ranges {
         if start != at {
@@ -287,11 +379,12 @@ fn check_frame(source: &Source, what: &str) -> Result<(HashMap<String, String>, 
     }
     let metadata = json.get("__metadata__").and_then(Value::as_object);
     let strings = metadata.into_iter().flatten().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())));
-    Ok((strings.collect(), at))
+    Ok(Frame { metadata: strings.collect(), data_bytes: at, tracked })
 }
 
-/// The tensors and metadata of a safetensors file.
-type Contents = (HashMap<String, Array>, HashMap<String, String>);
+/// The tensors and metadata of a safetensors file, and the checksums of the tensors computed as
+/// they were read (by name; where a tensor's reads allowed it).
+type Contents = (HashMap<String, Array>, HashMap<String, String>, HashMap<String, Streamed>);
 
 /// Reads the safetensors file at `path` through MLX: opened once, a regular file, read through
 /// that descriptor only.
@@ -309,7 +402,7 @@ pub(super) fn read_safetensors_bytes(bytes: &[u8]) -> Result<Contents> {
 pub(super) fn read_metadata(path: &Path) -> Result<HashMap<String, String>> {
     let (file, len) = open_regular(path)?;
     let source = Source { data: RwLock::new(Some(Data::File(file))), len, short: AtomicBool::new(false) };
-    Ok(check_frame(&source, &path.display().to_string())?.0)
+    Ok(check_frame(&source, &path.display().to_string())?.metadata)
 }
 
 /// `read_metadata` of safetensors in `bytes`.
@@ -319,7 +412,7 @@ pub(super) fn read_metadata_bytes(bytes: &[u8]) -> Result<HashMap<String, String
         len: bytes.len() as u64,
         short: AtomicBool::new(false),
     };
-    Ok(check_frame(&source, "the bytes")?.0)
+    Ok(check_frame(&source, "the bytes")?.metadata)
 }
 
 /// Checks the frame, has MLX read the tensors and metadata, and evaluates every tensor, all
@@ -328,14 +421,12 @@ fn read_source(data: Data, len: u64, what: &str) -> Result<Contents> {
     let source = Arc::new(Source { data: RwLock::new(Some(data)), len, short: AtomicBool::new(false) });
     let _revoke = Revoke(&source);
     // Only the tensors are MLX's to allocate: a header read alone is not measured against its limit.
-    let (_, data_bytes) = check_frame(&source, what)?;
+    let Frame { data_bytes, tracked, .. } = check_frame(&source, what)?;
     check_alloc(usize::try_from(data_bytes).ok(), &format!("loading {what}"))?;
-    let desc = Box::into_raw(Box::new(Reader { source: Arc::clone(&source), pos: Mutex::new(0) })).cast::<c_void>();
-    // Read on MLX's CPU: the checksums read every tensor on the host next, and MLX's CUDA loader
-    // on a GPU stream reads into host memory, copies that to the device, and the host's read
-    // then brings it back. Read on the CPU, the bytes stay where they were read until the
-    // device first uses them (and on a Mac's unified memory the stream changes nothing).
-    let stream = device::cpu_stream();
+    let tracked = Arc::new(tracked);
+    let reader = Reader { source: Arc::clone(&source), pos: Mutex::new(0), tracked: Arc::clone(&tracked) };
+    let desc = Box::into_raw(Box::new(reader)).cast::<c_void>();
+    let stream = device::library_stream();
     // SAFETY: `desc` is handed to MLX's reader, which frees it through `free` (or here when no
     // reader was made); the maps are MLX's results, read and freed here; arrays are copied into
     // owned handles, strings into Rust strings.
@@ -387,5 +478,55 @@ fn read_source(data: Data, len: u64, what: &str) -> Result<Contents> {
     if source.short.load(Ordering::Relaxed) {
         return fail!(InvalidArgument, "{what} changed while it was read (fewer bytes than it announced)");
     }
-    Ok((tensors, metadata))
+    let streamed = tracked
+        .iter()
+        .filter_map(|t| match &*t.state.lock().unwrap_or_else(PoisonError::into_inner) {
+            Track::Done(sum) => Some((t.name.clone(), Streamed { dtype: t.dtype, shape: t.shape.clone(), sum: sum.clone() })),
+            _ => None,
+        })
+        .collect();
+    Ok((tensors, metadata, streamed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::persist::checksum::evaluated;
+
+    /// A safetensors file of `tensors` (name, dtype, shape, bytes), in order.
+    fn file(tensors: &[(&str, &str, &[usize], Vec<u8>)]) -> Vec<u8> {
+        let (mut entries, mut data) = (Vec::new(), Vec::new());
+        for (name, dtype, shape, bytes) in tensors {
+            let (start, end) = (data.len(), data.len() + bytes.len());
+            entries.push(format!("\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{start},{end}]}}"));
+            data.extend_from_slice(bytes);
+        }
+        let mut header = format!("{{{}}}", entries.join(",")).into_bytes();
+        header.resize(header.len().div_ceil(8) * 8, b' ');
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend(header);
+        out.extend(data);
+        out
+    }
+
+    #[test]
+    fn checksums_streamed_as_read_equal_a_second_pass_over_the_tensors() {
+        let f32s: Vec<u8> = (0..6).flat_map(|i| (i as f32 * 1.5 - 2.0).to_le_bytes()).collect();
+        let bf16s: Vec<u8> = (0..37u16).flat_map(|i| (0x3f80 + i * 3).to_le_bytes()).collect();
+        let bytes = file(&[("a", "F32", &[2, 3], f32s), ("b", "BF16", &[1, 37], bf16s), ("empty", "U32", &[0, 4], Vec::new())]);
+        let (tensors, _, streamed) = read_safetensors_bytes(&bytes).unwrap();
+        assert_eq!(streamed.len(), 3);
+        for (name, a) in &tensors {
+            let s = &streamed[name];
+            assert_eq!((s.dtype, s.shape.as_slice()), (a.dtype(), a.shape()), "{name}");
+            assert_eq!(s.sum, evaluated(a, a.shape(), STREAMED_VERSION).unwrap(), "{name}");
+        }
+        // One byte of `b` flipped: its streamed checksum is the damaged bytes', not the file's.
+        let mut damaged = bytes.clone();
+        let at = damaged.len() - 5;
+        damaged[at] ^= 0x10;
+        let (_, _, again) = read_safetensors_bytes(&damaged).unwrap();
+        assert_ne!(again["b"].sum, streamed["b"].sum);
+        assert_eq!(again["a"].sum, streamed["a"].sum);
+    }
 }

@@ -30,6 +30,14 @@ fn dtype_name(d: Dtype) -> Result<&'static str> {
     })
 }
 
+/// The MLX dtype of a safetensors dtype name (those `dtype_name` gives).
+pub(super) fn dtype_of_name(name: &str) -> Option<Dtype> {
+    use Dtype::*;
+    [Bool, Uint8, Uint16, Uint32, Uint64, Int8, Int16, Int32, Int64, Float16, Bfloat16, Float32, Float64]
+        .into_iter()
+        .find(|&d| dtype_name(d).is_ok_and(|n| n == name))
+}
+
 /// A tensor to write: its values, and the shape the file gives them (the array's own, or a
 /// reshape of it that keeps its row-major order, written without laying the values out again).
 pub struct Tensor {

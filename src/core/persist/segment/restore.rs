@@ -99,7 +99,7 @@ type LayerArrays = (Families<Vec<Array>>, Vec<(Family, Array)>);
 /// have changed), their checksums, shapes and dtypes.
 fn read_parts(source: SegmentSource<'_>, k: usize, expected: &SegmentHeader) -> Result<Vec<LayerArrays>> {
     let what = source.what(k);
-    let (tensors, meta) = match source {
+    let (tensors, meta, streamed) = match source {
         SegmentSource::Path(p) => read_safetensors(p)?,
         SegmentSource::Bytes(b) => read_safetensors_bytes(b)?,
     };
@@ -118,7 +118,7 @@ fn read_parts(source: SegmentSource<'_>, k: usize, expected: &SegmentHeader) -> 
         if extents(a) != want || a.dtype() != dtype {
             return fail!(InvalidArgument, "{what}: tensor {name} is {:?} {:?}, not {want:?} {dtype:?}", a.shape(), a.dtype());
         }
-        if sums.get(&name) != Some(&checksum::evaluated(a, a.shape(), SUM_VERSION)?) {
+        if sums.get(&name) != Some(&checksum::of_read(a, SUM_VERSION, streamed.get(&name))?) {
             return fail!(InvalidArgument, "{what}: tensor {name} does not match its checksum (damaged)");
         }
         Ok(a.clone())
