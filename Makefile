@@ -178,8 +178,9 @@ test-swift: ship
 # runtime alone (tests/host_mlx/check-symbols.sh). Two C++ engines, each linked once against the
 # shared library and once against the archive (with the .pc's Libs.private, which names no MLX),
 # link the wheel's libmlx themselves: one compiles its own mlx-c (incrementally, in
-# target/host-mlx-test/mlxc) and appends and reads with it; the other has no mlx-c at all
-# (MLX's C++ API, under ASan and UBSan).
+# target/host-mlx-test/mlxc) and appends and reads with it, once with the library's mlx-c
+# version and once with another (HOST_ENGINE_MLXC); the other has no mlx-c at all (MLX's C++
+# API, under ASan and UBSan).
 HOST_MLX_OUT := target/host-mlx-test
 HOST_SHIP := target/ship-host
 HOST_MLXC_FOR_SHARED := $(HOST_MLX_OUT)/mlxc/libmlxc.a
@@ -193,6 +194,10 @@ $(DEPS)/.pip-host-%:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target $(DEPS)/py-$* $(PIP_PLATFORM) \
 	  "$(subst ==$(MLX_VERSION),==$*,$(MLX_WHEEL))"
 	@touch $@
+# Another mlx-c an engine may carry (mlx-swift 0.31.6's, Homebrew's): 25 functions changed
+# signature between it and the library's 0.7.0 under the same names. It compiles against MLX
+# 0.32's headers (C++20); host.cpp built with -DENGINE_MLXC_0_6 uses its io callbacks.
+HOST_ENGINE_MLXC := 0.6.0
 HOST_CXXFLAGS := -std=c++20 $(CWARN) -g -O1 -isystem $(PY)/mlx/include -include crates/mlx-sys/compat/prelude.h -Iinclude
 test-host-mlx: deps $(HOST_OTHER_STAMPS)
 	$(MAKE) --no-print-directory ship MLX=host
@@ -210,6 +215,18 @@ test-host-mlx: deps $(HOST_OTHER_STAMPS)
 	  $$(sed -n 's/^Libs.private: *//p' $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc)
 	$(HOST_MLX_OUT)/host-shared shared
 	$(HOST_MLX_OUT)/host-static static
+	mlxc=$$(bash tests/host_mlx/mlx-c-src.sh $(CURDIR) $(CURDIR)/$(HOST_MLX_OUT)/locate-$(HOST_ENGINE_MLXC) $(HOST_ENGINE_MLXC)) && \
+	$(MAKE) --no-print-directory -j2 -f tests/host_mlx/mlxc.mk MLX_C_SRC="$$mlxc" MLX_INCLUDE=$(PY)/mlx/include \
+	  COMPAT=$(CURDIR)/crates/mlx-sys/compat OBJ=$(CURDIR)/$(HOST_MLX_OUT)/mlxc-$(HOST_ENGINE_MLXC) CXX="$(CXX)" && \
+	$(CXX) $(HOST_CXXFLAGS) -DENGINE_MLXC_0_6 -isystem "$$mlxc" -c tests/host_mlx/host.cpp -o $(HOST_MLX_OUT)/host-mlxc.o
+	$(CXX) $(HOST_MLX_OUT)/host-mlxc.o -o $(HOST_MLX_OUT)/host-mlxc-shared -L$(HOST_SHIP)/lib -llatent_cache \
+	  $(HOST_MLX_OUT)/mlxc-$(HOST_ENGINE_MLXC)/libmlxc.a -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(CURDIR)/$(HOST_SHIP)/lib \
+	  -Wl,-rpath,$(PY)/mlx/lib
+	$(CXX) $(HOST_MLX_OUT)/host-mlxc.o -o $(HOST_MLX_OUT)/host-mlxc-static $(HOST_SHIP)/lib/liblatent_cache.a \
+	  $(HOST_MLX_OUT)/mlxc-$(HOST_ENGINE_MLXC)/libmlxc.a -L$(PY)/mlx/lib -lmlx -Wl,-rpath,$(PY)/mlx/lib \
+	  $$(sed -n 's/^Libs.private: *//p' $(HOST_SHIP)/lib/pkgconfig/latent-cache.pc)
+	$(HOST_MLX_OUT)/host-mlxc-shared "mlx-c $(HOST_ENGINE_MLXC), shared"
+	$(HOST_MLX_OUT)/host-mlxc-static "mlx-c $(HOST_ENGINE_MLXC), static"
 	$(CXX) -std=c++20 $(CWARN) -g -O1 $(SAN) -isystem $(PY)/mlx/include \
 	  -Iinclude -c tests/host_mlx/core.cpp -o $(HOST_MLX_OUT)/core.o
 	$(CXX) $(SAN) $(HOST_MLX_OUT)/core.o -o $(HOST_MLX_OUT)/core-shared -L$(HOST_SHIP)/lib \

@@ -5,9 +5,15 @@
 // the views the cache returns are read, and computed on, with the program's mlx-c: one MLX
 // runtime in the process. The values come from a random seed
 // (printed; pass it after the label to repeat a run) and are checked against what was appended.
+// The program may carry another version of mlx-c than the library's (built with
+// -DENGINE_MLXC_0_6 for mlx-c 0.6.0, whose io callbacks return nothing where 0.7.0's return
+// counts): it saves and loads an array through its own io beside the library's save and load
+// through the library's, so a function of one mlx-c called with the other's arguments fails here.
 //   host-shared|host-static LABEL [SEED]
 #include <mlx/c/mlx.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +53,72 @@ static void check_view(mlx_array view, const char *family, int batch, int width,
   check_values(data, family, batch, width, chunks, chunk_tokens, scale);
   mlx_array_free(dense);
   mlx_stream_free(stream);
+}
+
+// Bytes in memory behind the program's own mlx-c io: its vtable as that version declares it.
+struct Memory {
+  std::vector<char> bytes;
+  size_t pos = 0;
+};
+#ifdef ENGINE_MLXC_0_6
+using SeekResult = void;
+using CountResult = void;
+#define IO_RETURN(value) return
+#else
+using SeekResult = int;
+using CountResult = size_t;
+#define IO_RETURN(value) return value
+#endif
+static Memory &memory(void *desc) { return *static_cast<Memory *>(desc); }
+static bool io_is_open(void *) { return true; }
+static bool io_good(void *desc) { return memory(desc).pos <= memory(desc).bytes.size(); }
+static size_t io_tell(void *desc) { return memory(desc).pos; }
+static SeekResult io_seek(void *desc, int64_t off, int whence) {
+  Memory &m = memory(desc);
+  const int64_t base = whence == SEEK_CUR ? static_cast<int64_t>(m.pos)
+                       : whence == SEEK_END ? static_cast<int64_t>(m.bytes.size())
+                                            : 0;
+  m.pos = static_cast<size_t>(base + off);
+  IO_RETURN(0);
+}
+static CountResult io_read_at(void *desc, char *out, size_t n, size_t off) {
+  Memory &m = memory(desc);
+  const size_t k = off < m.bytes.size() ? std::min(n, m.bytes.size() - off) : 0;
+  std::copy(m.bytes.begin() + static_cast<std::ptrdiff_t>(off), m.bytes.begin() + static_cast<std::ptrdiff_t>(off + k), out);
+  IO_RETURN(k);
+}
+static CountResult io_read(void *desc, char *out, size_t n) {
+  Memory &m = memory(desc);
+  const size_t k = m.pos < m.bytes.size() ? std::min(n, m.bytes.size() - m.pos) : 0;
+  io_read_at(desc, out, k, m.pos);
+  m.pos += k;
+  IO_RETURN(k);
+}
+static CountResult io_write(void *desc, const char *data, size_t n) {
+  Memory &m = memory(desc);
+  if (m.bytes.size() < m.pos + n) m.bytes.resize(m.pos + n);
+  std::copy(data, data + n, m.bytes.begin() + static_cast<std::ptrdiff_t>(m.pos));
+  m.pos += n;
+  IO_RETURN(n);
+}
+static const char *io_label(void *) { return "the engine's memory"; }
+static void io_free(void *) {}  // the Memory is the program's, on its stack
+static const mlx_io_vtable ENGINE_IO = {io_is_open, io_good, io_tell, io_seek, io_read, io_read_at, io_write, io_label, io_free};
+
+// `view` saved through the program's own mlx-c io into memory and loaded back through it.
+static mlx_array engine_round_trip(mlx_array view, Memory &m) {
+  mlx_io_writer writer = mlx_io_writer_new(&m, ENGINE_IO);
+  CHECK(mlx_save_writer(writer, view) == 0);
+  mlx_io_writer_free(writer);
+  CHECK(!m.bytes.empty());
+  m.pos = 0;
+  mlx_io_reader reader = mlx_io_reader_new(&m, ENGINE_IO);
+  mlx_stream stream = mlx_default_cpu_stream_new();
+  mlx_array loaded = mlx_array_new();
+  CHECK(mlx_load_reader(&loaded, reader, stream) == 0);
+  mlx_io_reader_free(reader);
+  mlx_stream_free(stream);
+  return loaded;
 }
 
 int main(int argc, char **argv) {
@@ -104,6 +176,25 @@ int main(int argc, char **argv) {
     mlx_array_free(doubled);
     mlx_array_free(two);
     mlx_stream_free(stream);
+    // The engine's io (its mlx-c) on the latent view, then the library's save and load (its
+    // own mlx-c's io) of the same cache, read back through the program's mlx-c again.
+    Memory m;
+    mlx_array loaded = engine_round_trip(state[0], m);
+    check_view(loaded, "latent through the engine's io", batch, widths[0], chunks, chunk_tokens, 1.0f);
+    mlx_array_free(loaded);
+    uint8_t *bytes = nullptr;
+    size_t len = 0;
+    latent_cache *copy = nullptr;
+    if (ok(latent_cache_save_to_buffer(cache, &bytes, &len), "save_to_buffer") &&
+        ok(latent_cache_load_from_buffer(bytes, len, &copy), "load_from_buffer")) {
+      mlx_array again[3] = {{nullptr}, {nullptr}, {nullptr}};
+      if (ok(latent_cache_state(copy, &again[0], &again[1], &again[2]), "state of the loaded cache")) {
+        check_view(again[0], "latent saved and loaded by the library", batch, widths[0], chunks, chunk_tokens, 1.0f);
+        for (mlx_array a : again) mlx_array_free(a);
+      }
+    }
+    latent_cache_free(copy);
+    latent_cache_bytes_free(bytes, len);
     for (mlx_array a : state) mlx_array_free(a);
   }
   latent_cache_free(cache);
