@@ -1539,8 +1539,10 @@ latent_cache_status latent_cache_store_put(latent_cache_store *store,
                                            size_t *stored);
 
 // `*positions` receives the positions of the longest prefix of `tokens` the store holds for
-// `set`'s layers under `namespace` (whole blocks; 0 for none), answered from the indexes
-// alone (no file is read). `set` only names the layers' geometry; it is not changed.
+// `set`'s layers under `namespace` (whole blocks; 0 for none), answered from the indexes (no
+// tensor is read), and past their end from the folder: a block file another process wrote
+// since is found by its name (one `stat` where there is none; its header is read and checked).
+// `set` only names the layers' geometry; it is not changed.
 // Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (composed storage, a namespace too long).
 latent_cache_status latent_cache_store_lookup(latent_cache_store *store,
                                               const latent_cache_set *set,
@@ -1587,8 +1589,9 @@ latent_cache_status latent_cache_store_attach(latent_cache_store *store,
 // names the first; those blocks stay in RAM only).
 latent_cache_status latent_cache_store_sync(latent_cache_store *store);
 
-// Indexes the folder again (blocks other processes wrote since the store opened, files they
-// removed); `*blocks` (may be NULL) receives the blocks it holds.
+// Indexes the folder again (files other processes removed, damaged files dropped; the blocks
+// they wrote are found by lookups without it); `*blocks` (may be NULL) receives the blocks it
+// holds.
 // Returns `OK`, `NULL_ARGUMENT`, `BACKEND` (the folder stayed locked).
 latent_cache_status latent_cache_store_refresh(latent_cache_store *store, size_t *blocks);
 

@@ -58,7 +58,8 @@ public final class PrefixStore: @unchecked Sendable {
   /// Waits until every block put so far is durable in the folder.
   public func sync() throws { try withHandle { try check(latent_cache_store_sync($0)) } }
 
-  /// Indexes the folder again (other processes' blocks); returns the blocks it holds.
+  /// Indexes the folder again (files other processes removed; their new blocks are found by
+  /// lookups without it); returns the blocks it holds.
   public func refresh() throws -> Int {
     var out = 0
     try withHandle { try check(latent_cache_store_refresh($0, &out)) }

@@ -162,8 +162,10 @@ pub unsafe extern "C" fn latent_cache_store_put(
 }
 
 /// `*positions` receives the positions of the longest prefix of `tokens` the store holds for
-/// `set`'s layers under `namespace` (whole blocks; 0 for none), answered from the indexes
-/// alone (no file is read). `set` only names the layers' geometry; it is not changed.
+/// `set`'s layers under `namespace` (whole blocks; 0 for none), answered from the indexes (no
+/// tensor is read), and past their end from the folder: a block file another process wrote
+/// since is found by its name (one `stat` where there is none; its header is read and checked).
+/// `set` only names the layers' geometry; it is not changed.
 /// Returns `OK`, `NULL_ARGUMENT`, `INVALID_ARGUMENT` (composed storage, a namespace too long).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_store_lookup(
@@ -251,8 +253,9 @@ pub unsafe extern "C" fn latent_cache_store_sync(store: *mut latent_cache_store)
     }
 }
 
-/// Indexes the folder again (blocks other processes wrote since the store opened, files they
-/// removed); `*blocks` (may be NULL) receives the blocks it holds.
+/// Indexes the folder again (files other processes removed, damaged files dropped; the blocks
+/// they wrote are found by lookups without it); `*blocks` (may be NULL) receives the blocks it
+/// holds.
 /// Returns `OK`, `NULL_ARGUMENT`, `BACKEND` (the folder stayed locked).
 #[no_mangle]
 pub unsafe extern "C" fn latent_cache_store_refresh(store: *mut latent_cache_store, blocks: *mut usize) -> latent_cache_status {

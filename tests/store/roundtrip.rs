@@ -126,3 +126,32 @@ fn lent_blocks_are_pinned_and_refusals_change_nothing() {
     assert_eq!(store.put(&c.shared(), 0, b"", &c.tokens).unwrap_err().kind, ErrorKind::InvalidArgument);
     assert_eq!(store.stats().blocks_put, 8);
 }
+
+#[test]
+fn blocks_another_store_wrote_to_the_folder_are_found_without_a_refresh() {
+    let mut rng = Rng::new(9);
+    let dir = scratch("shared-folder");
+    let gs = geometries(StorageMode::Bf16, LayoutKind::RightJustified);
+    // Two handles on one folder, as two processes would hold: `reader` opened before any put.
+    let mut writer = open(Some(&dir), 16, 1 << 30, 1 << 30);
+    let mut reader = open(Some(&dir), 16, 1 << 30, 1 << 30);
+    let mut a = Engine::new(&gs);
+    a.extend(&tokens(&mut rng, 80));
+    assert_eq!(reader.lookup(&gs, b"ns", &a.tokens).unwrap(), 0, "nothing written yet");
+    assert_eq!(writer.put(&a.shared(), 0, b"ns", &a.tokens).unwrap().stored, 5);
+    assert_eq!(reader.lookup(&gs, b"ns", &a.tokens).unwrap(), 0, "written behind: not on the SSD before a sync");
+    writer.sync().unwrap();
+    assert_eq!(reader.lookup(&gs, b"ns", &a.tokens).unwrap(), 80, "found once synced, with no refresh");
+    let mut b = Engine::new(&gs);
+    assert_eq!(b.restore(&mut reader, b"ns", &a.tokens), 80);
+    b.check("restored from the other handle's files");
+    // The writer's conversation goes on: the reader finds the new blocks after the old ones.
+    a.extend(&tokens(&mut rng, 45));
+    assert_eq!(writer.put(&a.shared(), 0, b"ns", &a.tokens).unwrap().stored, 2);
+    writer.sync().unwrap();
+    let mut c = Engine::new(&gs);
+    assert_eq!(c.restore(&mut reader, b"ns", &a.tokens), 112, "the RAM blocks, then the new files");
+    c.check("restored across both tiers");
+    assert_eq!(reader.refresh().unwrap(), 7, "a refresh indexes the same 7 files");
+    let _ = std::fs::remove_dir_all(&dir);
+}

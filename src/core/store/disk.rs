@@ -258,6 +258,23 @@ impl Disk {
         self.index.lock().expect("index").contains_key(key)
     }
 
+    /// Whether block `key` of root `root` has a file the index lacks (written by another
+    /// process since this one last listed the folder): its header is read and checked as the
+    /// scan checks it, and a block file that checks is indexed. One `stat` where there is none;
+    /// no tensor is read, nothing is removed (that needs the folder's lock: the next scan).
+    pub fn probe(&self, root: &Key, key: &Key) -> bool {
+        let folder = folder_name(root);
+        let path = self.dir.join(&folder).join(format!("{}.{EXT}", keys::hex(key)));
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            return false;
+        };
+        if !meta.is_file() || read_segment_header(SegmentSource::Path(&path)).and_then(|h| check(&h, &folder, key)).is_err() {
+            return false;
+        }
+        self.index.lock().expect("index").insert(*key, Entry { path, bytes: meta.len() });
+        true
+    }
+
     /// Blocks indexed and their bytes.
     pub fn totals(&self) -> (usize, u64) {
         let index = self.index.lock().expect("index");

@@ -78,7 +78,7 @@ impl Store {
         if let Some(max) = max {
             keys.truncate(max / self.block);
         }
-        let n = self.hit(&keys);
+        let n = self.hit(&root, &keys);
         keys.truncate(n);
         Ok((root, keys))
     }

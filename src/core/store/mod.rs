@@ -175,9 +175,15 @@ impl Store {
         self.ram.at(key).is_some() || self.disk.as_ref().is_some_and(|d| d.has(key))
     }
 
-    /// Blocks at the start of `keys` the store holds (no I/O).
-    fn hit(&self, keys: &[Key]) -> usize {
-        keys.iter().take_while(|k| self.held(k)).count()
+    /// Blocks at the start of `keys` (of chain `root`) the store holds: those its indexes hold
+    /// (no I/O), then those whose files another process wrote since (`Disk::probe`: one `stat`
+    /// where there is none, so a lookup that ends in a miss costs one).
+    fn hit(&self, root: &Key, keys: &[Key]) -> usize {
+        let held = keys.iter().take_while(|k| self.held(k)).count();
+        let Some(disk) = &self.disk else {
+            return held;
+        };
+        held + keys[held..].iter().take_while(|k| disk.probe(root, k)).count()
     }
 
     /// Marks blocks used: their RAM spans now, their files by the writer.
@@ -196,8 +202,8 @@ impl Store {
 
     /// Positions of the longest stored prefix of `tokens` (whole blocks), from the indexes alone.
     pub fn lookup(&mut self, geometries: &[Geometry], namespace: &[u8], tokens: &[u32]) -> Result<usize> {
-        let (_, keys) = self.keys_for(geometries, namespace, tokens)?;
-        let n = self.hit(&keys);
+        let (root, keys) = self.keys_for(geometries, namespace, tokens)?;
+        let n = self.hit(&root, &keys);
         self.count_hit(n);
         Ok(n * self.block)
     }
