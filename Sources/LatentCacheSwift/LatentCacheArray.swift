@@ -42,7 +42,8 @@ public final class LatentCacheArray: @unchecked Sendable {
   //   borrow an mlx-swift array:  LatentCacheArray(borrowingContext: mlxArray.ctx.ctx)
   //     (not owned: keep the MLXArray alive while this object is used)
   //   hand one of ours over:      MLXArray(mlx_array(ctx: ours.relinquishContext()))
-  //     (mlx-swift then owns and frees it; `ours` no longer does)
+  //     (mlx-swift then owns and frees it; `ours` no longer does; `mlx_array` there is Cmlx's:
+  //     that file imports Cmlx, not LatentCache)
 
   /// Wraps an array owned elsewhere by its context pointer, without taking ownership; nil for a
   /// NULL pointer.

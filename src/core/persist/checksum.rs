@@ -11,7 +11,6 @@ use crate::core::error::Result;
 use crate::core::mlx::eval::eval;
 use crate::core::mlx::ops;
 use crate::core::persist::metadata::PREFIX;
-use crate::core::persist::mlx_read::{Streamed, STREAMED_VERSION};
 use crate::core::persist::tensor_bytes;
 
 const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -120,16 +119,6 @@ pub fn evaluated(a: &Array, shape: &[i32], version: u32) -> Result<String> {
     let laid_out = ops::contiguous(a)?;
     eval([&laid_out])?;
     checksum(&laid_out, shape, version)
-}
-
-/// The checksum of a tensor MLX's loader read, as format `version` computes it: the one computed
-/// from its bytes as they were read (`streamed`) where that was for this version, dtype and
-/// shape, else `evaluated` (a second pass over the tensor on the host).
-pub(super) fn of_read(a: &Array, version: u32, streamed: Option<&Streamed>) -> Result<String> {
-    match streamed.filter(|s| version == STREAMED_VERSION && s.dtype == a.dtype() && s.shape == a.shape()) {
-        Some(s) => Ok(s.sum.clone()),
-        None => evaluated(a, a.shape(), version),
-    }
 }
 
 /// FNV-1a 64 over every metadata entry but `meta_sum` itself, in key order.

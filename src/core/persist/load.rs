@@ -11,12 +11,13 @@ use crate::core::error::{error, fail, Result};
 use crate::core::layout::row_layout::RowLayout;
 use crate::core::mlx::ops;
 use crate::core::model::families::Families;
-use crate::core::persist::checksum::{self, metadata_checksum};
+use crate::core::persist::checksum::metadata_checksum;
 use crate::core::persist::contents::extents;
 use crate::core::persist::hot::read_hot;
 use crate::core::persist::metadata::{float_layer, parse_geometry, parse_list, FORMAT_VERSION, PREFIX};
 use crate::core::persist::mlx_lm::{float_tensor, import_mlx_lm};
-use crate::core::persist::mlx_read::{read_safetensors, read_safetensors_bytes, Streamed};
+use crate::core::persist::mlx_read::{read_safetensors, read_safetensors_bytes};
+use crate::core::persist::streamed::{of_read, Streamed};
 use crate::core::storage::buffers::Storage;
 
 /// Loads the caches saved in `path`, every check passed before any cache is made.
@@ -66,7 +67,7 @@ fn load_ours(
     // Verifying the checksums reads every tensor into MLX's memory, where the loaded caches keep
     // them: all of it must fit under MLX's memory limit first.
     for (name, a) in tensors {
-        if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&checksum::of_read(a, version, streamed.get(name))?) {
+        if meta.get(&format!("{PREFIX}sum.{name}")) != Some(&of_read(a, version, streamed.get(name))?) {
             return fail!(InvalidArgument, "tensor {name} does not match its checksum (the file is damaged)");
         }
     }

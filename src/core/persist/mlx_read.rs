@@ -13,14 +13,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 use serde_json::Value;
 
 use crate::core::error::{error, fail, Result};
 use crate::core::mlx::{device, eval::eval, memory::check_alloc};
-use crate::core::persist::checksum::Hasher;
 use crate::core::persist::file::open_regular;
-use crate::core::persist::safetensors::dtype_of_name;
+use crate::core::persist::safetensors::{dtype_of_name, dtype_size};
+use crate::core::persist::streamed::{streamed, track, Streamed, Tracked};
 
 fn cstring(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| error!(InvalidArgument, "{s:?} contains a NUL byte"))
@@ -125,82 +125,11 @@ impl Drop for Revoke<'_> {
     }
 }
 
-/// MLX's view of a source: the source, a position for its sequential reads, and the tensors
-/// whose checksums are computed from the bytes as they are read.
+/// MLX's view of a source: the source, a position, the tensors to checksum as read (`streamed`).
 struct Reader {
     source: Arc<Source>,
     pos: Mutex<u64>,
     tracked: Arc<Vec<Tracked>>,
-}
-
-/// The checksum (format version `STREAMED_VERSION`) of a tensor computed from its bytes as MLX's
-/// loader read them: verifying a read then makes no second pass over the tensor, and none on the
-/// host over memory the loader put on a device (MLX's CUDA loader reads into host memory, then
-/// copies to the device, where a host read would bring the bytes back).
-pub(super) struct Streamed {
-    pub dtype: Dtype,
-    pub shape: Vec<i32>,
-    pub sum: String,
-}
-
-/// The checksum format version streamed checksums are computed in.
-pub(super) const STREAMED_VERSION: u32 = 2;
-
-/// A tensor's bytes `start..end` in the source, and its checksum as far as read.
-struct Tracked {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<i32>,
-    start: u64,
-    end: u64,
-    state: Mutex<Track>,
-}
-
-enum Track {
-    /// Read in order up to `next`.
-    Running {
-        next: u64,
-        hasher: Hasher,
-    },
-    Done(String),
-    /// Read out of order, in pieces that overlap, or more than once: verified the usual way.
-    Broken,
-}
-
-impl Tracked {
-    fn new(name: String, dtype: Dtype, shape: Vec<i32>, start: u64, end: u64) -> Tracked {
-        let hasher = Hasher::new(dtype, &shape, STREAMED_VERSION);
-        let state = match start == end {
-            true => Track::Done(hasher.finish()),
-            false => Track::Running { next: start, hasher },
-        };
-        Tracked { name, dtype, shape, start, end, state: Mutex::new(state) }
-    }
-}
-
-impl Reader {
-    /// Hashes `bytes`, just read whole from `at`, into the tensor they belong to.
-    fn track(&self, bytes: &[u8], at: u64) {
-        let i = self.tracked.partition_point(|t| t.start <= at);
-        let Some(t) = i.checked_sub(1).map(|i| &self.tracked[i]).filter(|t| at < t.end) else {
-            return;
-        };
-        let mut state = t.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let end = at.saturating_add(bytes.len() as u64);
-        match &mut *state {
-            Track::Running { next, hasher } if *next == at && end <= t.end => {
-                hasher.update(bytes);
-                *next = end;
-                if end == t.end {
-                    let Track::Running { hasher, .. } = std::mem::replace(&mut *state, Track::Broken) else {
-                        unreachable!("matched above")
-                    };
-                    *state = Track::Done(hasher.finish());
-                }
-            }
-            _ => *state = Track::Broken,
-        }
-    }
 }
 
 /// The reader behind `desc`.
@@ -247,7 +176,7 @@ unsafe fn fill(r: &Reader, data: *mut c_char, n: usize, at: u64) -> usize {
         // SAFETY: MLX hands a buffer of `n` bytes.
         let buf = unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), n) };
         if r.source.read_at(buf, at) {
-            r.track(buf, at);
+            track(&r.tracked, buf, at);
         }
     }
     n
@@ -290,19 +219,8 @@ const VTABLE: mlx_sys::mlx_io_vtable = mlx_sys::mlx_io_vtable {
     free: Some(free),
 };
 
-/// Bytes per element of a safetensors dtype MLX reads.
-fn dtype_size(dtype: &str) -> Option<u64> {
-    Some(match dtype {
-        "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
-        "U16" | "I16" | "F16" | "BF16" => 2,
-        "U32" | "I32" | "F32" => 4,
-        "U64" | "I64" | "F64" | "C64" => 8,
-        _ => return None,
-    })
-}
-
-/// What a checked frame says: the header's metadata (its string entries), the bytes its tensors
-/// take, and each tensor of a dtype MLX reads as is, to checksum as read (ordered by its start).
+/// A checked frame: the header's metadata (its string entries), the bytes its tensors take, and
+/// the tensors to checksum as read (ordered by their starts).
 struct Frame {
     metadata: HashMap<String, String>,
     data_bytes: u64,
@@ -478,55 +396,5 @@ fn read_source(data: Data, len: u64, what: &str) -> Result<Contents> {
     if source.short.load(Ordering::Relaxed) {
         return fail!(InvalidArgument, "{what} changed while it was read (fewer bytes than it announced)");
     }
-    let streamed = tracked
-        .iter()
-        .filter_map(|t| match &*t.state.lock().unwrap_or_else(PoisonError::into_inner) {
-            Track::Done(sum) => Some((t.name.clone(), Streamed { dtype: t.dtype, shape: t.shape.clone(), sum: sum.clone() })),
-            _ => None,
-        })
-        .collect();
-    Ok((tensors, metadata, streamed))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::persist::checksum::evaluated;
-
-    /// A safetensors file of `tensors` (name, dtype, shape, bytes), in order.
-    fn file(tensors: &[(&str, &str, &[usize], Vec<u8>)]) -> Vec<u8> {
-        let (mut entries, mut data) = (Vec::new(), Vec::new());
-        for (name, dtype, shape, bytes) in tensors {
-            let (start, end) = (data.len(), data.len() + bytes.len());
-            entries.push(format!("\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{start},{end}]}}"));
-            data.extend_from_slice(bytes);
-        }
-        let mut header = format!("{{{}}}", entries.join(",")).into_bytes();
-        header.resize(header.len().div_ceil(8) * 8, b' ');
-        let mut out = (header.len() as u64).to_le_bytes().to_vec();
-        out.extend(header);
-        out.extend(data);
-        out
-    }
-
-    #[test]
-    fn checksums_streamed_as_read_equal_a_second_pass_over_the_tensors() {
-        let f32s: Vec<u8> = (0..6).flat_map(|i| (i as f32 * 1.5 - 2.0).to_le_bytes()).collect();
-        let bf16s: Vec<u8> = (0..37u16).flat_map(|i| (0x3f80 + i * 3).to_le_bytes()).collect();
-        let bytes = file(&[("a", "F32", &[2, 3], f32s), ("b", "BF16", &[1, 37], bf16s), ("empty", "U32", &[0, 4], Vec::new())]);
-        let (tensors, _, streamed) = read_safetensors_bytes(&bytes).unwrap();
-        assert_eq!(streamed.len(), 3);
-        for (name, a) in &tensors {
-            let s = &streamed[name];
-            assert_eq!((s.dtype, s.shape.as_slice()), (a.dtype(), a.shape()), "{name}");
-            assert_eq!(s.sum, evaluated(a, a.shape(), STREAMED_VERSION).unwrap(), "{name}");
-        }
-        // One byte of `b` flipped: its streamed checksum is the damaged bytes', not the file's.
-        let mut damaged = bytes.clone();
-        let at = damaged.len() - 5;
-        damaged[at] ^= 0x10;
-        let (_, _, again) = read_safetensors_bytes(&damaged).unwrap();
-        assert_ne!(again["b"].sum, streamed["b"].sum);
-        assert_eq!(again["a"].sum, streamed["a"].sum);
-    }
+    Ok((tensors, metadata, streamed(&tracked)))
 }

@@ -47,6 +47,7 @@ mod mlx_lm;
 mod mlx_read;
 pub mod mlxbun;
 mod save;
+mod streamed;
 pub mod safetensors;
 pub mod segment;
 pub mod tensor_bytes;

@@ -30,6 +30,17 @@ fn dtype_name(d: Dtype) -> Result<&'static str> {
     })
 }
 
+/// Bytes per element of a safetensors dtype MLX reads.
+pub(super) fn dtype_size(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
+        "U16" | "I16" | "F16" | "BF16" => 2,
+        "U32" | "I32" | "F32" => 4,
+        "U64" | "I64" | "F64" | "C64" => 8,
+        _ => return None,
+    })
+}
+
 /// The MLX dtype of a safetensors dtype name (those `dtype_name` gives).
 pub(super) fn dtype_of_name(name: &str) -> Option<Dtype> {
     use Dtype::*;

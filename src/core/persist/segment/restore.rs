@@ -17,10 +17,10 @@ use crate::core::mlx::math;
 use crate::core::mlx::memory::check_alloc;
 use crate::core::model::families::Families;
 use crate::core::model::geometry::Family;
-use crate::core::persist::checksum;
 use crate::core::persist::contents::extents;
 use crate::core::persist::mlx_read::{read_metadata, read_metadata_bytes, read_safetensors, read_safetensors_bytes};
 use crate::core::persist::segment::header::{describe_layer, parse, tensor_name, SegmentHeader, SUM_VERSION};
+use crate::core::persist::streamed::of_read;
 use crate::core::storage::buffers::Storage;
 
 /// Where a segment is: a file, or bytes the caller lends for the call.
@@ -118,7 +118,7 @@ fn read_parts(source: SegmentSource<'_>, k: usize, expected: &SegmentHeader) -> 
         if extents(a) != want || a.dtype() != dtype {
             return fail!(InvalidArgument, "{what}: tensor {name} is {:?} {:?}, not {want:?} {dtype:?}", a.shape(), a.dtype());
         }
-        if sums.get(&name) != Some(&checksum::of_read(a, SUM_VERSION, streamed.get(&name))?) {
+        if sums.get(&name) != Some(&of_read(a, SUM_VERSION, streamed.get(&name))?) {
             return fail!(InvalidArgument, "{what}: tensor {name} does not match its checksum (damaged)");
         }
         Ok(a.clone())
