@@ -249,7 +249,11 @@ def measure(dtype_name, batch, context, runs, every):
         ("dense", "mlx-lm dense", batch * context * LAYERS * (RANK + ROPE) * width),
         ("sparse", "mlx-lm sparse (DSA)", batch * (dsa_layers * context * INDEX + LAYERS * selected * (RANK + ROPE)) * width),
     ]
-    if every:
+    if context <= TOPK:
+        # mlx-lm's own path at this length is dense (its index holds no more than top-k
+        # positions, and its indexer's argpartition refuses k past the length).
+        systems = systems[:1]
+    elif every:
         systems.append(("every", "mlx-lm sparse (DSA, indexer on every layer)",
                         batch * LAYERS * (context * INDEX + selected * (RANK + ROPE)) * width))
     records = []
@@ -298,7 +302,11 @@ def main():
     p.add_argument("--modes", default="bf16,f32", help="storage dtypes, in order (bf16,f32)")
     a = p.parse_args()
     # The points and runs of bench/src/main.rs (`--model-step`) and model_step.rs (`run`).
-    if a.quick:
+    if a.quick and not a.gpu:
+        # As latent-cache-bench's `--model-step --quick` on the CPU: one small point, bf16.
+        points = [(1, 1024)]
+        a.modes = "bf16" if a.modes == "bf16,f32" else a.modes
+    elif a.quick:
         points = [(1, 4096)]
     elif a.gpu:
         points = [(1, 16384), (1, 65536), (1, 131072), (8, 16384)]
@@ -306,7 +314,7 @@ def main():
         points = [(1, 4096), (1, 16384)]
     if a.points:
         points = [tuple(int(x) for x in point.split("x")) for point in a.points.split(",")]
-    runs = (1, 3) if a.quick else (3, 10)
+    runs = (1, 2) if a.quick else (3, 10)
     print(f"mlx-lm model step: MLX {mx.__version__}, device {mx.default_device()}", file=sys.stderr)
     records = [
         r for mode in a.modes.split(",") for batch, context in points

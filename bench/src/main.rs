@@ -31,7 +31,8 @@
 //! - `--model-step`: the whole decode step as GLM-5.2 runs it, its 78 layers' appends and
 //!   attention in one graph, DSA-sparse (the indexer on 21 layers, the others reusing its
 //!   selection) beside dense, in bfloat16 and float32 (with `--gpu` also Q8, FP8 and composed
-//!   storage; see `model_step.rs`); batch 1 at 4K and 16K (4K with `--quick`; 16K to 128K and
+//!   storage; see `model_step.rs`); batch 1 at 4K and 16K (1K in bfloat16 with `--quick`, 4K
+//!   with `--quick --gpu`; 16K to 128K and
 //!   batch 8 at 16K with `--gpu`), or `--points`; each
 //!   timed as single steps, pipelined (the next step built while the device runs this one) and
 //!   its graph build alone, beside the MLX operations of its graph (`--only ops`: those alone;
@@ -405,8 +406,11 @@ fn main() {
     if std::env::args().any(|a| a == "--model-step") {
         let given = std::env::args().any(|a| a == "--points").then_some(cfg.points.clone());
         let gpu = std::env::args().any(|a| a == "--gpu");
+        // `--quick` on the CPU: one small point in bfloat16 (a 78-layer step at 4K takes 5-16 s on
+        // one core; `make bench-quick` is meant to take minutes).
         let points = given.unwrap_or_else(|| match (cfg.quick, gpu) {
-            (true, _) => vec![(1, 4096)],
+            (true, false) => vec![(1, 1024)],
+            (true, true) => vec![(1, 4096)],
             (false, true) => vec![(1, 16384), (1, 65536), (1, 131072), (8, 16384)],
             (false, false) => vec![(1, 4096), (1, 16384)],
         });
@@ -419,6 +423,7 @@ fn main() {
         // them (on a GPU; on the CPU they run MLX's ops over decoded copies, minutes a step).
         let sets: Vec<&modes::ModeSet> = match gpu {
             true => modes::MODE_SETS.iter().filter(|s| s.storage[0] != latent_cache::StorageMode::Q4).collect(),
+            false if cfg.quick => modes::MODE_SETS[1..2].iter().collect(),
             false => modes::MODE_SETS[..2].iter().collect(),
         };
         let earlier = !std::env::args().any(|a| a == "--no-earlier");

@@ -253,7 +253,7 @@ fn pipelined(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usiz
 /// Records of both systems at each (batch, context) of `points`, stored as `set` says (its
 /// name less "latent-cache " is the records' `mode`: "bf16", "f32", "q8 (rope bf16)", ...).
 pub fn run(set: &ModeSet, points: &[(usize, usize)], quick: bool, ops_only: bool, earlier: bool) -> Vec<String> {
-    let (warmup, samples) = if quick { (1, 3) } else { (3, 10) };
+    let (warmup, samples) = if quick { (1, 2) } else { (3, 10) };
     let mode = set.name.trim_start_matches("latent-cache ");
     let dtype = if set.storage[0] == StorageMode::F32 { Dtype::Float32 } else { Dtype::Bfloat16 };
     // Bytes a position holds per family, as stored (the hot side of composed storage is
