@@ -12,9 +12,7 @@ use crate::core::error::Result;
 use crate::core::persist::checksum::{evaluated, Hasher};
 
 /// The checksum (format version `STREAMED_VERSION`) of a tensor computed from its bytes as MLX's
-/// loader read them: verifying a read then makes no second pass over the tensor, and none on the
-/// host over memory the loader put on a device (MLX's CUDA loader reads into host memory, then
-/// copies to the device, where a host read would bring the bytes back).
+/// loader read them, and the dtype and shape it was computed for.
 pub(super) struct Streamed {
     pub dtype: Dtype,
     pub shape: Vec<i32>,
