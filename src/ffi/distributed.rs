@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use mlx_sys::mlx_array;
 
-use super::args::{copy_out, optional_str, out_ptr, write};
+use super::args::{copy_out, optional_str, out_ptr, write, write_optional};
 use super::error::{set_last_error, Failure, FfiResult};
 use super::mlx_array::{borrow, give};
 use super::panic::ffi_boundary;
@@ -61,12 +61,8 @@ pub unsafe extern "C" fn latent_cache_group_info(
 ) -> latent_cache_status {
     ffi_boundary! {
         let g = group(g)?;
-        if !rank.is_null() {
-            unsafe { write(rank, g.rank()) };
-        }
-        if !size.is_null() {
-            unsafe { write(size, g.size()) };
-        }
+        unsafe { write_optional(rank, g.rank()) };
+        unsafe { write_optional(size, g.size()) };
         Ok(())
     }
 }
@@ -141,9 +137,7 @@ pub unsafe extern "C" fn latent_cache_set_send_row(
             let layers: Vec<&_> = layers.iter().map(|l| &**l).collect();
             Ok(send_row(&layers, row, &g, dst)?)
         })?;
-        if !positions.is_null() {
-            unsafe { write(positions, n) };
-        }
+        unsafe { write_optional(positions, n) };
         Ok(())
     }
 }
@@ -164,9 +158,7 @@ pub unsafe extern "C" fn latent_cache_set_recv_row(
     ffi_boundary! {
         let g = group(g)?;
         let n = with_set_layers(set, |layers| Ok(recv_row(layers, &g, src)?))?;
-        if !positions.is_null() {
-            unsafe { write(positions, n) };
-        }
+        unsafe { write_optional(positions, n) };
         Ok(())
     }
 }

@@ -4,7 +4,7 @@
 use std::ffi::c_char;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::args::{in_slice, optional_str, out_ptr, write};
+use super::args::{in_slice, optional_str, out_ptr, write, write_optional};
 use super::error::{set_last_error, Failure, FfiResult};
 use super::panic::ffi_boundary;
 use super::registry::Registry;
@@ -154,9 +154,7 @@ pub unsafe extern "C" fn latent_cache_store_put(
                 Ok(store.put(&layers, row, namespace, tokens)?)
             })
         })?;
-        if !stored.is_null() {
-            unsafe { write(stored, put.stored) };
-        }
+        unsafe { write_optional(stored, put.stored) };
         Ok(())
     }
 }
@@ -261,9 +259,7 @@ pub unsafe extern "C" fn latent_cache_store_sync(store: *mut latent_cache_store)
 pub unsafe extern "C" fn latent_cache_store_refresh(store: *mut latent_cache_store, blocks: *mut usize) -> latent_cache_status {
     ffi_boundary! {
         let n = with_store(store, |store| Ok(store.refresh()?))?;
-        if !blocks.is_null() {
-            unsafe { write(blocks, n) };
-        }
+        unsafe { write_optional(blocks, n) };
         Ok(())
     }
 }

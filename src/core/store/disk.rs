@@ -90,6 +90,14 @@ struct Entry {
     bytes: u64,
 }
 
+/// The index entry of the block file at `path` (in root folder `folder`, named for `key`), its
+/// header checked (`check`): what the scan and a lookup's probe both index.
+fn block_file(path: &Path, folder: &str, key: &Key) -> Result<Entry> {
+    check(&read_segment_header(SegmentSource::Path(path))?, folder, key)?;
+    let bytes = std::fs::symlink_metadata(path).map_or(0, |m| m.len());
+    Ok(Entry { path: path.to_owned(), bytes })
+}
+
 /// What a scan found.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Scan {
@@ -159,11 +167,9 @@ impl Disk {
             let Some(key) = name.strip_suffix(&format!(".{EXT}")).and_then(keys::parse_hex) else {
                 continue;
             };
-            let header = read_segment_header(SegmentSource::Path(&path));
-            match header.and_then(|h| check(&h, &folder, &key)) {
-                Ok(_) => {
-                    let bytes = std::fs::symlink_metadata(&path).map_or(0, |m| m.len());
-                    found.insert(key, Entry { path, bytes });
+            match block_file(&path, &folder, &key) {
+                Ok(entry) => {
+                    found.insert(key, entry);
                     scan.kept += 1;
                 }
                 Err(_) => {
@@ -265,13 +271,13 @@ impl Disk {
     pub fn probe(&self, root: &Key, key: &Key) -> bool {
         let folder = folder_name(root);
         let path = self.dir.join(&folder).join(format!("{}.{EXT}", keys::hex(key)));
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
-            return false;
-        };
-        if !meta.is_file() || read_segment_header(SegmentSource::Path(&path)).and_then(|h| check(&h, &folder, key)).is_err() {
+        if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
             return false;
         }
-        self.index.lock().expect("index").insert(*key, Entry { path, bytes: meta.len() });
+        let Ok(entry) = block_file(&path, &folder, key) else {
+            return false;
+        };
+        self.index.lock().expect("index").insert(*key, entry);
         true
     }
 
