@@ -271,9 +271,12 @@ impl LatentCache {
     }
 
     /// Hands every buffer's pending writes to MLX and returns; a later `eval` waits for them.
-    /// Composed storage's hot side is not handed over (`eval` covers it).
     pub(crate) fn eval_async(&self) -> Result<()> {
-        self.storage.eval_async()
+        self.storage.eval_async()?;
+        match &self.hot {
+            Some(hot) => hot.storage.eval_async(),
+            None => Ok(()),
+        }
     }
 
     /// Drops the last `n` positions of every row; returns `n`. Moves the offset, copies nothing.
