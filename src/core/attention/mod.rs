@@ -19,6 +19,7 @@ mod dsa_kernels;
 mod masks;
 mod on_kernels;
 mod runs;
+mod selected_chunk;
 mod shared;
 mod shared_dsa;
 mod sparse;

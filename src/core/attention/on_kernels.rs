@@ -208,7 +208,7 @@ impl Donor {
         let shape = indices.shape();
         let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
         let query = Query { q_latent, q_rope, scale, mode: MaskMode::None, extra: None, queries };
-        if self.row_ranges().iter().any(|&range| range != (0, self.offset)) {
+        if queries != 1 || self.row_ranges().iter().any(|&range| range != (0, self.offset)) {
             return Ok(None);
         }
         if !decode::THROUGH_INDICES.enabled() {

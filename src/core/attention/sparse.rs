@@ -231,6 +231,9 @@ impl Donor {
         if let Some(out) = self.kernel_selected(q_latent, q_rope, scale, indices)? {
             return Ok(out);
         }
+        if let Some(out) = self.kernel_selected_chunk(q_latent, q_rope, scale, mode, indices)? {
+            return Ok(out);
+        }
         let indices = &self.within_window(indices)?;
         // Visibility of the selected positions: the row mask gathered at them, [B, Lq, 1, k].
         let visible = match self.masks(mode, dims.1 as usize) {

@@ -114,6 +114,12 @@ pub fn astype(a: &Array, dtype: Dtype) -> Result<Array> {
     call("astype", |res, s| unsafe { mlx_sys::mlx_astype(res, a.as_ptr(), dtype as u32, s) })
 }
 
+/// `a` broadcast to `shape`: a view (stride 0 along the broadcast axes), nothing copied.
+pub fn broadcast_to(a: &Array, shape: &[usize]) -> Result<Array> {
+    let shape = dims(shape);
+    call("broadcast_to", |res, s| unsafe { mlx_sys::mlx_broadcast_to(res, a.as_ptr(), shape.as_ptr(), shape.len(), s) })
+}
+
 /// `a` with a new shape of the same size; a view when `a` is contiguous.
 pub fn reshape(a: &Array, shape: &[usize]) -> Result<Array> {
     let shape = dims(shape);

@@ -206,7 +206,7 @@
       for (int c = 0; c < C; c++) {
         const int at = r * LDS + q * C + c;
         const float v = (ss[at] + ss[M * LDS + at] + ss[2 * M * LDS + at] + ss[3 * M * LDS + at]) * sc;
-        sv[c] = tile + q * C + c < lim ? v : LC_NEG_INF;
+        sv[c] = tile + q * C + c < lim && seen(tile + q * C + c) ? v : LC_NEG_INF;
         mx = fmaxf(mx, sv[c]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));

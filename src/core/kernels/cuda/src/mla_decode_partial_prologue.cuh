@@ -15,7 +15,17 @@
   // Split s takes positions [s * chunk, (s + 1) * chunk): whole tiles, S of them covering T.
   const int chunk = ((T + S - 1) / S + N - 1) / N * N;
   const int* rp = reinterpret_cast<const int*>(ranges);
-  const int lo = RANGES ? rp[2 * b] : 0, hi = RANGES ? rp[2 * b + 1] : T;
+  // RANGES bounds a row's window positions; with GATHER it bounds the stored positions its
+  // selection may name instead (a prefill chunk's queries, one a row, each seeing the positions
+  // up to its own): the window is the whole selection, and a position selected outside the
+  // bounds is masked (`seen`), as the ops' path masks it.
+  const int lo = RANGES && !GATHER ? rp[2 * b] : 0, hi = RANGES && !GATHER ? rp[2 * b + 1] : T;
+  const int seen_lo = GATHER && RANGES ? rp[2 * b] : 0, seen_hi = GATHER && RANGES ? rp[2 * b + 1] : 0;
+  auto seen = [&](int pos) -> bool {
+    if (!(GATHER && RANGES)) return true;
+    const int64_t s = at(pos);
+    return s >= seen_lo && s < seen_hi;
+  };
   const int begin = max(lo, split * chunk), end = min(hi, (split + 1) * chunk);
   const float sc = __int_as_float(SCALE) * 1.4426950408889634f;
 

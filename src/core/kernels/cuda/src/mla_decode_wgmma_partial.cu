@@ -111,7 +111,8 @@
       #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int k = e >> 1;
-        const float v = tile + 8 * j + 2 * t + (e & 1) < lim[k] ? s[4 * j + e] * sc : LC_NEG_INF;
+        const int pos = tile + 8 * j + 2 * t + (e & 1);
+        const float v = pos < lim[k] && seen(pos) ? s[4 * j + e] * sc : LC_NEG_INF;
         s[4 * j + e] = v;
         mx[k] = fmaxf(mx[k], v);
       }
