@@ -1,8 +1,10 @@
 """Joins the benchmark results of one run into target/bench/report.json, report.md (tables of
 ratios, the goals checked), steps.png (time per decode step against context) and, with the whole
-step's records, model_step.png (see report_model_step.py).
+step's records, model_step.png (see report_model_step.py). report.md has the sections of the
+committed machine pages (bench/results/cpu.md, h100.md, h200.md) in their order, so a machine's
+report diffs against them.
 
-Usage: python3 report.py OUT_DIR RESULT.json... [--title TEXT]
+Usage: python3 report.py OUT_DIR RESULT.json... [--title TEXT] [--ran COMMAND]
 """
 import json
 import sys
@@ -20,6 +22,8 @@ SYSTEMS = [OURS, C_ABI, CONCAT, MLX_LM, MLX_LM_21, MLX_LM_Q8]
 # The storage-mode systems of `latent-cache-bench --modes` (bench/src/modes.rs).
 MODE_PREFIXES = tuple(f"latent-cache {m}" for m in ("f32", "bf16", "f16", "q8", "q4", "fp8"))
 MODE_F32 = "latent-cache f32"
+# The scenarios of `latent-cache-bench --shared-prefix` (bench/src/shared_prefix.rs).
+SHARED_SCENARIOS = ("fork", "join", "leave", "decode attention, dense", "decode attention, DSA")
 # The row layouts of `latent-cache-bench --rounds`.
 RIGHT_JUSTIFIED, RAGGED = "latent-cache right-justified", "latent-cache ragged"
 GROWTH_CHUNK = 256  # positions per row: the library's smallest growth step
@@ -31,7 +35,9 @@ def load(paths):
     records = []
     for path in paths:
         with open(path) as f:
-            records += json.load(f)
+            data = json.load(f)
+        # A report.json of an earlier run (bench/results/<machine>/report.json) gives its records.
+        records += data["records"] if isinstance(data, dict) else data
     return records
 
 
@@ -517,13 +523,76 @@ def plot(records, path, title):
     report_model_step.finish(fig, ax, "ms per decode step (78 layers, one evaluation)", title, path)
 
 
+# The report's sections, in the order of the committed machine pages (bench/results/cpu.md,
+# h100.md, h200.md), so a run's report.md diffs against them heading by heading. A section this
+# run has no records for says so.
+SECTIONS = [
+    "What was run",
+    "Goals",
+    "The cache's decode step (`latent-cache-bench`)",
+    "Storage modes (`--modes`)",
+    "MLX operations per step",
+    "Row layouts (`--rounds`)",
+    "Saving and loading (`--persist`)",
+    "Attention, one layer (`--attention`)",
+    "The whole decode step (`--model-step`)",
+    "Shared prefixes, joins and leaves (`--shared-prefix`)",
+    "Segments (`--segments`)",
+    "The prefix store (`--store`)",
+    "The evaluation thread",
+    "Plots",
+]
+NOT_RUN = {
+    "Segments (`--segments`)": "Not run by `make bench`: `latent-cache-bench --segments`.",
+    "The prefix store (`--store`)": "Not run by `make bench`: `latent-cache-bench --store`.",
+    "The evaluation thread": "Not run by `make bench`: the C ABI rows evaluate on the library's thread; "
+                             "`make bench-ab` compares builds.",
+}
+
+
+def demote(lines):
+    """A generator's lines with every heading one level down (its "## X" under a section)."""
+    return [f"#{l}" if l.startswith("#") else l for l in lines]
+
+
+def shared_prefix_section(records):
+    """`--shared-prefix` records (forks, joins, leaves, churn, decode attention over the rows), one
+    row each: median (p10-p90) and the memory held where recorded."""
+    if not records:
+        return []
+    def t(us):
+        return f"{us:.0f} us" if us < 1000 else f"{us / 1000:.2f} ms"
+    md = ["One GLM-5.2 layer in bfloat16 (`latent-cache-bench --shared-prefix`): median (p10-p90) per call.", "",
+          "| system | scenario | batch x context | median (p10-p90) | MiB held |", "|---|---|---|---|---|"]
+    for r in records:
+        held = f"{r['held_bytes'] / 2**20:.1f}" if r.get("held_bytes") else "-"
+        md.append(f"| {r['system']} | {r['scenario']} | {r['batch']} x {r['context'] // 1024}K | "
+                  f"{t(r['median_us'])} ({t(r['p10_us'])}-{t(r['p90_us'])}) | {held} |")
+    return md + [""]
+
+
+def revision():
+    import subprocess
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        return out.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+
+
 def main():
     args = sys.argv[1:]
     title = "decode step time, GLM-5.2 shape"
-    if "--title" in args:
-        i = args.index("--title")
-        title = args[i + 1]
-        del args[i:i + 2]
+    ran = "bench/report.py"
+    for flag in ("--title", "--ran"):
+        if flag in args:
+            i = args.index(flag)
+            if flag == "--title":
+                title = args[i + 1]
+            else:
+                ran = args[i + 1]
+            del args[i:i + 2]
     out_dir, paths = args[0], args[1:]
     steps, records = report_model_step.split(load(paths))
     step_ops = [r for r in records if r["system"].startswith("model step")]
@@ -531,43 +600,38 @@ def main():
     accuracy = [r for r in records if r["scenario"] == "accuracy"]
     ops = [r for r in records if r["scenario"] == "ops_per_step"]
     persisted = [r for r in records if r["scenario"] == "persist"]
-    records = [r for r in records if r["scenario"] not in ("accuracy", "persist", "ops_per_step")]
+    shared = [r for r in records if r["scenario"] in SHARED_SCENARIOS]
+    records = [r for r in records if r["scenario"] not in ("accuracy", "persist", "ops_per_step") + SHARED_SCENARIOS]
     by = index(records)
     attention_only = bool(records) and all(r["scenario"].startswith("attention") for r in records)
     checked = attention_goals(by, records)
-    if not attention_only:
+    if records and not attention_only:
         checked = goals(by, records) + mode_goals(by, records) + rounds_goals(by, records) + persist_goals(persisted) + checked
     if steps:
         checked += report_model_step.goals(steps)
     with open(f"{out_dir}/report.json", "w") as f:
-        json.dump({"title": title, "records": records + accuracy + ops + steps + step_ops, "goals": checked}, f, indent=1)
+        json.dump({"title": title, "records": records + accuracy + ops + steps + step_ops + shared, "goals": checked},
+                  f, indent=1)
 
-    md = [f"# Benchmark: {title}", "",
-          "GLM-5.2 shape: 78 layers, kv_lora_rank 512, rope 64, index keys 128 on 21 layers, float32. "
-          "One decode step = for every layer: read the stored index keys (DSA layers), append one "
-          "position, keep the views; then one evaluation. Times are medians with p10-p90; ratios are "
-          "peer time / our time, from this one run.", ""]
-    md += ["## Goals", ""] + [f"- {verdict(g)}: {g['goal']}: {g['detail']}" for g in checked] + [""]
-    if attention_only:
-        goals_md = ["## Goals", ""] + [f"- {verdict(g)}: {g['goal']}: {g['detail']}" for g in checked] + [""]
-        with open(f"{out_dir}/report.md", "w") as f:
-            f.write("\n".join([f"# Benchmark: {title}", ""] + goals_md + attention_section(by, records)
-                              + report_model_step.section(steps, step_ops)))
-        if steps:
-            report_model_step.plot(steps, f"{out_dir}/model_step.png", title)
-        print("\n".join(f"{verdict(g)}: {g['goal']}: {g['detail']}" for g in checked))
-        return
+    body = {name: [] for name in SECTIONS}
+    body["What was run"] = [
+        f"`{ran}` at revision {revision()}; records: " + ", ".join(f"`{p}`" for p in paths) + ".", "",
+        "GLM-5.2 shape: 78 layers, kv_lora_rank 512, rope 64, index keys 128 on 21 layers. Times are medians "
+        "with p10-p90; every ratio is of two numbers from this one run on this one machine."]
+    body["Goals"] = [f"- {verdict(g)}: {g['goal']}: {g['detail']}" for g in checked]
+    cache = body["The cache's decode step (`latent-cache-bench`)"]
     peers = [r for r in records if r["system"] in SYSTEMS]
     for scenario, heading in (("decode", "Decode step"), ("spec_round", "Speculative round per step (append 4, roll back 2)")):
         for batch in (1, 8):
             ctx = contexts_of(peers, scenario, batch)
             if ctx:
-                md += [f"## {heading}, batch {batch}", "", table(by, scenario, batch, ctx, SYSTEMS), ""]
+                cache += [f"### {heading}, batch {batch}", "", table(by, scenario, batch, ctx, SYSTEMS), ""]
+
     def section(scenario, batch, heading, text, systems, unit="ms"):
         ctx = contexts_of([r for r in records if r["system"] in systems], scenario, batch)
         if ctx:
-            md.extend([f"## {heading}", ""] + ([text, ""] if text else []) +
-                      [table(by, scenario, batch, ctx, systems, unit), ""])
+            cache.extend([f"### {heading}", ""] + ([text, ""] if text else []) +
+                         [table(by, scenario, batch, ctx, systems, unit), ""])
 
     section("spec_round_uneven", 8,
             "Speculative round where rows accept different counts, batch 8 (append 4, row b keeps b % 3 + 1)",
@@ -582,30 +646,47 @@ def main():
     section("prefill_per_position", 1,
             "Chunked prefill (chunks of 512, batch 1, no reservation): us per position, median over the chunks "
             "since the previous checkpoint", None, SYSTEMS, unit="us")
-    md += ["## Growth: time at the longest context / time at 1K (decode)", "", "| system | batch | ratio |", "|---|---|---|"]
+    growth = []
     for s in SYSTEMS:
         for batch in (1, 8):
             pts = sorted((r["context"], r["median_us"]) for r in records
                          if r["system"] == s and r["scenario"] == "decode" and r["batch"] == batch)
             if len(pts) > 1 and pts[0][0] == 1024:
-                md.append(f"| {s} | {batch} | {pts[-1][1] / pts[0][1]:.2f}x (at {pts[-1][0] // 1024}K) |")
-    md += ["", "## Memory held per stored position (after filling, MLX active memory)", "",
-           "| system | batch | context | bytes held per token | bytes_per_token |", "|---|---|---|---|---|"]
-    for r in sorted(records, key=lambda r: (r["system"], r["batch"], r["context"])):
-        if r["scenario"] == "decode" and r["bytes_held_per_token"] is not None:
-            md.append(f"| {r['system']} | {r['batch']} | {r['context']} | {r['bytes_held_per_token']:.0f} | {r['bytes_per_token']} |")
-    md += modes_section(by, records, accuracy)
-    md += ops_section(ops)
-    md += rounds_section(by, records)
-    md += persist_section(by, persisted)
-    md += attention_section(by, records)
-    md += report_model_step.section(steps, step_ops)
-    md += ["", "![decode step time](steps.png)", ""]
-    with open(f"{out_dir}/report.md", "w") as f:
-        f.write("\n".join(md))
-    plot(records, f"{out_dir}/steps.png", title)
+                growth.append(f"| {s} | {batch} | {pts[-1][1] / pts[0][1]:.2f}x (at {pts[-1][0] // 1024}K) |")
+    if growth:
+        cache += ["### Growth: time at the longest context / time at 1K (decode)", "", "| system | batch | ratio |",
+                  "|---|---|---|"] + growth + [""]
+    held = [r for r in sorted(records, key=lambda r: (r["system"], r["batch"], r["context"]))
+            if r["scenario"] == "decode" and r["bytes_held_per_token"] is not None]
+    if held:
+        cache += ["### Memory held per stored position (after filling, MLX active memory)", "",
+                  "| system | batch | context | bytes held per token | bytes_per_token |", "|---|---|---|---|---|"]
+        cache += [f"| {r['system']} | {r['batch']} | {r['context']} | {r['bytes_held_per_token']:.0f} | "
+                  f"{r['bytes_per_token']} |" for r in held] + [""]
+    body["Storage modes (`--modes`)"] = demote(modes_section(by, records, accuracy))
+    body["MLX operations per step"] = demote(ops_section(ops))
+    body["Row layouts (`--rounds`)"] = demote(rounds_section(by, records))
+    body["Saving and loading (`--persist`)"] = demote(persist_section(by, persisted))
+    body["Attention, one layer (`--attention`)"] = demote(attention_section(by, records))
+    body["The whole decode step (`--model-step`)"] = report_model_step.section(steps, step_ops)
+    body["Shared prefixes, joins and leaves (`--shared-prefix`)"] = shared_prefix_section(shared)
+    plots = []
+    if not attention_only and records:
+        plot(records, f"{out_dir}/steps.png", title)
+        plots.append("![decode step time](steps.png)")
     if steps:
         report_model_step.plot(steps, f"{out_dir}/model_step.png", title)
+        plots.append("![whole decode step, batch 1, bf16](model_step.png)")
+    body["Plots"] = plots
+
+    md = [f"# Benchmark: {title}", ""]
+    for name in SECTIONS:
+        lines = [l for l in body[name]]
+        while lines and lines[0] == "":
+            lines.pop(0)
+        md += [f"## {name}", ""] + (lines or [NOT_RUN.get(name, "Not measured in this run.")]) + [""]
+    with open(f"{out_dir}/report.md", "w") as f:
+        f.write("\n".join(md).rstrip("\n") + "\n")
     print("\n".join(f"{verdict(g)}: {g['goal']}: {g['detail']}" for g in checked))
 
 

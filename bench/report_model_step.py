@@ -59,11 +59,12 @@ def goals(steps):
 
 
 def section(steps, ops):
-    """Markdown lines: a table per storage mode, then the operation counts."""
+    """Markdown lines under the report's "The whole decode step" heading: a table per storage
+    mode, the peaks, then the operation counts."""
     if not steps and not ops:
         return []
     by = _index(steps)
-    md = ["", "## The whole decode step (`--model-step`, bench/mlx_lm_model_step.py)", "",
+    md = ["",
           "78 layers' appends and attention as one graph per step; sparse runs DSA on GLM-5.2's 21 "
           "indexer layers. ms single / pipelined (median); ratios are the other system's time over our "
           "sparse step's, from this run; the floor is the bytes the sparse step reads at 4.8 TB/s.", ""]
@@ -92,6 +93,24 @@ def section(steps, ops):
             md.append(f"| {batch} x {context // 1024}K | " + " | ".join(cell(s) for s in present) + " | " +
                       " | ".join(ratios) + f" | {floor_cell} |")
         md.append("")
+    peaks = [r for r in steps if r.get("peak_bytes_above_start") is not None and r["timing"] in ("single", "pipelined")]
+    if peaks:
+        md += ["### Peak memory above the start", "",
+               "MLX's peak memory above the step loop's start (MB), single and pipelined: a pipelined loop "
+               "whose appends copied the buffers the step in flight reads would show here.", "",
+               "| system | mode | batch x context | single ms (peak MB) | pipelined ms (peak MB) | pipelined / single |",
+               "|---|---|---|---|---|---|"]
+        for s in SYSTEMS:
+            for mode in sorted({r["mode"] for r in peaks}, key=lambda m: (m != "bf16", m)):
+                for batch, context in sorted({(r["batch"], r["context"]) for r in peaks if r["system"] == s and r["mode"] == mode}):
+                    one, two = (by.get((s, mode, t, batch, context)) for t in ("single", "pipelined"))
+                    if not (one and two):
+                        continue
+                    cells = [f"{r['median_us'] / 1000:.2f} ({r['peak_bytes_above_start'] / 1e6:.1f})"
+                             if r.get("peak_bytes_above_start") is not None else f"{r['median_us'] / 1000:.2f}" for r in (one, two)]
+                    md.append(f"| {s} | {mode} | {batch} x {context // 1024}K | {cells[0]} | {cells[1]} | "
+                              f"{two['median_us'] / one['median_us']:.2f}x |")
+        md.append("")
     if ops:
         md += ["### MLX operations per step (batch 1)", "",
                "| system | mode | step | indexer layer (2) | next layer (3) |", "|---|---|---|---|---|"]
@@ -102,7 +121,7 @@ def section(steps, ops):
                 seen.add(key)
                 md.append(f"| {r['system']} | {r['mode']} | {r['ops']} | {r['ops_layer_2']} | {r['ops_layer_3']} |")
         md.append("")
-    return md + ["![whole decode step](model_step.png)", ""]
+    return md
 
 
 def plot(steps, path, title):
