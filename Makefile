@@ -258,7 +258,7 @@ demo: examples
 	$(OUT)/engine
 	$(OUT)/attention
 
-# Benchmarks (results: bench/results/): this library, the seed's strategy and mlx-lm's caches side by
+# Benchmarks (results: bench/results/cpu.md, h100.md, h200.md; report.md has their sections): this library, the seed's strategy and mlx-lm's caches side by
 # side in one run. mlx-lm runs on PyPI's mlx of the same MLX version, in its own folder.
 BENCH_PY := $(DEPS)/bench-py
 BENCH_STAMP := $(DEPS)/.bench-$(MLX_VERSION)
@@ -301,6 +301,7 @@ bench bench-quick: bench-deps
 	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_model_step.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_model_step.json
 	PYTHONPATH=$(BENCH_PY) $(PYTHON) bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/rounds.json $(BENCH_OUT)/persist.json $(BENCH_OUT)/mlx_lm.json \
 	  $(BENCH_OUT)/attention.json $(BENCH_OUT)/mlx_lm_attention.json $(BENCH_OUT)/model_step.json $(BENCH_OUT)/mlx_lm_model_step.json \
+	  $(BENCH_OUT)/shared_prefix.json --ran "make $@" \
 	  --title "decode step time, GLM-5.2 shape, $(BENCH_DEVICE)$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"
 	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png, $(BENCH_OUT)/model_step.png"
 

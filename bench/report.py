@@ -541,10 +541,12 @@ SECTIONS = [
     "The prefix store (`--store`)",
     "The evaluation thread",
     "Plots",
+    "Older runs",
 ]
 NOT_RUN = {
     "Segments (`--segments`)": "Not run by `make bench`: `latent-cache-bench --segments`.",
     "The prefix store (`--store`)": "Not run by `make bench`: `latent-cache-bench --store`.",
+    "Older runs": "None: a report holds its own run; the committed pages' older runs are in git history.",
     "The evaluation thread": "Not run by `make bench`: the C ABI rows evaluate on the library's thread; "
                              "`make bench-ab` compares builds.",
 }

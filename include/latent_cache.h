@@ -1936,7 +1936,7 @@ latent_cache_status latent_cache_set_eval_lock(latent_cache_lock_fn lock,
 // threads pinned to a few cores, the hand-off costs nothing measurable (a GLM-5.2 decode step
 // on the CPU and on an H200: 0.96-1.08x the calling thread's time); unpinned on a many-core
 // host, where the scheduler puts the two threads decides (0.87-1.55x on the H200's 16 cores;
-// bench/results/eval-thread.md). The evaluation thread inherits the CPU affinity of the thread
+// bench/results/h200.md). The evaluation thread inherits the CPU affinity of the thread
 // whose call first evaluates. Turn it off only if no thread that calls the library ends while
 // another thread evaluates: on CUDA that broke the other thread's evaluation and MLX aborted
 // the process.

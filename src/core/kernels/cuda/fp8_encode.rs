@@ -3,7 +3,7 @@
 //! scale, rounded to nearest even and saturated, as MLX's `to_fp8`), one warp per block.
 //! Written with MLX's operations the same encoding costs twelve graph operations per family
 //! and append (reshapes, broadcasts, two divides, a reduction, the conversion:
-//! `bench/results/ops-per-step.md`); here it is one. The MLX-ops encoding in `codec` is the
+//! `bench/results/cpu.md`, "MLX operations per step"); here it is one. The MLX-ops encoding in `codec` is the
 //! fallback elsewhere and computes the same bits.
 use mlx_rs::{Array, Dtype};
 
