@@ -1,4 +1,4 @@
-//! `latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --attention | --model-step] [--points BxT,...] [--no-concat] [--c-first] [--no-earlier] [--out FILE]`:
+//! `latent-cache-bench [--quick] [--gpu] [--modes | --rounds | --persist | --segments | --store | --attention | --model-step | --prefill] [--points BxT,...] [--no-concat] [--c-first] [--no-earlier] [--out FILE]`:
 //! decode steps, speculative rounds and chunked prefill for this library (Rust API, C ABI) and
 //! the seed's concatenate strategy, on a GLM-5.2-shaped model, in one process. Writes one JSON
 //! record per (system, scenario, batch, context) to FILE (default target/bench/rust.json).
@@ -22,6 +22,11 @@
 //! - `--store`: the prefix store: puts, restores from RAM and from the SSD beside reading the
 //!   files' bytes, attaches, and lookups and a restart's scan among 10,000 blocks (see
 //!   `store.rs`); 4K positions (1K with `--quick`, the first of `--points` when given).
+//! - `--prefill`: a prompt through GLM-5.2's whole schedule in chunks (appends, the indexer's
+//!   causal scores and top-k, causal selected attention on every layer; see `prefill.rs`): on a
+//!   GPU 32K and 128K in chunks of 2048 with top-2048 (32K with `--quick`), on the CPU 512 in
+//!   chunks of 64 with top-64; `--points 1xP,...` sets the prompts. mlx-lm's peer is
+//!   bench/mlx_lm_prefill.py.
 //! - `--rounds`: the two row layouts instead (right-justified and ragged, Rust API), side by
 //!   side: decode, uniform rounds and rounds where rows keep different counts, at batch 8 with
 //!   1K and 4K positions per row (and 16K with `--gpu`: 25 GB per system).
@@ -49,6 +54,7 @@ mod attention;
 mod model_step;
 mod modes;
 mod persist;
+mod prefill;
 mod segments;
 mod store;
 mod shared_prefix;
@@ -326,7 +332,7 @@ struct Maker {
 }
 
 /// Flags the driver takes, and whether each is followed by a value.
-const FLAGS: [(&str, bool); 16] = [
+const FLAGS: [(&str, bool); 17] = [
     ("--quick", false),
     ("--gpu", false),
     ("--modes", false),
@@ -334,6 +340,7 @@ const FLAGS: [(&str, bool); 16] = [
     ("--persist", false),
     ("--segments", false),
     ("--store", false),
+    ("--prefill", false),
     ("--attention", false),
     ("--model-step", false),
     ("--shared-prefix", false),
@@ -445,6 +452,17 @@ fn main() {
         let only = std::env::args().collect::<Vec<_>>().windows(2).find(|w| w[0] == "--only").map(|w| w[1].clone());
         let gpu = std::env::args().any(|a| a == "--gpu");
         out.extend(shared_prefix::run(contexts, 8, batches, if cfg.quick { 5 } else { 10 }, only.as_deref(), gpu));
+        if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(&cfg.out, format!("[\n{}\n]\n", out.join(",\n"))).unwrap();
+        return;
+    }
+    if std::env::args().any(|a| a == "--prefill") {
+        // `--points 1xP,...` sets the prompts; a GPU runs GLM-5.2's chunk and top-k (2048).
+        let given = std::env::args().any(|a| a == "--points").then_some(cfg.points.as_slice());
+        let gpu = std::env::args().any(|a| a == "--gpu");
+        out.extend(prefill::run(&prefill::points(gpu, cfg.quick, given), if cfg.quick { 1 } else { 3 }));
         if let Some(dir) = std::path::Path::new(&cfg.out).parent() {
             std::fs::create_dir_all(dir).unwrap();
         }
