@@ -299,9 +299,11 @@ bench bench-quick: bench-deps
 	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm.json
 	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_attention_bench.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_attention.json
 	PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_model_step.py $(if $(filter bench-quick,$@),--quick) --out $(BENCH_OUT)/mlx_lm_model_step.json
+	$(if $(filter bench,$@),$(PIN) target/release/latent-cache-bench --prefill --out $(BENCH_OUT)/prefill.json)
+	$(if $(filter bench,$@),PYTHONPATH=$(BENCH_PY) $(PIN) $(PYTHON) bench/mlx_lm_prefill.py --out $(BENCH_OUT)/mlx_lm_prefill.json)
 	PYTHONPATH=$(BENCH_PY) $(PYTHON) bench/report.py $(BENCH_OUT) $(BENCH_OUT)/rust.json $(BENCH_OUT)/modes.json $(BENCH_OUT)/rounds.json $(BENCH_OUT)/persist.json $(BENCH_OUT)/mlx_lm.json \
 	  $(BENCH_OUT)/attention.json $(BENCH_OUT)/mlx_lm_attention.json $(BENCH_OUT)/model_step.json $(BENCH_OUT)/mlx_lm_model_step.json \
-	  $(BENCH_OUT)/shared_prefix.json --ran "make $@" \
+	  $(BENCH_OUT)/shared_prefix.json $(if $(filter bench,$@),$(BENCH_OUT)/prefill.json $(BENCH_OUT)/mlx_lm_prefill.json) --ran "make $@" \
 	  --title "decode step time, GLM-5.2 shape, $(BENCH_DEVICE)$(if $(PIN), (drivers pinned to one core)), MLX $(MLX_VERSION)"
 	@echo "report: $(BENCH_OUT)/report.md, $(BENCH_OUT)/steps.png, $(BENCH_OUT)/model_step.png"
 

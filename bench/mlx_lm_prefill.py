@@ -152,7 +152,7 @@ def main():
     prompts = [32768] if a.gpu and a.quick else [32768, 131072] if a.gpu else [512]
     if a.points:
         prompts = [int(point.split("x")[1]) for point in a.points.split(",")]
-    runs = 1 if a.quick else 3
+    runs = 1 if a.quick or not a.gpu else 3  # as bench/src/main.rs: one run on the CPU
     print(f"mlx-lm prefill: MLX {mx.__version__}, device {mx.default_device()}", file=sys.stderr)
     records = []
     for prompt in prompts:

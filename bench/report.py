@@ -598,7 +598,7 @@ def prefill_section(records):
             if not rs:
                 continue
             rates[s] = median([r["tokens_per_s"] for r in rs])
-            runs = ", ".join(f"{r['tokens_per_s']:.0f}" for r in rs)
+            runs = ", ".join(f"{r['tokens_per_s']:.1f}" for r in rs)
             md.append(f"| {s} | {key[0]} | {key[1]} | {key[2]} | {rates[s]:.1f} ({runs}) | "
                       f"{median([r['median_chunk_ms'] for r in rs]):.1f} ms | "
                       f"{max(r['peak_bytes_above_start'] for r in rs) / 2**30:.2f} GiB |")
