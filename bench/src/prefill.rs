@@ -111,8 +111,9 @@ fn chunk_graph(layers: &mut [LatentCache], x: &Inputs, topk: usize) -> Vec<Array
     let scale = 1.0 / ((NOPE + ROPE) as f32).sqrt();
     let mut outs = Vec::with_capacity(layers.len() + 21);
     let mut selections: Vec<Option<Array>> = vec![None; layers.len()];
-    let q_latent = math::matmul(&x.q_nope, &math::swapaxes(&x.embed_q, -1, -2).unwrap()).unwrap();
     for (l, cache) in layers.iter_mut().enumerate() {
+        // Each layer absorbs its own queries (its embed_q; the same weights here, the same work).
+        let q_latent = math::matmul(&x.q_nope, &math::swapaxes(&x.embed_q, -1, -2).unwrap()).unwrap();
         let keys = glm52_selects(l).then_some(&x.new[2]);
         cache.append(&x.new[0], &x.new[1], keys).unwrap();
         let donor = cache.capture_donor_rows().unwrap();

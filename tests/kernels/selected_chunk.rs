@@ -43,8 +43,9 @@ fn each_query_of_a_chunk_attends_over_its_own_selection_masked_to_what_it_sees()
     let rope = bf16(rng.uniform(LEN * ROPE, 1.0));
     cache.append_host(1, LEN, &latent, &rope, None).unwrap();
     let donor = cache.capture_donor_rows().unwrap();
-    let q_latent = bf16(rng.uniform(HEADS * QUERIES * RANK, 0.1));
-    let q_rope = bf16(rng.uniform(HEADS * QUERIES * ROPE, 0.1));
+    // Queries large enough that the scores spread (a wrong rope or scale moves the outputs).
+    let q_latent = bf16(rng.uniform(HEADS * QUERIES * RANK, 2.0));
+    let q_rope = bf16(rng.uniform(HEADS * QUERIES * ROPE, 2.0));
     // Query i's selection: K distinct positions of the row (later ones included), its own
     // position among them, and for the last query a position past the window (read as the last).
     let mut selections: Vec<Vec<usize>> = Vec::new();
@@ -71,6 +72,15 @@ fn each_query_of_a_chunk_attends_over_its_own_selection_masked_to_what_it_sees()
         true => &[("one-pass", true, true), ("wgmma", true, false), ("mma.sync", false, false)],
         false => &[("MLX's operations", false, false)],
     };
+    // The process-wide switches are put back however the test ends.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            cuda::mla_decode_wgmma::KERNEL.set_enabled(true);
+            cuda::mla_decode_wgmma::ONE_PASS.set_enabled(true);
+        }
+    }
+    let _restore = Restore;
     for &(form, use_wgmma, one_pass) in forms {
         cuda::mla_decode_wgmma::KERNEL.set_enabled(use_wgmma && wgmma);
         cuda::mla_decode_wgmma::ONE_PASS.set_enabled(one_pass);
@@ -109,6 +119,4 @@ fn each_query_of_a_chunk_attends_over_its_own_selection_masked_to_what_it_sees()
             }
         }
     }
-    cuda::mla_decode_wgmma::KERNEL.set_enabled(true);
-    cuda::mla_decode_wgmma::ONE_PASS.set_enabled(true);
 }

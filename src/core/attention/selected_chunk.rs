@@ -33,7 +33,7 @@ impl Donor {
         let heads = q_latent.shape()[1] as usize;
         let spans = self.row_ranges() == [(0, self.offset)];
         let plain = self.hot_values(Family::Latent).is_none() && self.hot_values(Family::Rope).is_none();
-        if batch != 1 || queries < 2 || !spans || !plain || !decode::THROUGH_INDICES.enabled() || self.offset < queries {
+        if batch != 1 || queries < 2 || !spans || !plain || !decode::THROUGH_INDICES.enabled() {
             return Ok(None);
         }
         if q_rope.dtype() != q_latent.dtype() || self.padding_queries(mode, queries) {
@@ -68,13 +68,13 @@ impl Donor {
         let parts = self.parts(Family::Latent).iter().map(over_rows).collect::<Result<Vec<Array>>>()?;
         let rope = over_rows(&self.parts(Family::Rope)[0])?;
         let selected = ops::reshape(indices, &[queries, 1, k])?;
-        let first_seen_end = self.offset + 1 - queries;
-        let ranges = (0..queries)
-            .map(|i| match mode {
-                MaskMode::Causal => (0, first_seen_end + i),
-                _ => (0, self.offset),
-            })
-            .collect();
+        // Causal: query i sees the stored positions before offset - Lq + i + 1 (a bound each,
+        // `padding_queries` above made sure every query sees one). Otherwise every selected
+        // position is seen: the whole selection, no bounds (no host array, no mask).
+        let ranges = match mode {
+            MaskMode::Causal => (0..queries).map(|i| (0, self.offset + 1 + i - queries)).collect(),
+            _ => vec![(0, k); queries],
+        };
         let latent = match packing {
             None => cuda::mla_decode::Latent::Float(&parts[0]),
             Some(packing) => cuda::mla_decode::Latent::Packed { parts: &parts, packing },

@@ -146,8 +146,8 @@ const HEADER: &str = concat!(include_str!("src/mma.cuh"), include_str!("src/mla_
 /// queries; `SCALE` = the scale's float32 bits; `RANGES`: whether `ranges` holds the rows'
 /// ranges, else every row spans the whole window). Inputs: `q_latent [B, heads, LQ, R]`,
 /// `q_rope [B, heads, LQ, P]`, `latent [B, T, R]`, `rope [B, T, P]` (views, any strides),
-/// `ranges` int32 `[lo_0, hi_0, lo_1, ...]` (each row's valid window range; any array, unread,
-/// without `RANGES`), `sel` int32 `[B, 1, k]` (with `GATHER`, the stored positions that make
+/// `ranges` int32 `[lo_0, hi_0, lo_1, ...]` (each row's valid window range, or with `GATHER`
+/// the range of stored positions its selection may name; any array, unread, without `RANGES`), `sel` int32 `[B, 1, k]` (with `GATHER`, the stored positions that make
 /// the window: `T` is `k`; any array, unread, without). Outputs: `o_part [B, S, H, R]` float32 (unnormalized) and `ml [B, S, H, 2]`
 /// (running max in log2 units, running sum). Every value comes by argument (shapes, template
 /// arguments) but the ranges: on MLX's CUDA backend an array made on the host costs an
@@ -207,6 +207,10 @@ pub(crate) struct Pass<'a> {
     /// The stored positions each row reads, `[B, 1, k]` int32 (a DSA decode step's selection),
     /// read through as the tiles are copied in: the pass's window is these `k` positions, in
     /// this order, and the latent and rope are the whole stored buffers, never a gathered copy.
+    /// With a selection, `ranges` bound the stored positions each row's selection may name
+    /// (a selected position outside its row's range is masked: a prefill chunk's queries, one a
+    /// row), not window positions; ranges that are all `(0, k)` mean no bound at all, so a
+    /// caller that needs a bound of `k` must not give it to every row (`causal` is then unused).
     pub selected: Option<&'a Array>,
 }
 
