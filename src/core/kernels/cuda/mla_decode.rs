@@ -207,10 +207,8 @@ pub(crate) struct Pass<'a> {
     /// The stored positions each row reads, `[B, 1, k]` int32 (a DSA decode step's selection),
     /// read through as the tiles are copied in: the pass's window is these `k` positions, in
     /// this order, and the latent and rope are the whole stored buffers, never a gathered copy.
-    /// With a selection, `ranges` bound the stored positions each row's selection may name
-    /// (a selected position outside its row's range is masked: a prefill chunk's queries, one a
-    /// row), not window positions; ranges that are all `(0, k)` mean no bound at all, so a
-    /// caller that needs a bound of `k` must not give it to every row (`causal` is then unused).
+    /// With it, `ranges` bound the stored positions a row's selection may name (others masked);
+    /// all `(0, k)` means no bound (`ranges_array`), and `causal` is unused.
     pub selected: Option<&'a Array>,
 }
 
