@@ -207,8 +207,7 @@ pub(crate) struct Pass<'a> {
     /// The stored positions each row reads, `[B, 1, k]` int32 (a DSA decode step's selection),
     /// read through as the tiles are copied in: the pass's window is these `k` positions, in
     /// this order, and the latent and rope are the whole stored buffers, never a gathered copy.
-    /// With it, `ranges` bound the stored positions a row's selection may name (others masked);
-    /// all `(0, k)` means no bound (`ranges_array`), and `causal` is unused.
+    /// With it, `ranges` bound the stored positions it may name (all `(0, k)`: no bound).
     pub selected: Option<&'a Array>,
 }
 
