@@ -15,13 +15,13 @@ use crate::core::model::storage_mode::{Packing, StorageMode};
 impl Donor {
     /// The latent's stored dtype (or packing) where the split-K kernels may read it: latent and
     /// rope in one 16-bit float or float32 dtype, or a Q8, Q4 or FP8 latent with bfloat16 rope.
-    fn kernel_storage(&self) -> Option<(Dtype, Option<Packing>)> {
+    pub(super) fn kernel_storage(&self) -> Option<(Dtype, Option<Packing>)> {
         StorageMode::kernel_reads(self.geometry.latent_storage, self.geometry.rope_storage)
     }
 
     /// Whether the split-K kernels take `q` at all: no mask array, every query seeing a
     /// position, queries of one dtype, and a rope that is not composed (its hot and compact positions would need joining per row).
-    fn kernel_takes(&self, q: &Query) -> bool {
+    pub(super) fn kernel_takes(&self, q: &Query) -> bool {
         q.extra.is_none()
             && q.mode != MaskMode::Array
             // Queries that see no position (a causal prefill over a shorter row) take MLX's ops.
@@ -146,15 +146,10 @@ impl Donor {
         for (piece, _) in pieces {
             let shape =
                 cuda::mla_decode::Shape { batch: 1, heads: self.batch_size() * heads, ..kernel.shape(self, piece.offset) };
-            let dtype = q.q_latent.dtype();
-            let parts = piece.parts(Family::Latent);
-            let latent = match packing {
-                None if cuda::mla_decode::applies(storage, dtype, &shape) => cuda::mla_decode::Latent::Float(&parts[0]),
-                Some(packing) if cuda::mla_decode::applies_packed(packing, dtype, &shape) => {
-                    cuda::mla_decode::Latent::Packed { parts, packing }
-                }
-                _ => return Ok(None),
-            };
+            if !kernel.applies_at(&shape) {
+                return Ok(None);
+            }
+            let latent = kernel.read(piece.parts(Family::Latent));
             let rope = &piece.parts(Family::Rope)[0];
             passes.push(cuda::mla_decode::Pass {
                 latent,
@@ -280,15 +275,15 @@ impl Donor {
 }
 
 /// What `kernel_decode` found: the latent's storage dtype (or its packing) and the query.
-struct KernelInputs<'a> {
-    storage: Dtype,
-    packing: Option<Packing>,
-    q: &'a Query<'a>,
+pub(super) struct KernelInputs<'a> {
+    pub(super) storage: Dtype,
+    pub(super) packing: Option<Packing>,
+    pub(super) q: &'a Query<'a>,
 }
 
 impl KernelInputs<'_> {
     /// The kernel's sizes over `positions` positions of `donor`'s rows.
-    fn shape(&self, donor: &Donor, positions: usize) -> cuda::mla_decode::Shape {
+    pub(super) fn shape(&self, donor: &Donor, positions: usize) -> cuda::mla_decode::Shape {
         cuda::mla_decode::Shape {
             batch: donor.batch_size(),
             heads: self.q.q_latent.shape()[1] as usize,
@@ -302,19 +297,29 @@ impl KernelInputs<'_> {
 
     /// Whether the CUDA kernel reads this latent over `positions` positions of `donor`'s rows.
     fn applies(&self, donor: &Donor, positions: usize) -> bool {
-        let (shape, dtype) = (self.shape(donor, positions), self.q.q_latent.dtype());
+        self.applies_at(&self.shape(donor, positions))
+    }
+
+    /// Whether the CUDA kernel reads this latent at `shape`.
+    pub(super) fn applies_at(&self, shape: &cuda::mla_decode::Shape) -> bool {
+        let dtype = self.q.q_latent.dtype();
         match self.packing {
-            None => cuda::mla_decode::applies(self.storage, dtype, &shape),
-            Some(packing) => cuda::mla_decode::applies_packed(packing, dtype, &shape),
+            None => cuda::mla_decode::applies(self.storage, dtype, shape),
+            Some(packing) => cuda::mla_decode::applies_packed(packing, dtype, shape),
+        }
+    }
+
+    /// The latent's stored `parts` as the kernel reads them (callers check `applies_at`).
+    pub(super) fn read<'p>(&self, parts: &'p [Array]) -> cuda::mla_decode::Latent<'p> {
+        match self.packing {
+            None => cuda::mla_decode::Latent::Float(&parts[0]),
+            Some(packing) => cuda::mla_decode::Latent::Packed { parts, packing },
         }
     }
 
     /// The latent's stored `parts` (`positions` of them) as the kernel reads them, where it
     /// applies.
     fn latent<'p>(&self, parts: &'p [Array], positions: usize, donor: &Donor) -> Option<cuda::mla_decode::Latent<'p>> {
-        self.applies(donor, positions).then(|| match self.packing {
-            None => cuda::mla_decode::Latent::Float(&parts[0]),
-            Some(packing) => cuda::mla_decode::Latent::Packed { parts, packing },
-        })
+        self.applies(donor, positions).then(|| self.read(parts))
     }
 }

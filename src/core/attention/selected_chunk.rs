@@ -7,12 +7,12 @@
 //! broadcast view (stride 0), and the selection a reshape.
 use mlx_rs::Array;
 
-use super::{Donor, MaskMode};
+use super::on_kernels::KernelInputs;
+use super::{Donor, MaskMode, Query};
 use crate::core::error::Result;
 use crate::core::kernels::{cuda, decode};
 use crate::core::mlx::{math, ops};
 use crate::core::model::geometry::Family;
-use crate::core::model::storage_mode::StorageMode;
 
 impl Donor {
     /// `attend_selected` of `Lq > 1` queries of one row that spans the window (no padding) by
@@ -30,32 +30,20 @@ impl Donor {
     ) -> Result<Option<Array>> {
         let shape = indices.shape();
         let (batch, queries, k) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
-        let heads = q_latent.shape()[1] as usize;
+        let Some((storage, packing)) = self.kernel_storage() else { return Ok(None) };
+        // The chunk's queries as the kernels take queries (`kernel_takes`: every query seeing a
+        // position, one dtype, the rope not composed), over one row spanning the window.
+        let query = Query { q_latent, q_rope, scale, mode, extra: None, queries };
         let spans = self.row_ranges() == [(0, self.offset)];
-        let plain = self.hot_values(Family::Latent).is_none() && self.hot_values(Family::Rope).is_none();
-        if batch != 1 || queries < 2 || !spans || !plain || !decode::THROUGH_INDICES.enabled() {
+        if batch != 1 || queries < 2 || !spans || self.hot_values(Family::Latent).is_some() {
             return Ok(None);
         }
-        if q_rope.dtype() != q_latent.dtype() || self.padding_queries(mode, queries) {
+        if !decode::THROUGH_INDICES.enabled() || !self.kernel_takes(&query) {
             return Ok(None);
         }
-        let Some((storage, packing)) = StorageMode::kernel_reads(self.geometry.latent_storage, self.geometry.rope_storage) else {
-            return Ok(None);
-        };
-        let sizes = cuda::mla_decode::Shape {
-            batch: queries,
-            heads,
-            queries: 1,
-            positions: k,
-            rank: self.geometry.kv_lora_rank,
-            rope: self.geometry.rope_head_dim,
-            scale,
-        };
-        let applies = match packing {
-            None => cuda::mla_decode::applies(storage, q_latent.dtype(), &sizes),
-            Some(packing) => cuda::mla_decode::applies_packed(packing, q_latent.dtype(), &sizes),
-        };
-        if !applies {
+        // The kernel's sizes with each query a row of its own, over its k selected positions.
+        let kernel = KernelInputs { storage, packing, q: &query };
+        if !kernel.applies_at(&cuda::mla_decode::Shape { batch: queries, queries: 1, ..kernel.shape(self, k) }) {
             return Ok(None);
         }
         // Each query a row: [1, H, Lq, w] viewed as [Lq, H, 1, w]; each stored part broadcast
@@ -75,10 +63,7 @@ impl Donor {
             MaskMode::Causal => (0..queries).map(|i| (0, self.offset + 1 + i - queries)).collect(),
             _ => vec![(0, k); queries],
         };
-        let latent = match packing {
-            None => cuda::mla_decode::Latent::Float(&parts[0]),
-            Some(packing) => cuda::mla_decode::Latent::Packed { parts: &parts, packing },
-        };
+        let latent = kernel.read(&parts);
         let pass =
             cuda::mla_decode::Pass { latent, rope: &rope, ranges, causal: false, shared: false, selected: Some(&selected) };
         let out = cuda::mla_decode::attend_passes(&rows(q_latent)?, &rows(q_rope)?, &[pass], scale)?;
