@@ -52,7 +52,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from mlx_lm_models import mlx_lm_models  # noqa: E402
 
 from mlx_lm_model_step import (  # noqa: E402
-    HEADS, INDEX, INDEX_HEADS, INDEX_WEIGHT_SCALE, LAYERS, NOPE, RANK, ROPE, SCALE, selection_source, selects,
+    HEADS, INDEX, INDEX_HEADS, INDEX_WEIGHT_SCALE, LAYERS, NOPE, RANK, ROPE, SCALE, index_update, selection_source,
+    selects,
 )
 
 VALUE = 256
@@ -82,9 +83,8 @@ def inputs(chunk):
 
 
 def indexer(cache, x, mask, topk):
-    """Indexer.__call__ lines 99-121 at prefill (s > 1), given q and k."""
-    k, _ = cache.update_and_fetch(x["index_key"], x["index_key"])
-    cache.values = mx.zeros_like(cache.keys)
+    """Indexer.__call__ lines 99-121 at prefill (s > 1), given q and k (its cache update as at decode)."""
+    k = index_update(cache, x["index_key"])
     if k.shape[2] <= topk:
         return None
     scores = x["q_index"] @ k.swapaxes(-1, -2)
