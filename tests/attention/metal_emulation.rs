@@ -2,11 +2,13 @@
 //! ships, included by path), as MLX would assemble them, run in a C++ emulation of Metal's
 //! threadgroups and SIMD groups (`tests/metal_emulation/`): the split-K decode against a float64
 //! computation (padded, ragged and causal rows, strided views, empty splits, every float storage
-//! dtype, GLM-5.2's widths, selected positions read through their indices), DSA's top-k against
+//! dtype, GLM-5.2's widths, selected positions read through their indices within each row's
+//! bounds, a prefill chunk's queries each a row over one broadcast buffer), DSA's top-k against
 //! the host's selection (ties, unseen positions, strided scores), its index scores against a
 //! float64 computation (padded rows, causal queries, strided keys), and the index scores that
-//! count the top-k's histogram against the scores kernel and the histogram kernel. These machines have no Apple GPU; this is the kernels' logic
-//! checked, not Metal's compiler (`tests/decode_kernel.rs` runs them on an Apple GPU).
+//! count the top-k's histogram against the scores kernel and the histogram kernel. These
+//! machines have no Apple GPU; this is the kernels' logic checked, not Metal's compiler
+//! (`tests/decode_kernel.rs` runs them on an Apple GPU).
 use std::path::Path;
 use std::process::Command;
 
@@ -99,6 +101,6 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
     let report = String::from_utf8_lossy(&ran.stdout);
     println!("{report}");
     assert!(ran.status.success(), "every case agrees with float64:\n{report}{}", String::from_utf8_lossy(&ran.stderr));
-    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 16, "sixteen cases ran:\n{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 17, "seventeen cases ran:\n{report}");
     std::fs::remove_dir_all(&dir).ok();
 }

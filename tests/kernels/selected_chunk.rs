@@ -4,14 +4,16 @@
 //! positions a query does not see (later ones, under the causal mask), which must be masked, and
 //! a position past the window, which reads the last one. On CUDA the split-K kernel computes it
 //! with each query a row of its own (each case checks that it ran), in each of its forms (the
-//! one-pass decode, the wgmma partial pass, the mma.sync one); elsewhere MLX's operations do.
+//! one-pass decode, the wgmma partial pass, the mma.sync one); on an Apple GPU the Metal kernel
+//! does, rows alike (checked that it ran); elsewhere MLX's operations do (the Metal kernel's
+//! rows are checked here in `tests/attention/metal_emulation.rs`).
 use crate::common::attention_ref::{attention, seen};
 use crate::common::mlx_helpers::{array, geometry_in, host};
 use crate::common::model::Rng;
 use crate::COUNTING;
 use latent_cache::core::attention::MaskMode;
-use latent_cache::core::kernels::cuda;
 use latent_cache::core::kernels::cuda::launch;
+use latent_cache::core::kernels::{cuda, metal};
 use latent_cache::core::mlx::ops;
 use latent_cache::{LayoutKind, StorageMode};
 use mlx_rs::{Array, Dtype};
@@ -67,10 +69,13 @@ fn each_query_of_a_chunk_attends_over_its_own_selection_masked_to_what_it_sees()
     let indices = ops::indices(&flat, &[1, QUERIES, K]);
     let scale = 1.0 / ((RANK + ROPE) as f32).sqrt();
     let wgmma = launch::on_cuda() && cuda::mla_decode_wgmma::KERNEL.enabled();
-    // The kernel's forms on CUDA (one-pass, wgmma two-pass, mma.sync); the ops' path elsewhere.
-    let forms: &[(&str, bool, bool)] = match launch::on_cuda() {
-        true => &[("one-pass", true, true), ("wgmma", true, false), ("mma.sync", false, false)],
-        false => &[("MLX's operations", false, false)],
+    // The kernel's forms on CUDA (one-pass, wgmma two-pass, mma.sync); the Metal kernel on an
+    // Apple GPU; the ops' path elsewhere.
+    let on_gpu = launch::on_cuda() || metal::on_metal();
+    let forms: &[(&str, bool, bool)] = match (launch::on_cuda(), metal::on_metal()) {
+        (true, _) => &[("one-pass", true, true), ("wgmma", true, false), ("mma.sync", false, false)],
+        (_, true) => &[("Metal", false, false)],
+        _ => &[("MLX's operations", false, false)],
     };
     // The process-wide switches are put back however the test ends.
     struct Restore;
@@ -86,7 +91,8 @@ fn each_query_of_a_chunk_attends_over_its_own_selection_masked_to_what_it_sees()
         cuda::mla_decode_wgmma::ONE_PASS.set_enabled(one_pass);
         for mode in [MaskMode::Causal, MaskMode::None] {
             let what = format!("{form}, {mode:?}");
-            let before = cuda::mla_decode::KERNEL.launches();
+            let launches = || cuda::mla_decode::KERNEL.launches() + metal::mla_decode::KERNEL.launches();
+            let before = launches();
             let out = donor
                 .attend_selected(
                     &bf16_array(&q_latent, &[1, HEADS, QUERIES, RANK]),
@@ -97,9 +103,9 @@ fn each_query_of_a_chunk_attends_over_its_own_selection_masked_to_what_it_sees()
                 )
                 .unwrap();
             let got = host(&out);
-            let ran = cuda::mla_decode::KERNEL.launches() - before;
-            assert_eq!(ran > 0, launch::on_cuda(), "{what}: the kernel runs on CUDA and only there");
-            let tolerance = if launch::on_cuda() { 1e-2 } else { 3e-2 };
+            let ran = launches() - before;
+            assert_eq!(ran > 0, on_gpu, "{what}: the kernel runs on a GPU and only there");
+            let tolerance = if on_gpu { 1e-2 } else { 3e-2 };
             for (i, chosen) in selections.iter().enumerate() {
                 let sees = seen(LEN, QUERIES, i, mode == MaskMode::Causal);
                 let positions: Vec<usize> = chosen.iter().map(|&p| p.min(LEN - 1)).filter(|&p| p < sees).collect();

@@ -35,19 +35,25 @@ std::vector<T> as(const std::vector<float>& v) {
 
 // One case: `heads` x `LQ` queries per row over a [B, cap, R] buffer viewed as its first T
 // positions, rows' valid ranges `ranges`, `S` splits; with GATHER, each row's window is instead
-// `sel`'s k positions of the buffer (k per row, out of order; ranges then [0, k)). Returns the
-// largest difference from the float64 result relative to the largest output.
+// `sel`'s k positions of the buffer (k per row, out of order), and `ranges` bound the stored
+// positions a row's selection may name (a prefill chunk's causal mask). `shared`: every row
+// reads one stored buffer, broadcast over the rows (stride 0), as a prefill chunk's queries do,
+// each a row of its own. Returns the largest difference from the float64 result relative to
+// the largest output.
 template <typename TS, int R, int P, int HEADS, int LQ, bool CAUSAL, bool GATHER = false>
 double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges, int S, uint32_t seed,
-           const std::vector<int>& sel = {}) {
+           const std::vector<int>& sel = {}, bool shared = false) {
   constexpr int H = HEADS * LQ;
   std::mt19937 rng(seed);
+  const int Bs = shared ? 1 : B;
   const auto ql = values(size_t(B) * H * R, rng), qr = values(size_t(B) * H * P, rng);
-  const auto lat = values(size_t(B) * cap * R, rng), rop = values(size_t(B) * cap * P, rng);
+  const auto lat = values(size_t(Bs) * cap * R, rng), rop = values(size_t(Bs) * cap * P, rng);
   const auto qlt = as<TS>(ql), qrt = as<TS>(qr), latt = as<TS>(lat), ropt = as<TS>(rop);
   const int qls[4] = {B, HEADS, LQ, R}, qrs[4] = {B, HEADS, LQ, P}, ls[3] = {B, T, R}, rs[3] = {B, T, P};
   const int64_t qlst[4] = {int64_t(H) * R, int64_t(LQ) * R, R, 1}, qrst[4] = {int64_t(H) * P, int64_t(LQ) * P, P, 1};
-  const int64_t lst[3] = {int64_t(cap) * R, R, 1}, rst[3] = {int64_t(cap) * P, P, 1};
+  const int64_t lst[3] = {shared ? 0 : int64_t(cap) * R, R, 1}, rst[3] = {shared ? 0 : int64_t(cap) * P, P, 1};
+  // Row b's stored values start at `base(b)` positions into the buffers.
+  auto base = [&](int b) { return size_t(shared ? 0 : b) * cap; };
   std::vector<int> rng_bounds;
   for (auto [lo, hi] : ranges) rng_bounds.insert(rng_bounds.end(), {lo, hi});
   const int bs[1] = {2 * B}, ss[1] = {1};
@@ -73,13 +79,19 @@ double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges
   for (int b = 0; b < B; b++) {
     const auto [lo, hi] = ranges[b];
     for (int h = 0; h < H; h++) {
-      const int end = CAUSAL ? hi - LQ + 1 + h % LQ : hi;
+      // The stored positions the row's query sees: its window's (GATHER: those of its
+      // selection within its bounds).
+      std::vector<int> seen;
+      if (GATHER) {
+        for (int t = 0; t < k; t++) if (stored(b, t) >= lo && stored(b, t) < hi) seen.push_back(stored(b, t));
+      } else {
+        for (int t = lo; t < (CAUSAL ? hi - LQ + 1 + h % LQ : hi); t++) seen.push_back(t);
+      }
       std::vector<double> s;
-      for (int t = lo; t < end; t++) {
+      for (int p : seen) {
         double d = 0;
-        const int p = stored(b, t);
-        for (int c = 0; c < R; c++) d += double(ql[(size_t(b) * H + h) * R + c]) * lat[(size_t(b) * cap + p) * R + c];
-        for (int c = 0; c < P; c++) d += double(qr[(size_t(b) * H + h) * P + c]) * rop[(size_t(b) * cap + p) * P + c];
+        for (int c = 0; c < R; c++) d += double(ql[(size_t(b) * H + h) * R + c]) * lat[(base(b) + p) * R + c];
+        for (int c = 0; c < P; c++) d += double(qr[(size_t(b) * H + h) * P + c]) * rop[(base(b) + p) * P + c];
         s.push_back(0.125 * d);
       }
       const double top = *std::max_element(s.begin(), s.end());
@@ -87,7 +99,7 @@ double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges
       for (auto& x : s) total += (x = std::exp(x - top));
       for (int c = 0; c < R; c++) {
         double want = 0;
-        for (int t = lo; t < end; t++) want += s[t - lo] * lat[(size_t(b) * cap + stored(b, t)) * R + c];
+        for (size_t i = 0; i < seen.size(); i++) want += s[i] * lat[(base(b) + seen[i]) * R + c];
         want /= total;
         const double got = out[(size_t(b) * H + h) * R + c];
         worst = std::isfinite(got) ? std::max(worst, std::abs(got - want)) : INFINITY;
@@ -247,10 +259,13 @@ int main() {
        scores<bfloat16_t, bfloat16_t, 4, 32, 2, true, true>(2, 300, 320, {{0, 300}, {7, 290}}, 11)},
       {"index scores: float16, GLM-5.2's 32 heads of 128, one query, whole rows",
        scores<float16_t, float16_t, 32, 128, 1, false, false>(1, 130, 130, {{0, 130}}, 12)},
-      {"bfloat16, GLM-5.2's widths, 64 heads, 2 rows each reading 50 selected positions out of order, 3 splits",
-       run<bfloat16_t, 512, 64, 64, 1, false, true>(2, 90, 96, {{0, 50}, {0, 50}}, 3, 5, selection(2, 50, 90))},
+      {"bfloat16, GLM-5.2's widths, 64 heads, 2 rows each reading 50 selected positions out of order (one bounded), 3 splits",
+       run<bfloat16_t, 512, 64, 64, 1, false, true>(2, 90, 96, {{0, 90}, {10, 60}}, 3, 5, selection(2, 50, 90))},
       {"float32, 20 heads, selected positions outside the window read clamped into it",
-       run<float, 64, 32, 20, 1, false, true>(1, 30, 32, {{0, 12}}, 2, 6, {-4, 3, 29, 40, 7, 2147483647, 0, 11, -2147483647 - 1, 5, 28, 1})},
+       run<float, 64, 32, 20, 1, false, true>(1, 30, 32, {{0, 30}}, 2, 6, {-4, 3, 29, 40, 7, 2147483647, 0, 11, -2147483647 - 1, 5, 28, 1})},
+      {"bfloat16, a prefill chunk: 6 queries each a row over one broadcast buffer, 40 selected, causal bounds",
+       run<bfloat16_t, 512, 64, 64, 1, false, true>(6, 90, 96, {{0, 85}, {0, 86}, {0, 87}, {0, 88}, {0, 89}, {0, 90}}, 3, 15,
+                                                   selection(6, 40, 91), true)},
   };
   int failed = 0;
   for (const auto& c : cases) {

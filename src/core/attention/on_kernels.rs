@@ -223,7 +223,9 @@ impl Donor {
                 return Ok(None);
             }
             let latent = &self.parts(Family::Latent)[0];
-            return metal::mla_decode::attend_selected(q_latent, q_rope, latent, rope, indices, scale).map(Some);
+            // A decode step's query sees every stored position its selection names.
+            let every = vec![(0, latent.shape()[1] as usize); batch];
+            return metal::mla_decode::attend_selected(q_latent, q_rope, latent, rope, indices, &every, scale).map(Some);
         }
         let Some(latent) = kernel.latent(self.parts(Family::Latent), k, self) else { return Ok(None) };
         let whole = vec![(0, k); batch];

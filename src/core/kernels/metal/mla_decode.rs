@@ -54,7 +54,7 @@ const HEADER: &str = include_str!("src/mla_decode.h.metal");
 /// heads x queries), `LQ` (queries), `CAUSAL` (bottom-right aligned). Inputs: `q_latent [B,
 /// heads, LQ, R]`, `q_rope [B, heads, LQ, P]`, `latent [B, T, R]`, `rope [B, T, P]` (any
 /// strides; float32, bfloat16 or float16), `ranges` int32 `[lo_0, hi_0, ...]` (each row's
-/// valid positions), `scale` float32 `[1]`, `sel` int32 `[B, 1, k]` (with `GATHER`, the stored
+/// valid positions; with `GATHER` the stored positions its selection may name), `scale` float32 `[1]`, `sel` int32 `[B, 1, k]` (with `GATHER`, the stored
 /// positions that make the window: `T` is `k`; any int32 array, unread, without). Outputs: `o_part [B, S, H, R]` float32
 /// (unnormalized) and `ml [B, S, H, 2]` (running max in log2 units, running sum).
 const PARTIAL: &str = include_str!("src/mla_decode_partial.metal");
@@ -128,20 +128,22 @@ pub(crate) fn attend(
     Ok(out)
 }
 
-/// `attend` of a decode step over each row's selected positions, `selected [B, 1, k]` int32
-/// stored positions read through as the tiles are copied in (no gathered copy), every one
-/// visible. Callers check `applies` with `gather` first, and that `B * k` is at least 8 (MLX
-/// passes smaller inputs in another address space: a kernel compiled apart from the probed one).
+/// `attend` of one query a row over the row's selected positions, `selected [B, 1, k]` int32
+/// stored positions read through as the tiles are copied in (no gathered copy): those within
+/// the row's `seen` stored positions are visible, the others masked (a decode step sees every
+/// stored position; a prefill chunk's query, a row of its own, those before its own). Callers
+/// check `applies` with `gather` first, and that `B * k` is at least 8 (MLX passes smaller
+/// inputs in another address space: a kernel compiled apart from the probed one).
 pub(crate) fn attend_selected(
     q_latent: &Array,
     q_rope: &Array,
     latent: &Array,
     rope: &Array,
     selected: &Array,
+    seen: &[(usize, usize)],
     scale: f32,
 ) -> Result<Array> {
-    let whole = vec![(0, selected.shape()[2] as usize); selected.shape()[0] as usize];
-    let out = launch([q_latent, q_rope, latent, rope], Some(selected), &whole, scale, false)?;
+    let out = launch([q_latent, q_rope, latent, rope], Some(selected), seen, scale, false)?;
     KERNEL.launched();
     Ok(out)
 }

@@ -53,13 +53,14 @@ fn probe_selection(b: usize) -> Vec<usize> {
 }
 
 /// Runs the kernel for `key` (`run`) over a small problem (two rows, one padded and ragged, 300
-/// positions in several splits; gathered, 200 of them selected out of order in each row) of
-/// values exact in every storage dtype, and returns its largest difference from a float64
-/// computation on the host, relative to the largest output.
+/// positions in several splits; gathered, 200 of them selected out of order in each row, the
+/// second row seeing the stored positions from 7 to 150 only, as a prefill chunk's query sees
+/// those before its own) of values exact in every storage dtype, and returns its largest
+/// difference from a float64 computation on the host, relative to the largest output.
 fn probe((dtype, rank, rope, heads, queries, causal, gather): ProbeKey, run: Attend) -> Result<f64> {
     let (batch, positions) = (2, 300);
     let ranges = match gather {
-        true => [(0usize, 200usize); 2],
+        true => [(0usize, 300usize), (7, 150)],
         false => [(0, 300), (7, 290)],
     };
     let mut draws = Draws::new(0x9e37_79b9_7f4a_7c15);
@@ -83,7 +84,7 @@ fn probe((dtype, rank, rope, heads, queries, causal, gather): ProbeKey, run: Att
             let (q, qi) = (b * heads * queries + row, row % queries);
             let end = if causal { hi - queries + 1 + qi } else { hi };
             let seen: Vec<usize> = match gather {
-                true => probe_selection(b),
+                true => probe_selection(b).into_iter().filter(|t| (lo..hi).contains(t)).collect(),
                 false => (lo..end).collect(),
             };
             let dot = |t: usize| -> f64 {
@@ -132,8 +133,13 @@ mod tests {
             for row in 0..heads * queries {
                 let q = b * heads * queries + row;
                 let end = if causal { hi - queries + 1 + row % queries } else { hi };
+                // Selected: the row's selection, less its first `skew`, within its bounds.
                 let seen: Vec<usize> = match &chosen {
-                    Some(c) => c[b * hi..][lo + skew..end].iter().map(|&p| p as usize).collect(),
+                    Some(c) => {
+                        let k = c.len() / ranges.len();
+                        let row = c[b * k..(b + 1) * k][skew..].iter().map(|&p| p as usize);
+                        row.filter(|p| (lo..hi).contains(p)).collect()
+                    }
                     None => (lo + skew..end).collect(),
                 };
                 let dot = |p: usize| -> f32 {
@@ -167,8 +173,13 @@ mod tests {
         host(inputs, None, r, s, causal, 0)
     }
 
+    /// Reads every selected position, whatever the row's bounds.
+    fn unbounded(inputs: [&Array; 4], sel: Option<&Array>, r: &[(usize, usize)], s: f32, causal: bool) -> Result<Array> {
+        host(inputs, sel, &vec![(0, usize::MAX); r.len()], s, causal, 0)
+    }
+
     /// The probe passes an attention computed right and fails ones that miss a row's first
-    /// position, ignore the causal mask or ignore the selection, so a defective kernel is turned
+    /// position, ignore the causal mask, the selection or a selection's bounds, so a defective kernel is turned
     /// off, a sound one kept.
     #[test]
     fn probe_tells_right_attention_from_wrong() {
@@ -181,6 +192,7 @@ mod tests {
             assert!(probe(gathered, right).unwrap() <= PROBE_TOLERANCE, "{dtype:?}: right selected attention passes");
             assert!(probe(gathered, misses_first).unwrap() > 10.0 * PROBE_TOLERANCE, "{dtype:?}: a missed selection fails");
             assert!(probe(gathered, unselected).unwrap() > 10.0 * PROBE_TOLERANCE, "{dtype:?}: an ignored selection fails");
+            assert!(probe(gathered, unbounded).unwrap() > 10.0 * PROBE_TOLERANCE, "{dtype:?}: an ignored bound fails");
         }
     }
 }

@@ -14,7 +14,12 @@
   // buffers is read clamped into them); otherwise the stored positions themselves.
   const int T = GATHER ? sel_shape[2] : latent_shape[1], chunk = ((T + S - 1) / S + NB - 1) / NB * NB;
   const int stored = min(latent_shape[1], rope_shape[1]);
-  const int lo = ranges[2 * b], hi = ranges[2 * b + 1];
+  // `ranges` bounds a row's window positions; with GATHER the window is the row's whole
+  // selection and `ranges` bounds the stored positions it may name: a selected position outside
+  // them is masked (a prefill chunk's causal mask, each query a row of its own).
+  const int lo = GATHER ? 0 : ranges[2 * b], hi = GATHER ? T : ranges[2 * b + 1];
+  const int seen_lo = ranges[2 * b], seen_hi = ranges[2 * b + 1];
+  const int64_t s0 = sel_strides[0], s2 = sel_strides[2];
   const int begin = max(lo, split * chunk), end = min(min(hi, T), (split + 1) * chunk);
   const float sc = scale[0] * 1.4426950408889634f;
   const int64_t q0 = q_latent_strides[0], q1 = q_latent_strides[1], q2 = q_latent_strides[2], q3 = q_latent_strides[3];
@@ -52,7 +57,7 @@
       const int j = i / D, c = i % D, pos = t0 + j;
       float v = 0.f;
       if (pos < end) {
-        const int64_t at = GATHER ? clamp(sel[b * sel_strides[0] + pos * sel_strides[2]], 0, stored - 1) : pos;
+        const int64_t at = GATHER ? clamp(sel[b * s0 + pos * s2], 0, stored - 1) : pos;
         v = c < R ? static_cast<float>(latent[b * l0 + at * l1 + c * l2])
                   : static_cast<float>(rope[b * e0 + at * e1 + (c - R) * e2]);
       }
@@ -91,7 +96,12 @@
 
     // Online softmax over the lanes holding this lane's row.
     const int pos = t0 + (lane / SPREAD) / HB;
-    const float s = pos < lim ? v[0] : LC_NONE;
+    bool seen = pos < lim;
+    if (GATHER && seen) {
+      const int at = clamp(sel[b * s0 + pos * s2], 0, stored - 1);
+      seen = at >= seen_lo && at < seen_hi;
+    }
+    const float s = seen ? v[0] : LC_NONE;
     float mx = s;
     for (int x = SPREAD * HB; x < 32; x <<= 1) mx = max(mx, simd_shuffle_xor(mx, static_cast<ushort>(x)));
     const float m_new = max(m_run, mx);
