@@ -291,6 +291,11 @@ fn decode_and_verify_queries_match_a_float64_reference() {
     let cases = [
         // GLM-5.2's layer: a length past many tiles that does not fill the last one.
         case(Bf16, 512, 64, (64, 1), RightJustified, &[0], 2900, 3),
+        // Long enough for the wgmma pass's splits to form clusters (four of eight splits, and
+        // two with padded rows, verify queries or ragged rows).
+        case(Bf16, 512, 64, (64, 1), RightJustified, &[0], 9000, 3),
+        case(Bf16, 512, 64, (64, 3), RightJustified, &[0, 300], 6000, 3),
+        case(F16, 512, 64, (64, 1), Ragged, &[5, 0], 4500, 2),
         case(F16, 512, 64, (64, 1), RightJustified, &[0], 700, 1),
         // Float32 storage (the Metal kernel's; MLX's ops on CUDA).
         case(F32, 512, 64, (64, 1), RightJustified, &[0, 37], 700, 2),
@@ -336,9 +341,9 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         churned(composed(64, case(Fp8, 512, 64, (64, 1), RightJustified, &[0, 9], 300, 9))),
     ];
     // On a compute capability 9.0 GPU, every case with the same values three times: with the
-    // one-pass decode and the wgmma partial pass (where they apply), with the wgmma pass and the
-    // combine, then with the mma.sync pass and the combine. (This file's only test: the
-    // process-wide switches are not shared with another test.)
+    // one-pass decode and the wgmma partial pass in clusters (where they apply), with the wgmma
+    // pass split by split and the combine, then with the mma.sync pass and the combine. (This
+    // file's only test: the process-wide switches are not shared with another test.)
     let passes: &[(bool, bool)] = if launch::compute_capability() == Some((9, 0)) {
         &[(true, true), (true, false), (false, false)]
     } else {
@@ -348,15 +353,21 @@ fn decode_and_verify_queries_match_a_float64_reference() {
     for &(wgmma, one_pass) in passes {
         cuda::mla_decode_wgmma::KERNEL.set_enabled(wgmma);
         cuda::mla_decode_wgmma::ONE_PASS.set_enabled(one_pass);
+        cuda::mla_decode_wgmma::CLUSTERED.set_enabled(one_pass);
+        let clustered = cuda::mla_decode_wgmma::CLUSTERED.launches();
         rng = Rng::new(91);
         for (i, c) in cases.iter().enumerate() {
             run(c, &mut rng);
             // Progress, for a run on a GPU whose kernels compile as they are first used.
             eprintln!("wgmma {wgmma} one pass {one_pass}: case {i} done at {:.1} s", started.elapsed().as_secs_f64());
         }
+        // The long cases ran in clusters where the clustered form was on (each case checked).
+        let hopper_clusters = launch::compute_capability() == Some((9, 0)) && wgmma && one_pass;
+        assert_eq!(cuda::mla_decode_wgmma::CLUSTERED.launches() > clustered, hopper_clusters, "the clustered form ran");
     }
     cuda::mla_decode_wgmma::KERNEL.set_enabled(true);
     cuda::mla_decode_wgmma::ONE_PASS.set_enabled(true);
+    cuda::mla_decode_wgmma::CLUSTERED.set_enabled(true);
     // The scale is compiled into the kernel, for a few scales per process: attentions with
     // further scales run MLX's ops, as exactly as the fallback does.
     let mut scales: Vec<usize> = cases.iter().map(|c| c.rank + c.rope).collect();

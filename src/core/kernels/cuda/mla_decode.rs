@@ -34,6 +34,7 @@ use crate::core::kernels::cuda::launch;
 use crate::core::kernels::cuda::launch::{apply, kernel};
 use crate::core::kernels::cuda::mla_decode_common::{partial_prologue, PARTIAL_OUTPUTS};
 use crate::core::kernels::cuda::mla_decode_wgmma;
+use crate::core::kernels::cuda::mla_decode_wgmma::Form;
 use crate::core::kernels::launch::{Launch, Source, Switch};
 use crate::core::mlx::{math, ops};
 use crate::core::model::storage_mode::{Packing, AFFINE_GROUP, FP8_BLOCK};
@@ -350,14 +351,19 @@ fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, splits
     let one_pass = matches!(splits, Splits::OnePass);
     let wgmma = one_pass || (packing.is_none() && mla_decode_wgmma::applies(rank, rope_dim));
     let min_tiles = if wgmma { mla_decode_wgmma::MIN_TILES_PER_SPLIT } else { MIN_TILES_PER_SPLIT };
-    let splits = match splits {
+    let (splits, form) = match splits {
         Splits::About(target) => {
             let splits = (target / (batch * groups)).clamp(1, (tiles / min_tiles).max(1));
             let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
-            positions.div_ceil(chunk).max(1)
+            let splits = positions.div_ceil(chunk).max(1);
+            // Many splits over 16-bit floats: in clusters (every split of a cluster runs).
+            match mla_decode_wgmma::clusters(splits, rank, rope_dim) {
+                Some(clusters) if wgmma => (clusters * mla_decode_wgmma::CLUSTER_SIZE, Form::Clustered),
+                _ => (splits, Form::Split),
+            }
         }
         // Every split of the cluster runs (those past the positions see none).
-        Splits::OnePass => mla_decode_wgmma::CLUSTER_SIZE,
+        Splits::OnePass => (mla_decode_wgmma::CLUSTER_SIZE, Form::OnePass),
     };
     // Without a ranges array (rows spanning the window) the queries stand in for the unread input.
     let bounds = launch::ranges_array(&pass.ranges, positions);
@@ -376,9 +382,11 @@ fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, splits
     // Without a selection the queries stand in for the unread `sel`.
     let inputs = [q_latent, q_rope, stored, pass.rope, &bounds, pass.selected.unwrap_or(q_latent), scales, biases];
     let combined = [batch as i32, heads as i32, queries as i32, r];
-    let outputs: &[(&[i32], Dtype)] = match one_pass {
-        true => &[(&combined, Dtype::Float32)],
-        false => &[(&[b, s, h, r], Dtype::Float32), (&[b, s, h, 2], Dtype::Float32)],
+    // The splits' outputs: one per block, or one per cluster.
+    let written = if form == Form::Clustered { s / mla_decode_wgmma::CLUSTER_SIZE as i32 } else { s };
+    let outputs: &[(&[i32], Dtype)] = match form {
+        Form::OnePass => &[(&combined, Dtype::Float32)],
+        _ => &[(&[b, written, h, r], Dtype::Float32), (&[b, written, h, 2], Dtype::Float32)],
     };
     // With one query, causal sees the whole row: one compiled kernel serves both.
     let bools = [
@@ -390,7 +398,7 @@ fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, splits
     ];
     let blocks = [s, b, groups as i32];
     match wgmma {
-        true => mla_decode_wgmma::partial(&inputs[..6], outputs, blocks, &ints[..5], &bools[..4], rank + rope_dim, one_pass),
+        true => mla_decode_wgmma::partial(&inputs[..6], outputs, blocks, &ints[..5], &bools[..4], rank + rope_dim, form),
         false => apply(
             kernel(&PARTIAL_KERNEL, shared_bytes(rank + rope_dim, rank, packing))?,
             &inputs,

@@ -94,6 +94,23 @@ static ONE_PASS_KERNEL: Source = Source {
     contiguous: false,
 };
 
+/// The partial pass in clusters (`Form::Clustered`): the one-pass decode's body over several
+/// clusters of `CLUSTER_SIZE` splits, each cluster combining its splits in its shared memory and
+/// writing one split's outputs for `combine` (template `CLUSTER` = `CLUSTER_SIZE`, and
+/// `LC_CLUSTER_PARTIALS`). Outputs as the partial pass's, a split per cluster.
+static CLUSTERED_KERNEL: Source = Source {
+    name: "latent_cache_mla_decode_wgmma_clustered",
+    inputs: PARTIAL_INPUTS,
+    outputs: PARTIAL_OUTPUTS,
+    header: concat!(
+        include_str!("src/mla_decode_wgmma.cuh"),
+        include_str!("src/mla_decode_wgmma_cluster.cuh"),
+        "#define LC_CLUSTER_PARTIALS 1\n"
+    ),
+    body: ONE_PASS_BODY,
+    contiguous: false,
+};
+
 /// The splits of the one-pass decode, one thread block cluster (as `LC_CLUSTER_SIZE` in its
 /// header; eight blocks is the cluster size every Hopper GPU runs).
 pub(crate) const CLUSTER_SIZE: usize = 8;
@@ -124,12 +141,14 @@ fn allowed(setting: Option<&str>) -> bool {
 /// turns this form off for the process, as `ONE_PASS` does.)
 #[doc(hidden)]
 pub fn one_pass_applies(rank: usize, rope: usize, positions: usize) -> bool {
+    ONE_PASS.enabled() && *ONE_PASS_ALLOWED && applies(rank, rope) && positions <= ONE_PASS_MAX_POSITIONS && combines(rank, rope)
+}
+
+/// Whether a cluster's splits can combine their outputs in the key buffers they take over after
+/// the last tile, at widths `rank` and `rope` (see `one_pass_applies`).
+fn combines(rank: usize, rope: usize) -> bool {
     let outputs = ROWS * (rank + 8) * 4 + ROWS * (3 + CLUSTER_SIZE) * 4;
-    ONE_PASS.enabled()
-        && *ONE_PASS_ALLOWED
-        && applies(rank, rope)
-        && positions <= ONE_PASS_MAX_POSITIONS
-        && outputs <= STAGES * POSITIONS_PER_TILE * (rank + rope) * 2
+    outputs <= STAGES * POSITIONS_PER_TILE * (rank + rope) * 2
 }
 
 /// This kernel's switch and launch count (on by default where it applies; tests and benchmarks
@@ -146,9 +165,37 @@ pub fn applies(rank: usize, rope: usize) -> bool {
         && shared_bytes(rank + rope) <= launch::shared_memory_limit()
 }
 
+/// The partial pass's forms (see the module's notes).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// A split's outputs per block, for `combine`.
+    Split,
+    /// One cluster of `CLUSTER_SIZE` splits; the output `combine`'s.
+    OnePass,
+    /// Clusters of `CLUSTER_SIZE` splits, a split's outputs per cluster, for `combine`.
+    Clustered,
+}
+
+/// Whether the partial pass takes `splits` splits in clusters (`Form::Clustered`): two
+/// clusters at least (one is the one-pass decode's), where `CLUSTERED` is on. Each cluster
+/// writes one split's outputs where its blocks would write eight: at GLM-5.2's 64 heads, 2 MB of
+/// float32 partial outputs for a row's 128 splits rather than 17 MB, which MLX's CUDA backend
+/// holds until the GPU has run the whole evaluation's batch (78 layers' worth in a model step).
+/// (The environment's `LATENT_CACHE_ONE_PASS=0` turns this form off too: a GPU that cannot run
+/// a cluster of eight refuses both.)
+pub(crate) fn clusters(splits: usize, rank: usize, rope: usize) -> Option<usize> {
+    let takes = CLUSTERED.enabled() && *ONE_PASS_ALLOWED && applies(rank, rope) && combines(rank, rope);
+    (takes && splits >= 2 * CLUSTER_SIZE).then_some(splits / CLUSTER_SIZE)
+}
+
+/// The clustered form's switch and launch count (on by default where it applies; tests turn it
+/// off to run the plain partial pass on the same GPU). Its launches count as `KERNEL`'s too.
+pub static CLUSTERED: Switch = Switch::new();
+
 /// Applies the partial pass over `splits` x `batch` x `groups` blocks, with `mla_decode`'s
-/// inputs, outputs and template arguments; with `one_pass`, the one-pass decode (`splits` is
-/// `CLUSTER_SIZE`, the output `combine`'s).
+/// inputs, outputs and template arguments, in the given form (`OnePass`: `splits` is
+/// `CLUSTER_SIZE`, the output `combine`'s; `Clustered`: `splits` a multiple of it, the outputs a
+/// split per cluster).
 pub(crate) fn partial(
     inputs: &[&Array],
     outputs: &[(&[i32], Dtype)],
@@ -156,18 +203,24 @@ pub(crate) fn partial(
     ints: &[(&str, i32)],
     bools: &[(&str, bool)],
     width: usize,
-    one_pass: bool,
+    form: Form,
 ) -> Result<Vec<Array>> {
-    let source = if one_pass { &ONE_PASS_KERNEL } else { &PARTIAL_KERNEL };
+    let source = match form {
+        Form::Split => &PARTIAL_KERNEL,
+        Form::OnePass => &ONE_PASS_KERNEL,
+        Form::Clustered => &CLUSTERED_KERNEL,
+    };
     let k = kernel(source, shared_bytes(width))?;
-    let cluster = if one_pass { CLUSTER_SIZE as i32 } else { 0 };
+    let cluster = if form == Form::Split { 0 } else { CLUSTER_SIZE as i32 };
     let ints: Vec<(&str, i32)> = ints.iter().copied().chain([("STAGES", STAGES as i32), ("CLUSTER", cluster)]).collect();
     let [splits, batch, groups] = blocks;
     let launch = Launch { outputs, grid: [splits * THREADS, batch, groups], block: [THREADS, 1, 1], ints: &ints, bools };
     let out = apply(k, inputs, launch)?;
     KERNEL.launched();
-    if one_pass {
-        ONE_PASS.launched();
+    match form {
+        Form::OnePass => ONE_PASS.launched(),
+        Form::Clustered => CLUSTERED.launched(),
+        Form::Split => {}
     }
     Ok(out)
 }
