@@ -38,6 +38,12 @@ latent-cache runs the schedule (mlx-lm itself runs its indexer on every layer: m
 this). Records: tokens/s over the prompt (the sum of the chunks' times), the median chunk, and
 MLX's peak memory above the start.
 
+With `--per-layer` each layer's output is evaluated as soon as it is built, so the chunk's layers
+run one at a time rather than as one graph: on the H100 (80 GB) a chunk of 2048 over 32K
+positions as one graph runs out of memory (each layer's `pe_scores` mask alone is [1, 64, 2048,
+T] in bfloat16: 8.6 GB at 32K, and MLX's CUDA backend holds a graph's intermediates until it has
+run). The records then say `"per_layer": true`.
+
 Usage: python3 mlx_lm_prefill.py [--quick] [--gpu] [--points 1xP,...] --out FILE
 """
 import argparse
@@ -97,8 +103,9 @@ def indexer(cache, x, mask, topk):
     return mx.argpartition(scores, kth=-topk, axis=-1)[..., -topk:]
 
 
-def chunk_graph(layers, x, topk):
-    """One chunk of every layer as one graph (not evaluated): the 78 attention outputs."""
+def chunk_graph(layers, x, topk, per_layer=False):
+    """One chunk of every layer as one graph (not evaluated): the 78 attention outputs; with
+    `per_layer`, each layer's output (and its caches) evaluated as it is built."""
     mask = base.create_attention_mask(x["q_nope"].swapaxes(1, 2), layers[0][0], return_array=True)
     outs = []
     selection = [None] * LAYERS
@@ -122,6 +129,8 @@ def chunk_graph(layers, x, topk):
         k = x["embed_q"](kv_latent, transpose=False)
         v = x["unembed_out"](kv_latent)
         outs.append(base.scaled_dot_product_attention(x["q_nope"], k, v, cache=cache, scale=SCALE, mask=pe_scores))
+        if per_layer:
+            mx.eval(outs[-1], [c.state for c in cache])
     return outs
 
 
@@ -130,12 +139,12 @@ def layers_for():
             for l in range(LAYERS)]
 
 
-def prefill(prompt, chunk, topk, x):
+def prefill(prompt, chunk, topk, x, per_layer=False):
     layers = layers_for()
     us = []
     for _ in range(prompt // chunk):
         start = time.perf_counter()
-        mx.eval(chunk_graph(layers, x, topk))
+        mx.eval(chunk_graph(layers, x, topk, per_layer))
         us.append((time.perf_counter() - start) * 1e6)
     return us
 
@@ -146,6 +155,7 @@ def main():
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--out", required=True)
     p.add_argument("--points", help="prompts as 1xP,1xP (as latent-cache-bench)")
+    p.add_argument("--per-layer", action="store_true", help="evaluate each layer as it is built (see above)")
     a = p.parse_args()
     # bench/src/prefill.rs `points`: GLM-5.2's chunk and top-k on a GPU, scaled down on the CPU.
     chunk, topk = (2048, 2048) if a.gpu else (64, 64)
@@ -158,18 +168,18 @@ def main():
     for prompt in prompts:
         c = min(chunk, prompt)
         x = inputs(c)
-        prefill(max(min(2 * topk, prompt), c), c, topk, x)
+        prefill(max(min(2 * topk, prompt), c), c, topk, x, a.per_layer)
         for run in range(runs):
             mx.clear_cache()
             start = mx.get_active_memory()
             mx.reset_peak_memory()
-            us = prefill(prompt, c, topk, x)
+            us = prefill(prompt, c, topk, x, a.per_layer)
             peak = max(mx.get_peak_memory() - start, 0)
             total = sum(us)
             r = {"system": "prefill, mlx-lm sparse (DSA)", "scenario": "prefill", "mode": "bf16", "run": run, "prompt": prompt, "chunk": c,
                  "topk": topk, "layers": LAYERS, "tokens_per_s": round(c * len(us) / (total / 1e6), 1),
                  "total_ms": round(total / 1e3, 1), "median_chunk_ms": round(sorted(us)[len(us) // 2] / 1e3, 2),
-                 "last_chunk_ms": round(us[-1] / 1e3, 2), "peak_bytes_above_start": peak}
+                 "last_chunk_ms": round(us[-1] / 1e3, 2), "peak_bytes_above_start": peak, "per_layer": a.per_layer}
             print(json.dumps(r), file=sys.stderr)
             records.append(r)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)

@@ -83,9 +83,10 @@ fn index_scores_selection_and_selected_attention_match_a_float64_reference() {
                             mode,
                         )
                         .unwrap();
+                    // (Once per run of slots the rows lie in: churned rows lie in two.)
                     let kernel = launch::on_cuda() && index_storage == StorageMode::Bf16;
                     let ran = cuda::dsa_scores::KERNEL.launches() - before;
-                    assert_eq!(ran, kernel as usize, "{what}: the kernel for 16-bit keys on CUDA");
+                    assert_eq!(ran > 0, kernel, "{what}: the kernel for 16-bit keys on CUDA");
                     let got_scores = host(&scores);
                     let indices = donor.select(&scores, k).unwrap().expect("the window holds more than k positions");
                     let got_indices = host(&indices);
