@@ -32,7 +32,7 @@ use once_cell::sync::Lazy;
 use crate::core::error::Result;
 use crate::core::kernels::cuda::launch;
 use crate::core::kernels::cuda::launch::{apply, kernel};
-use crate::core::kernels::cuda::mla_decode_common::{partial_prologue, PARTIAL_OUTPUTS};
+use crate::core::kernels::cuda::mla_decode_common::{partial_prologue, two, PARTIAL_OUTPUTS};
 use crate::core::kernels::cuda::mla_decode_wgmma;
 use crate::core::kernels::cuda::mla_decode_wgmma::Form;
 use crate::core::kernels::launch::{Launch, Source, Switch};
@@ -319,12 +319,6 @@ enum Splits {
     OnePass,
 }
 
-/// A two-pass partial's two outputs.
-fn two(out: Vec<Array>) -> [Array; 2] {
-    let mut out = out.into_iter();
-    [out.next().expect("two outputs"), out.next().expect("two outputs")]
-}
-
 /// One pass's partial kernel (see `Splits`).
 fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, splits: Splits) -> Result<Vec<Array>> {
     let qs = q_latent.shape();
@@ -355,12 +349,9 @@ fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, splits
         Splits::About(target) => {
             let splits = (target / (batch * groups)).clamp(1, (tiles / min_tiles).max(1));
             let chunk = positions.div_ceil(splits).div_ceil(POSITIONS_PER_TILE) * POSITIONS_PER_TILE;
-            let splits = positions.div_ceil(chunk).max(1);
             // Many splits over 16-bit floats: in clusters (every split of a cluster runs).
-            match mla_decode_wgmma::clusters(splits, rank, rope_dim) {
-                Some(clusters) if wgmma => (clusters * mla_decode_wgmma::CLUSTER_SIZE, Form::Clustered),
-                _ => (splits, Form::Split),
-            }
+            let splits = positions.div_ceil(chunk).max(1);
+            mla_decode_wgmma::form(wgmma, splits, rank, rope_dim)
         }
         // Every split of the cluster runs (those past the positions see none).
         Splits::OnePass => (mla_decode_wgmma::CLUSTER_SIZE, Form::OnePass),
@@ -382,8 +373,7 @@ fn partial(q_latent: &Array, q_rope: &Array, pass: &Pass<'_>, scale: f32, splits
     // Without a selection the queries stand in for the unread `sel`.
     let inputs = [q_latent, q_rope, stored, pass.rope, &bounds, pass.selected.unwrap_or(q_latent), scales, biases];
     let combined = [batch as i32, heads as i32, queries as i32, r];
-    // The splits' outputs: one per block, or one per cluster.
-    let written = if form == Form::Clustered { s / mla_decode_wgmma::CLUSTER_SIZE as i32 } else { s };
+    let written = form.outputs(s);
     let outputs: &[(&[i32], Dtype)] = match form {
         Form::OnePass => &[(&combined, Dtype::Float32)],
         _ => &[(&[b, written, h, r], Dtype::Float32), (&[b, written, h, 2], Dtype::Float32)],

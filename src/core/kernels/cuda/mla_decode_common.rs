@@ -16,3 +16,9 @@ pub(crate) use partial_prologue;
 /// `sel` holds the selected positions of a gathered pass (any array, unread, otherwise).
 pub(crate) const PARTIAL_INPUTS: &[&str] = &["q_latent", "q_rope", "latent", "rope", "ranges", "sel"];
 pub(crate) const PARTIAL_OUTPUTS: &[&str] = &["o_part", "ml"];
+
+/// A two-pass partial's two outputs.
+pub(crate) fn two(out: Vec<mlx_rs::Array>) -> [mlx_rs::Array; 2] {
+    let mut out = out.into_iter();
+    [out.next().expect("two outputs"), out.next().expect("two outputs")]
+}

@@ -176,16 +176,32 @@ pub(crate) enum Form {
     Clustered,
 }
 
-/// Whether the partial pass takes `splits` splits in clusters (`Form::Clustered`): two
-/// clusters at least (one is the one-pass decode's), where `CLUSTERED` is on. Each cluster
-/// writes one split's outputs where its blocks would write eight: at GLM-5.2's 64 heads, 2 MB of
+impl Form {
+    /// The splits whose outputs a pass of `splits` blocks writes: one per block, one per cluster.
+    pub(crate) fn outputs(self, splits: i32) -> i32 {
+        if self == Form::Clustered {
+            splits / CLUSTER_SIZE as i32
+        } else {
+            splits
+        }
+    }
+}
+
+/// The partial pass's form and splits for about `splits` splits at widths `rank` and `rope`
+/// (`wgmma`: where the wgmma pass runs; the `mma.sync` pass is split by split): in
+/// clusters (`Form::Clustered`, the splits rounded down to whole clusters) where there are two
+/// clusters at least (one is the one-pass decode's) and `CLUSTERED` is on. Each cluster writes
+/// one split's outputs where its blocks would write eight: at GLM-5.2's 64 heads, 2 MB of
 /// float32 partial outputs for a row's 128 splits rather than 17 MB, which MLX's CUDA backend
 /// holds until the GPU has run the whole evaluation's batch (78 layers' worth in a model step).
 /// (The environment's `LATENT_CACHE_ONE_PASS=0` turns this form off too: a GPU that cannot run
 /// a cluster of eight refuses both.)
-pub(crate) fn clusters(splits: usize, rank: usize, rope: usize) -> Option<usize> {
-    let takes = CLUSTERED.enabled() && *ONE_PASS_ALLOWED && applies(rank, rope) && combines(rank, rope);
-    (takes && splits >= 2 * CLUSTER_SIZE).then_some(splits / CLUSTER_SIZE)
+pub(crate) fn form(wgmma: bool, splits: usize, rank: usize, rope: usize) -> (usize, Form) {
+    let takes = wgmma && CLUSTERED.enabled() && *ONE_PASS_ALLOWED && applies(rank, rope) && combines(rank, rope);
+    match takes && splits >= 2 * CLUSTER_SIZE {
+        true => (splits / CLUSTER_SIZE * CLUSTER_SIZE, Form::Clustered),
+        false => (splits, Form::Split),
+    }
 }
 
 /// The clustered form's switch and launch count (on by default where it applies; tests turn it
