@@ -145,6 +145,11 @@ impl Switch {
         Switch { enabled: AtomicBool::new(true), launches: AtomicUsize::new(0) }
     }
 
+    /// A switch that is off until turned on (a form not yet the default).
+    pub(crate) const fn off() -> Self {
+        Switch { enabled: AtomicBool::new(false), launches: AtomicUsize::new(0) }
+    }
+
     #[doc(hidden)]
     pub fn set_enabled(&self, enabled: bool) {
         self.enabled.store(enabled, Ordering::SeqCst);

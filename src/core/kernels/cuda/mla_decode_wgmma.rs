@@ -194,19 +194,25 @@ impl Form {
 /// one split's outputs where its blocks would write eight: at GLM-5.2's 64 heads, 2 MB of
 /// float32 partial outputs for a row's 128 splits rather than 17 MB, which MLX's CUDA backend
 /// holds until the GPU has run the whole evaluation's batch (78 layers' worth in a model step).
-/// (The environment's `LATENT_CACHE_ONE_PASS=0` turns this form off too: a GPU that cannot run
+/// Off unless `CLUSTERED` is turned on or the environment has `LATENT_CACHE_CLUSTERED=1`: its
+/// results are tested on an H100, its speed is not measured yet (its 16 clusters of eight may
+/// not all fit the GPU at once). (`LATENT_CACHE_ONE_PASS=0` turns it off: a GPU that cannot run
 /// a cluster of eight refuses both.)
 pub(crate) fn form(wgmma: bool, splits: usize, rank: usize, rope: usize) -> (usize, Form) {
-    let takes = wgmma && CLUSTERED.enabled() && *ONE_PASS_ALLOWED && applies(rank, rope) && combines(rank, rope);
+    let asked = CLUSTERED.enabled() || *CLUSTERED_ASKED;
+    let takes = wgmma && asked && *ONE_PASS_ALLOWED && applies(rank, rope) && combines(rank, rope);
     match takes && splits >= 2 * CLUSTER_SIZE {
         true => (splits / CLUSTER_SIZE * CLUSTER_SIZE, Form::Clustered),
         false => (splits, Form::Split),
     }
 }
 
-/// The clustered form's switch and launch count (on by default where it applies; tests turn it
-/// off to run the plain partial pass on the same GPU). Its launches count as `KERNEL`'s too.
-pub static CLUSTERED: Switch = Switch::new();
+/// The clustered form's switch and launch count (off by default: see `form`; tests turn it on).
+/// Its launches count as `KERNEL`'s too.
+pub static CLUSTERED: Switch = Switch::off();
+
+/// Whether the environment asks for the clustered form (read once): `LATENT_CACHE_CLUSTERED=1`.
+static CLUSTERED_ASKED: Lazy<bool> = Lazy::new(|| std::env::var("LATENT_CACHE_CLUSTERED").is_ok_and(|v| v.trim() == "1"));
 
 /// Applies the partial pass over `splits` x `batch` x `groups` blocks, with `mla_decode`'s
 /// inputs, outputs and template arguments, in the given form (`OnePass`: `splits` is
