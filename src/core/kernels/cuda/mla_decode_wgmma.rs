@@ -165,7 +165,7 @@ pub fn applies(rank: usize, rope: usize) -> bool {
         && shared_bytes(rank + rope) <= launch::shared_memory_limit()
 }
 
-/// The partial pass's forms (see the module's notes).
+/// The partial pass's forms: its kernels `PARTIAL_KERNEL`, `ONE_PASS_KERNEL` and `CLUSTERED_KERNEL`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Form {
     /// A split's outputs per block, for `combine`.
