@@ -24,6 +24,7 @@ use latent_cache::core::mlx::math;
 use latent_cache::core::mlx::ops;
 use latent_cache::{Family, Geometry, LatentCache, LayoutKind, StorageMode};
 use mlx_rs::{Array, Dtype};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Bounds on |got - want| / (1 + |want|). The kernel sums in float32 and rounds only the
 /// probabilities to the storage's 16-bit dtype (2^-9 relative for bfloat16), so its error is at
@@ -350,6 +351,9 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         &[(true, true)]
     };
     let started = std::time::Instant::now();
+    // Every case runs in every pass, and the test fails at the end naming each case that failed
+    // (its message is on stderr): one run on a GPU shows every failure, not the first alone.
+    let mut failed = Vec::new();
     for &(wgmma, one_pass) in passes {
         cuda::mla_decode_wgmma::KERNEL.set_enabled(wgmma);
         cuda::mla_decode_wgmma::ONE_PASS.set_enabled(one_pass);
@@ -357,7 +361,9 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         let clustered = cuda::mla_decode_wgmma::CLUSTERED.launches();
         rng = Rng::new(91);
         for (i, c) in cases.iter().enumerate() {
-            run(c, &mut rng);
+            if catch_unwind(AssertUnwindSafe(|| run(c, &mut rng))).is_err() {
+                failed.push(format!("wgmma {wgmma} one pass {one_pass}: case {i}"));
+            }
             // Progress, for a run on a GPU whose kernels compile as they are first used.
             eprintln!("wgmma {wgmma} one pass {one_pass}: case {i} done at {:.1} s", started.elapsed().as_secs_f64());
         }
@@ -365,6 +371,7 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         let hopper_clusters = launch::compute_capability() == Some((9, 0)) && wgmma && one_pass;
         assert_eq!(cuda::mla_decode_wgmma::CLUSTERED.launches() > clustered, hopper_clusters, "the clustered form ran");
     }
+    assert!(failed.is_empty(), "failed: {failed:?}");
     cuda::mla_decode_wgmma::KERNEL.set_enabled(true);
     cuda::mla_decode_wgmma::ONE_PASS.set_enabled(true);
     cuda::mla_decode_wgmma::CLUSTERED.set_enabled(false);
