@@ -8,6 +8,8 @@ EARLIER = "model step, sparse (DSA), gathered, argpartition top-k (earlier path)
 MLX_DENSE, MLX_PRESET = "mlx-lm dense", "mlx-lm sparse (DSA)"
 MLX_EVERY = "mlx-lm sparse (DSA, indexer on every layer)"
 SYSTEMS = [DENSE, SPARSE, EARLIER, MLX_DENSE, MLX_PRESET, MLX_EVERY]
+# MLX's own floor for the sparse step's count of operations (bench/src/ops_floor.rs).
+FLOOR = "MLX floor, "
 # The H200's memory bandwidth, for the floor (bytes read / bandwidth); on other devices the
 # floor is shown against it too and says only how far the step is from reading its bytes there.
 BANDWIDTH = 4.8e12
@@ -121,7 +123,28 @@ def section(steps, ops):
                 seen.add(key)
                 md.append(f"| {r['system']} | {r['mode']} | {r['ops']} | {r['ops_layer_2']} | {r['ops_layer_3']} |")
         md.append("")
+    floors = [r for r in steps if r["system"].startswith(FLOOR)]
+    if floors:
+        md += ["### MLX's own floor for the sparse step's operations", "",
+               "A plain graph of as many MLX operations as the sparse step builds (as many slice updates, each "
+               "writing one position of a small buffer in place, and products of a few elements for the rest), "
+               "with next to no device work: what MLX itself charges for that many operations on this machine "
+               "(ms, median), the time a step of that many operations cannot go under.", "",
+               "| mode | batch x context | operations | floor single / pipelined | sparse step single / pipelined | "
+               "floor / step (single) |", "|---|---|---|---|---|---|"]
+        for mode, batch, context, count in sorted({(r["mode"], r["batch"], r["context"], r["ops"]) for r in floors}):
+            f1, f2 = (_ms(by.get((floor_system(count), mode, t, batch, context))) for t in ("single", "pipelined"))
+            s1, s2 = (_ms(by.get((SPARSE, mode, t, batch, context))) for t in ("single", "pipelined"))
+            step = f"{s1:.2f} / {s2:.2f}" if s1 and s2 else "-"
+            share = f"{f1 / s1:.0%}" if f1 and s1 else "-"
+            md.append(f"| {mode} | {batch} x {context // 1024}K | {count} | {f1:.2f} / {f2:.2f} | {step} | {share} |")
+        md.append("")
     return md
+
+
+def floor_system(count):
+    """The floor's records' system for a step of `count` operations."""
+    return f"{FLOOR}{count} operations"
 
 
 def plot(steps, path, title):

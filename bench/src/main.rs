@@ -40,7 +40,8 @@
 //!   with `--quick --gpu`; 16K to 128K and
 //!   batch 8 at 16K with `--gpu`), or `--points`; each
 //!   timed as single steps, pipelined (the next step built while the device runs this one) and
-//!   its graph build alone, beside the MLX operations of its graph (`--only ops`: those alone;
+//!   its graph build alone, beside the MLX operations of its graph and MLX's own time for that
+//!   many operations (`ops_floor.rs`; `--only ops`: the counts alone;
 //!   `--only NAME`: the storage modes whose name contains NAME).
 //!   mlx-lm's peer is bench/mlx_lm_model_step.py.
 //! - `--shared-prefix`: one prompt forked into 8 continuations beside copies of it (the fork,
@@ -53,6 +54,7 @@
 mod attention;
 mod model_step;
 mod modes;
+mod ops_floor;
 mod persist;
 mod prefill;
 mod segments;

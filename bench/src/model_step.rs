@@ -23,7 +23,8 @@
 //!   then evaluated and trimmed outside the timing.
 //!
 //! Records: median, p10, p90 (us) of the step after warmup, and the bytes of stored state the
-//! step reads, for the bandwidth floor. mlx-lm's peer of this step: bench/mlx_lm_model_step.py.
+//! step reads, for the bandwidth floor; beside the sparse step, MLX's own time for a plain graph
+//! of as many operations (`ops_floor.rs`). mlx-lm's peer of this step: bench/mlx_lm_model_step.py.
 use latent_cache::core::attention::{Donor, MaskMode};
 use latent_cache::core::kernels::{cuda, decode, metal};
 use latent_cache::core::mlx::eval::{eval, eval_async};
@@ -35,6 +36,7 @@ use std::time::Instant;
 
 use crate::attention::{time, uniform};
 use crate::modes::ModeSet;
+use crate::ops_floor;
 
 pub(crate) const HEADS: usize = 64;
 pub(crate) const INDEX_HEADS: usize = 32;
@@ -144,7 +146,15 @@ fn build_layers(layers: &mut [LatentCache], q: &Queries, sparse: bool, take: imp
 /// the indexer, a layer reusing its selection, a dense layer), counted from graphs of the
 /// layers alone. Our kernels are a primitive each where they run (CUDA), so the count depends on
 /// the device. Every layer is trimmed back after.
-fn ops_record(layers: &mut [LatentCache], q: &Queries, sparse: bool, system: &str, mode: &str, at: (usize, usize)) -> String {
+/// Returns the record and the step's slice updates and operations.
+fn ops_record(
+    layers: &mut [LatentCache],
+    q: &Queries,
+    sparse: bool,
+    system: &str,
+    mode: &str,
+    at: (usize, usize),
+) -> (String, usize, usize) {
     let mut count = |take: &dyn Fn(usize) -> bool| -> std::collections::BTreeMap<String, usize> {
         let outs = build_layers(layers, q, sparse, take);
         let mut counts = std::collections::BTreeMap::<String, usize>::new();
@@ -174,7 +184,7 @@ fn ops_record(layers: &mut [LatentCache], q: &Queries, sparse: bool, system: &st
         by.join(", ")
     );
     eprintln!("{line}");
-    line
+    (line, step.get("SliceUpdate").copied().unwrap_or(0), total(&step))
 }
 
 /// `measure`'s result and the most memory MLX held during it above what it held at its start:
@@ -226,15 +236,23 @@ fn build_time(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usi
 /// n. Median, p10, p90 (us) of the intervals between successive steps' completions, after
 /// `warmup` steps.
 fn pipelined(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usize, samples: usize) -> [f64; 3] {
-    let mut prev = build(layers, q, sparse);
-    eval_async(prev.iter()).unwrap();
-    trim(layers);
-    let mut last = Instant::now();
-    let mut us = Vec::with_capacity(samples);
-    for i in 0..warmup + samples {
+    pipelined_loop(warmup, samples, || {
         let next = build(layers, q, sparse);
         eval_async(next.iter()).unwrap();
         trim(layers);
+        next
+    })
+}
+
+/// The pipelined loop: `launch` builds a step and hands it to MLX, returning its arrays; each
+/// step is launched before the one before it is waited for. Median, p10, p90 (us) of the
+/// intervals between successive completions, after `warmup` steps.
+pub(crate) fn pipelined_loop(warmup: usize, samples: usize, mut launch: impl FnMut() -> Vec<Array>) -> [f64; 3] {
+    let mut prev = launch();
+    let mut last = Instant::now();
+    let mut us = Vec::with_capacity(samples);
+    for i in 0..warmup + samples {
+        let next = launch();
         eval(prev.iter()).unwrap();
         let now = Instant::now();
         if i >= warmup {
@@ -279,9 +297,14 @@ pub fn run(set: &ModeSet, points: &[(usize, usize)], quick: bool, ops_only: bool
             for switch in [&decode::THROUGH_INDICES, &cuda::dsa_topk::KERNEL, &metal::dsa_topk::KERNEL] {
                 switch.set_enabled(!earlier);
             }
-            out.push(ops_record(&mut layers, &q, sparse, system, mode, (batch, context)));
+            let (ops, updates, total) = ops_record(&mut layers, &q, sparse, system, mode, (batch, context));
+            out.push(ops);
             if ops_only {
                 continue;
+            }
+            if system == "sparse (DSA)" {
+                // MLX's own floor for the sparse step's count of operations, beside it.
+                out.extend(ops_floor::records(updates, total - updates, mode, (batch, context), warmup, samples));
             }
             let single = peak_above(|| time(warmup, samples, || step(&mut layers, &q, sparse)));
             let overlapped = peak_above(|| pipelined(&mut layers, &q, sparse, warmup, samples));
