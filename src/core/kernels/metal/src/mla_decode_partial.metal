@@ -19,7 +19,9 @@
   // them is masked (a prefill chunk's causal mask, each query a row of its own).
   const int lo = GATHER ? 0 : ranges[2 * b], hi = GATHER ? T : ranges[2 * b + 1];
   const int seen_lo = ranges[2 * b], seen_hi = ranges[2 * b + 1];
-  const int64_t s0 = sel_strides[0], s2 = sel_strides[2];
+  // Without GATHER `sel` is any array (the caller's stand-in, perhaps one-dimensional): its
+  // strides are not read.
+  const int64_t s0 = GATHER ? sel_strides[0] : 0, s2 = GATHER ? sel_strides[2] : 0;
   const int begin = max(lo, split * chunk), end = min(min(hi, T), (split + 1) * chunk);
   const float sc = scale[0] * 1.4426950408889634f;
   const int64_t q0 = q_latent_strides[0], q1 = q_latent_strides[1], q2 = q_latent_strides[2], q3 = q_latent_strides[3];
