@@ -101,6 +101,6 @@ fn metal_decode_kernels_agree_with_float64_in_emulation() {
     let report = String::from_utf8_lossy(&ran.stdout);
     println!("{report}");
     assert!(ran.status.success(), "every case agrees with float64:\n{report}{}", String::from_utf8_lossy(&ran.stderr));
-    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 17, "seventeen cases ran:\n{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("ok:")).count(), 18, "eighteen cases ran:\n{report}");
     std::fs::remove_dir_all(&dir).ok();
 }

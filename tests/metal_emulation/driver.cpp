@@ -26,6 +26,17 @@ std::vector<int> selection(int rows, int k, int T) {
   return out;
 }
 
+// `sel` with, in each row of 30, a position named twice, one before the first (-3) and one
+// past the last stored (1000): read clamped into the buffer, as the library reads a caller's.
+std::vector<int> unruly(std::vector<int> sel) {
+  for (size_t row = 0; row + 30 <= sel.size(); row += 30) {
+    sel[row + 1] = sel[row + 2];
+    sel[row + 4] = -3;
+    sel[row + 9] = 1000;
+  }
+  return sel;
+}
+
 template <typename T>
 std::vector<T> as(const std::vector<float>& v) {
   std::vector<T> out;
@@ -38,11 +49,14 @@ std::vector<T> as(const std::vector<float>& v) {
 // `sel`'s k positions of the buffer (k per row, out of order), and `ranges` bound the stored
 // positions a row's selection may name (a prefill chunk's causal mask). `shared`: every row
 // reads one stored buffer, broadcast over the rows (stride 0), as a prefill chunk's queries do,
-// each a row of its own. Returns the largest difference from the float64 result relative to
-// the largest output.
+// each a row of its own; `transposed`: the rows' queries are one [1, heads, B, w] array viewed
+// as [B, heads, 1, w], as the library hands a chunk's queries over (one query a row). Without
+// GATHER the stand-in for `sel` is one-dimensional, as the library's launches pass it. Returns
+// the largest difference from the float64 result relative to the largest output.
 template <typename TS, int R, int P, int HEADS, int LQ, bool CAUSAL, bool GATHER = false>
 double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges, int S, uint32_t seed,
-           const std::vector<int>& sel = {}, bool shared = false) {
+           const std::vector<int>& sel = {}, bool shared = false, bool transposed = false) {
+  static_assert(LQ == 1 || !GATHER, "a selection's rows have one query each");
   constexpr int H = HEADS * LQ;
   std::mt19937 rng(seed);
   const int Bs = shared ? 1 : B;
@@ -50,7 +64,13 @@ double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges
   const auto lat = values(size_t(Bs) * cap * R, rng), rop = values(size_t(Bs) * cap * P, rng);
   const auto qlt = as<TS>(ql), qrt = as<TS>(qr), latt = as<TS>(lat), ropt = as<TS>(rop);
   const int qls[4] = {B, HEADS, LQ, R}, qrs[4] = {B, HEADS, LQ, P}, ls[3] = {B, T, R}, rs[3] = {B, T, P};
-  const int64_t qlst[4] = {int64_t(H) * R, int64_t(LQ) * R, R, 1}, qrst[4] = {int64_t(H) * P, int64_t(LQ) * P, P, 1};
+  int64_t qlst[4] = {int64_t(H) * R, int64_t(LQ) * R, R, 1}, qrst[4] = {int64_t(H) * P, int64_t(LQ) * P, P, 1};
+  if (transposed) {
+    // Row b's head h at [h, b] of [heads, B, w] (one query a row).
+    qlst[0] = R, qlst[1] = int64_t(B) * R, qrst[0] = P, qrst[1] = int64_t(B) * P;
+  }
+  // Where row b's (head, query) pair h starts in the query values.
+  auto q_at = [&](int b, int h) { return transposed ? size_t(h) * B + b : size_t(b) * H + h; };
   const int64_t lst[3] = {shared ? 0 : int64_t(cap) * R, R, 1}, rst[3] = {shared ? 0 : int64_t(cap) * P, P, 1};
   // Row b's stored values start at `base(b)` positions into the buffers.
   auto base = [&](int b) { return size_t(shared ? 0 : b) * cap; };
@@ -69,7 +89,8 @@ double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges
   const int64_t opst[4] = {int64_t(S) * H * R, int64_t(H) * R, R, 1}, mlst[4] = {int64_t(S) * H * 2, int64_t(H) * 2, 2, 1};
   dispatch({uint(S), uint(B), uint((H + 15) / 16)}, 256, [&](const Attributes& a) {
     lc_partial<R, P, H, LQ, CAUSAL, GATHER, TS>(qlt.data(), qls, qlst, qrt.data(), qrs, qrst, latt.data(), ls, lst, ropt.data(), rs, rst,
-                                     rng_bounds.data(), bs, one, scale, ss, one, GATHER ? sel.data() : rng_bounds.data(), sels, selst,
+                                     rng_bounds.data(), bs, one, scale, ss, one, GATHER ? sel.data() : rng_bounds.data(),
+                                     GATHER ? sels : bs, GATHER ? selst : one,
                                      o_part.data(), ml.data(), a);
   });
   dispatch({1, uint(H), uint(B)}, 256, [&](const Attributes& a) {
@@ -90,8 +111,8 @@ double run(int B, int T, int cap, const std::vector<std::pair<int, int>>& ranges
       std::vector<double> s;
       for (int p : seen) {
         double d = 0;
-        for (int c = 0; c < R; c++) d += double(ql[(size_t(b) * H + h) * R + c]) * lat[(base(b) + p) * R + c];
-        for (int c = 0; c < P; c++) d += double(qr[(size_t(b) * H + h) * P + c]) * rop[(base(b) + p) * P + c];
+        for (int c = 0; c < R; c++) d += double(ql[q_at(b, h) * R + c]) * lat[(base(b) + p) * R + c];
+        for (int c = 0; c < P; c++) d += double(qr[q_at(b, h) * P + c]) * rop[(base(b) + p) * P + c];
         s.push_back(0.125 * d);
       }
       const double top = *std::max_element(s.begin(), s.end());
@@ -266,6 +287,10 @@ int main() {
       {"bfloat16, a prefill chunk: 6 queries each a row over one broadcast buffer, 40 selected, causal bounds",
        run<bfloat16_t, 512, 64, 64, 1, false, true>(6, 90, 96, {{0, 85}, {0, 86}, {0, 87}, {0, 88}, {0, 89}, {0, 90}}, 3, 15,
                                                    selection(6, 40, 91), true)},
+      {"float16, a prefill chunk as the library views it: 8 transposed queries each a row over one broadcast buffer, "
+       "selections naming positions twice, before the first and past the last, causal bounds",
+       run<float16_t, 128, 64, 8, 1, false, true>(8, 70, 70, {{0, 63}, {0, 64}, {0, 65}, {0, 66}, {0, 67}, {0, 68}, {0, 69}, {0, 70}},
+                                                  2, 16, unruly(selection(8, 30, 70)), true, true)},
   };
   int failed = 0;
   for (const auto& c : cases) {
