@@ -5,8 +5,9 @@
 //! head count, with padded and ragged rows, lengths that do not fill a tile, and head-query
 //! pairs past one 64-row block. On MLX's CUDA backend this is the split-K
 //! kernel's test (each case checks that the kernel ran, and on a compute capability 9.0 GPU runs
-//! with the one-pass decode where it applies, with the wgmma partial pass and with the mma.sync
-//! one); on an Apple GPU it is the Metal kernel's test for float storage that is not composed (`metal::mla_decode`; each such case checks
+//! with the one-pass decode and the clustered pass where they apply, with the wgmma partial pass
+//! and with the mma.sync one; the forms in clusters run only where MLX runs without its CUDA
+//! graphs, so on such a GPU run it with `MLX_USE_CUDA_GRAPHS=0` too); on an Apple GPU it is the Metal kernel's test for float storage that is not composed (`metal::mla_decode`; each such case checks
 //! that it ran); elsewhere the same cases check the MLX-ops path, which the kernels fall back to.
 //! (Its own test binary: it counts process-wide kernel launches, flips the process-wide wgmma
 //! switch, and counts the scales compiled into the process's kernels.)
@@ -342,7 +343,8 @@ fn decode_and_verify_queries_match_a_float64_reference() {
         churned(composed(64, case(Fp8, 512, 64, (64, 1), RightJustified, &[0, 9], 300, 9))),
     ];
     // On a compute capability 9.0 GPU, every case with the same values three times: with the
-    // one-pass decode and the wgmma partial pass in clusters (where they apply), with the wgmma
+    // one-pass decode and the wgmma partial pass in clusters (where they apply and MLX runs
+    // without its CUDA graphs), with the wgmma
     // pass split by split and the combine, then with the mma.sync pass and the combine. (This
     // file's only test: the process-wide switches are not shared with another test.)
     let passes: &[(bool, bool)] = if launch::compute_capability() == Some((9, 0)) {
@@ -368,7 +370,8 @@ fn decode_and_verify_queries_match_a_float64_reference() {
             eprintln!("wgmma {wgmma} one pass {one_pass}: case {i} done at {:.1} s", started.elapsed().as_secs_f64());
         }
         // The long cases ran in clusters where the clustered form was on (each case checked).
-        let hopper_clusters = launch::compute_capability() == Some((9, 0)) && wgmma && one_pass;
+        let hopper_clusters =
+            launch::compute_capability() == Some((9, 0)) && wgmma && one_pass && cuda::mla_decode_wgmma::clusters_allowed();
         assert_eq!(cuda::mla_decode_wgmma::CLUSTERED.launches() > clustered, hopper_clusters, "the clustered form ran");
     }
     assert!(failed.is_empty(), "failed: {failed:?}");

@@ -69,8 +69,9 @@ fn each_query_of_a_chunk_attends_over_its_own_selection_masked_to_what_it_sees()
     let indices = ops::indices(&flat, &[1, QUERIES, K]);
     let scale = 1.0 / ((RANK + ROPE) as f32).sqrt();
     let wgmma = launch::on_cuda() && cuda::mla_decode_wgmma::KERNEL.enabled();
-    // The kernel's forms on CUDA (one-pass, wgmma two-pass, mma.sync); the Metal kernel on an
-    // Apple GPU; the ops' path elsewhere.
+    // The kernel's forms on CUDA (one-pass where MLX runs without its CUDA graphs, else the
+    // wgmma two passes; wgmma two-pass; mma.sync); the Metal kernel on an Apple GPU; the ops'
+    // path elsewhere.
     let on_gpu = launch::on_cuda() || metal::on_metal();
     let forms: &[(&str, bool, bool)] = match (launch::on_cuda(), metal::on_metal()) {
         (true, _) => &[("one-pass", true, true), ("wgmma", true, false), ("mma.sync", false, false)],

@@ -20,14 +20,16 @@
 //! block puts its unnormalized output and running max and sum in the key buffers, and each block
 //! then combines its eighth of the channels of every row from the eight blocks' shared memory
 //! (`combine`'s arithmetic) and writes the attention's output. One operation where the two
-//! passes are two: a whole model's sparse step is bound by the host's cost per operation.
+//! passes are two: a whole model's sparse step is bound by the host's cost per operation. Its
+//! cluster is fixed at compile time, which MLX's cached CUDA graphs cannot tell from another
+//! kernel's launch: it runs only where MLX runs without them (`clusters`).
 use mlx_rs::{Array, Dtype};
 use once_cell::sync::Lazy;
 
 use crate::core::error::Result;
-use crate::core::kernels::cuda::launch;
 use crate::core::kernels::cuda::launch::{apply, kernel};
 use crate::core::kernels::cuda::mla_decode_common::{partial_prologue, PARTIAL_INPUTS, PARTIAL_OUTPUTS};
+use crate::core::kernels::cuda::{clusters, launch};
 use crate::core::kernels::launch::{Launch, Source, Switch};
 
 /// Rows per block and positions per tile, as in `mla_decode`; threads per block (three
@@ -121,27 +123,26 @@ pub(crate) const CLUSTER_SIZE: usize = 8;
 /// the two passes spread more blocks over the GPU than a cluster holds.
 const ONE_PASS_MAX_POSITIONS: usize = CLUSTER_SIZE * MIN_TILES_PER_SPLIT * POSITIONS_PER_TILE;
 
-/// The one-pass decode's switch and launch count (on by default where it applies; tests turn it
-/// off to run the two passes on the same GPU). Its launches count as `KERNEL`'s too.
+/// The one-pass decode's switch and launch count (on where it applies and the environment allows
+/// kernels in clusters, `clusters::allowed`; tests turn it off to run the two passes on the same
+/// GPU). Its launches count as `KERNEL`'s too.
 pub static ONE_PASS: Switch = Switch::new();
-
-/// Whether the environment allows the one-pass form (read once): all but `LATENT_CACHE_ONE_PASS=0`.
-static ONE_PASS_ALLOWED: Lazy<bool> = Lazy::new(|| allowed(std::env::var("LATENT_CACHE_ONE_PASS").ok().as_deref()));
-
-fn allowed(setting: Option<&str>) -> bool {
-    setting.map(str::trim) != Some("0")
-}
 
 /// Whether one pass computes a decode of `positions` positions at widths `rank` and `rope`
 /// (where `applies`): few enough positions for a cluster's blocks, and the splits' outputs
 /// fitting the key buffers they take over after the last tile (rows of `rank + 8` floats, and
 /// eleven floats a row: the running max and sum, the eight splits' weights, the inverse sum).
-/// (A GPU partitioned so that eight multiprocessors of one cluster cannot run together would
-/// refuse the launch: MLX's evaluation reports it; `LATENT_CACHE_ONE_PASS=0` in the environment
-/// turns this form off for the process, as `ONE_PASS` does.)
+/// Only where the environment allows kernels in clusters (`clusters::allowed`: MLX without its
+/// CUDA graphs). (A GPU partitioned so that eight multiprocessors of one cluster cannot run
+/// together would refuse the launch: MLX's evaluation reports it; `LATENT_CACHE_ONE_PASS=0` in
+/// the environment turns this form off for the process, as `ONE_PASS` does.)
 #[doc(hidden)]
 pub fn one_pass_applies(rank: usize, rope: usize, positions: usize) -> bool {
-    ONE_PASS.enabled() && *ONE_PASS_ALLOWED && applies(rank, rope) && positions <= ONE_PASS_MAX_POSITIONS && combines(rank, rope)
+    ONE_PASS.enabled()
+        && clusters::allowed()
+        && applies(rank, rope)
+        && positions <= ONE_PASS_MAX_POSITIONS
+        && combines(rank, rope)
 }
 
 /// Whether a cluster's splits can combine their outputs in the key buffers they take over after
@@ -194,24 +195,34 @@ impl Form {
 /// one split's outputs where its blocks would write eight: at GLM-5.2's 64 heads, 2 MB of
 /// float32 partial outputs for a row's 128 splits rather than 17 MB, which MLX's CUDA backend
 /// holds until the GPU has run the whole evaluation's batch (78 layers' worth in a model step).
-/// Off unless `CLUSTERED` is turned on or the environment has `LATENT_CACHE_CLUSTERED=1`: its
-/// results are tested on an H100, its speed is not measured yet (its 16 clusters of eight may
-/// not all fit the GPU at once). (`LATENT_CACHE_ONE_PASS=0` turns it off: a GPU that cannot run
-/// a cluster of eight refuses both.)
+/// Off unless `CLUSTERED` is turned on or the environment has `LATENT_CACHE_CLUSTERED=1`, and
+/// only where kernels in clusters are allowed (`clusters::allowed`: MLX without its CUDA graphs):
+/// its results are tested on an H100, its speed is not measured yet (its 16 clusters of eight
+/// may not all fit the GPU at once). (`LATENT_CACHE_ONE_PASS=0` turns it off: a GPU that cannot
+/// run a cluster of eight refuses both.)
 pub(crate) fn form(wgmma: bool, splits: usize, rank: usize, rope: usize) -> (usize, Form) {
     let asked = CLUSTERED.enabled() || *CLUSTERED_ASKED;
-    let takes = wgmma && asked && *ONE_PASS_ALLOWED && applies(rank, rope) && combines(rank, rope);
+    let takes = wgmma && asked && clusters::allowed() && applies(rank, rope) && combines(rank, rope);
     match takes && splits >= 2 * CLUSTER_SIZE {
         true => (splits / CLUSTER_SIZE * CLUSTER_SIZE, Form::Clustered),
         false => (splits, Form::Split),
     }
 }
 
-/// The clustered form's switch and launch count (off by default: see `form`; tests turn it on).
+/// Whether the one-pass and clustered forms may run in this process (`clusters::allowed`), for
+/// tests.
+#[doc(hidden)]
+pub fn clusters_allowed() -> bool {
+    clusters::allowed()
+}
+
+/// The clustered form's switch and launch count (off by default: see `form`; tests turn it on
+/// where clusters are allowed).
 /// Its launches count as `KERNEL`'s too.
 pub static CLUSTERED: Switch = Switch::off();
 
-/// Whether the environment asks for the clustered form (read once): `LATENT_CACHE_CLUSTERED=1`.
+/// Whether the environment asks for the clustered form (read once): `LATENT_CACHE_CLUSTERED=1`
+/// (and MLX without its CUDA graphs: see `clusters`).
 static CLUSTERED_ASKED: Lazy<bool> = Lazy::new(|| std::env::var("LATENT_CACHE_CLUSTERED").is_ok_and(|v| v.trim() == "1"));
 
 /// Applies the partial pass over `splits` x `batch` x `groups` blocks, with `mla_decode`'s
@@ -245,18 +256,4 @@ pub(crate) fn partial(
         Form::Split => {}
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    /// `LATENT_CACHE_ONE_PASS=0` (spaces aside) turns the one-pass form off; unset or any other
-    /// value leaves it on.
-    #[test]
-    fn the_environment_turns_the_one_pass_form_off_with_0_only() {
-        assert!(super::allowed(None));
-        assert!(!super::allowed(Some("0")));
-        assert!(!super::allowed(Some(" 0 ")));
-        assert!(super::allowed(Some("1")));
-        assert!(super::allowed(Some("")));
-    }
 }
