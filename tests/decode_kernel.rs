@@ -205,7 +205,8 @@ fn run(case: &Case, rng: &mut Rng) -> bool {
         && launch::compute_capability() == Some((9, 0))
         && case.rank % 128 == 0
         && case.rope % 32 == 0;
-    // Few positions over 16-bit float storage that is not composed: the one-pass decode there.
+    // Few positions over 16-bit float storage that is not composed: the one-pass decode there
+    // (where MLX runs without its CUDA graphs).
     let one_pass =
         wgmma && case.hot_window == 0 && cuda::mla_decode_wgmma::one_pass_applies(case.rank, case.rope, sizes.positions);
     for mode in [MaskMode::None, MaskMode::Causal] {

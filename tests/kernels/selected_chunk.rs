@@ -74,7 +74,7 @@ fn each_query_of_a_chunk_attends_over_its_own_selection_masked_to_what_it_sees()
     // path elsewhere.
     let on_gpu = launch::on_cuda() || metal::on_metal();
     let forms: &[(&str, bool, bool)] = match (launch::on_cuda(), metal::on_metal()) {
-        (true, _) => &[("one-pass", true, true), ("wgmma", true, false), ("mma.sync", false, false)],
+        (true, _) => &[("one-pass (without MLX's graphs)", true, true), ("wgmma", true, false), ("mma.sync", false, false)],
         (_, true) => &[("Metal", false, false)],
         _ => &[("MLX's operations", false, false)],
     };

@@ -256,7 +256,8 @@ pub(crate) fn attend_passes(q_latent: &Array, q_rope: &Array, passes: &[Pass<'_>
     remember_scale(scale);
     if let [pass] = passes {
         // Few positions (a DSA step's selection, a short window): one pass, its splits combined
-        // in a thread block cluster, one operation fewer (Hopper GPUs; `mla_decode_wgmma`).
+        // in a thread block cluster, one operation fewer (Hopper GPUs, MLX without its CUDA
+        // graphs; `mla_decode_wgmma`, `clusters`).
         if !pass.shared && matches!(pass.latent, Latent::Float(_)) {
             let rope_dim = q_rope.shape()[3] as usize;
             if mla_decode_wgmma::one_pass_applies(rank, rope_dim, pass.positions()) {
