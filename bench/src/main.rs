@@ -268,7 +268,9 @@ fn measure(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config,
 /// Systems are stepped in turn; those without per-row rollback skip.
 fn spec_uneven(out: &mut Vec<String>, systems: &mut [Box<dyn System>], cfg: &Config, at: Point, four: &Inputs) {
     let keep: Vec<usize> = (0..at.batch).map(|b| b % 3 + 1).collect();
-    let steps = cfg.steps.min(20);
+    // A right-justified round takes about a second at 8 x 1K on one CPU core here: `--quick` takes
+    // five (at 20, its three systems took a third of the default run with `--quick`).
+    let steps = cfg.steps.min(if cfg.quick { 5 } else { 20 });
     let mut samples: Vec<Option<Vec<f64>>> = vec![Some(Vec::new()); systems.len()];
     for i in 0..steps + 2 {
         for (system, slot) in systems.iter_mut().zip(samples.iter_mut()) {
