@@ -128,8 +128,8 @@ def section(steps, ops):
         md += ["### MLX's own floor for the sparse step's operations", "",
                "A plain graph of as many MLX operations as the sparse step builds (as many slice updates, each "
                "writing one position of a small buffer in place, and products of a few elements for the rest), "
-               "with next to no device work: what MLX itself charges for that many operations on this machine "
-               "(ms, median), the time a step of that many operations cannot go under.", "",
+               "with next to no device work: about what MLX itself charges for that many operations on this "
+               "machine (ms, median), whatever the step's kernels do.", "",
                "| mode | batch x context | operations | floor single / pipelined | sparse step single / pipelined | "
                "floor / step (single) |", "|---|---|---|---|---|---|"]
         for mode, batch, context, count in sorted({(r["mode"], r["batch"], r["context"], r["ops"]) for r in floors}):

@@ -82,7 +82,7 @@ fn filled(set: &ModeSet, batch: usize, context: usize) -> LatentCache {
 
 /// Median, p10, p90 (us) of `samples` timed calls of `step` after `warmup`.
 pub(crate) fn time(warmup: usize, samples: usize, mut step: impl FnMut()) -> [f64; 3] {
-    let mut us: Vec<f64> = (0..warmup + samples)
+    let us: Vec<f64> = (0..warmup + samples)
         .map(|_| {
             let start = Instant::now();
             step();
@@ -90,8 +90,13 @@ pub(crate) fn time(warmup: usize, samples: usize, mut step: impl FnMut()) -> [f6
         })
         .skip(warmup)
         .collect();
-    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let at = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];
+    summary(us)
+}
+
+/// Median, p10 and p90 of `v` (nearest rank).
+pub(crate) fn summary(mut v: Vec<f64>) -> [f64; 3] {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
     [at(0.5), at(0.1), at(0.9)]
 }
 

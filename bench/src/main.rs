@@ -149,10 +149,9 @@ struct Stats {
     p90: f64,
 }
 
-fn stats(mut us: Vec<f64>) -> Stats {
-    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let at = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];
-    Stats { median: at(0.5), p10: at(0.1), p90: at(0.9) }
+fn stats(us: Vec<f64>) -> Stats {
+    let [median, p10, p90] = attention::summary(us);
+    Stats { median, p10, p90 }
 }
 
 /// Where a record was measured: alone, or stepped alternately with the other systems of its group.

@@ -34,7 +34,7 @@ use latent_cache::{Family, Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
 use std::time::Instant;
 
-use crate::attention::{time, uniform};
+use crate::attention::{summary, time, uniform};
 use crate::modes::ModeSet;
 use crate::ops_floor;
 
@@ -227,9 +227,7 @@ fn build_time(layers: &mut [LatentCache], q: &Queries, sparse: bool, warmup: usi
             us.push(took);
         }
     }
-    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let at = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
-    [at(0.5), at(0.1), at(0.9)]
+    summary(us)
 }
 
 /// Pipelined steps: step n+1 is built and handed to MLX (`async_eval`) before waiting for step
@@ -263,9 +261,7 @@ pub(crate) fn pipelined_loop(warmup: usize, samples: usize, mut launch: impl FnM
     }
     eval(prev.iter()).unwrap();
     drop(prev);
-    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let at = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
-    [at(0.5), at(0.1), at(0.9)]
+    summary(us)
 }
 
 /// Records of both systems at each (batch, context) of `points`, stored as `set` says (its

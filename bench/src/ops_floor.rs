@@ -53,7 +53,7 @@ impl Floor {
 }
 
 /// Records of the floor for a step of `updates` slice updates and `others` other operations,
-/// at the step's point (`system`, `mode`, `batch`, `context` as the step's records say them).
+/// under the step's `mode` and point `at` (batch, context), as the step's records say them.
 pub(crate) fn records(
     updates: usize,
     others: usize,
@@ -72,20 +72,15 @@ pub(crate) fn records(
         eval_async(outs.iter()).unwrap();
         outs
     });
+    let ops = updates + others;
     [("single", single), ("pipelined", overlapped)]
         .into_iter()
         .map(|(timing, t)| {
             let line = format!(
-                "{{\"system\": \"MLX floor, {} operations\", \"mode\": \"{mode}\", \"timing\": \"{timing}\", \
-                 \"batch\": {}, \"context\": {}, \"ops\": {}, \"slice_updates\": {updates}, \"median_us\": {:.1}, \
+                "{{\"system\": \"MLX floor, {ops} operations\", \"mode\": \"{mode}\", \"timing\": \"{timing}\", \
+                 \"batch\": {}, \"context\": {}, \"ops\": {ops}, \"slice_updates\": {updates}, \"median_us\": {:.1}, \
                  \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"samples\": {samples}}}",
-                updates + others,
-                at.0,
-                at.1,
-                updates + others,
-                t[0],
-                t[1],
-                t[2]
+                at.0, at.1, t[0], t[1], t[2]
             );
             eprintln!("{line}");
             line

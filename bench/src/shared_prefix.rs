@@ -18,7 +18,7 @@ use latent_cache::core::mlx::{memory, ops};
 use latent_cache::{Geometry, LatentCache, StorageMode};
 use mlx_rs::{Array, Dtype};
 
-use crate::attention::uniform;
+use crate::attention::{summary, uniform};
 use crate::model_step::{CHUNK, HEADS, INDEX, INDEX_HEADS, RANK, ROPE, TOPK};
 
 fn geometry() -> Geometry {
@@ -76,12 +76,6 @@ fn record(system: &str, scenario: &str, batch: usize, context: usize, t: [f64; 3
     );
     eprintln!("{line}");
     line
-}
-
-fn summary(mut v: Vec<f64>) -> [f64; 3] {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    [at(0.5), at(0.1), at(0.9)]
 }
 
 struct Queries {
